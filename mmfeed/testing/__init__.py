@@ -1,0 +1,9 @@
+"""Test helpers that ship with mmfeed: synthetic videos, episodes, shards and hypothesis strategies.
+
+Everything here is seeded and writes only where it is told to, so users can build the same fixtures in their own
+research tests (``from mmfeed.testing import write_video``).
+"""
+
+from mmfeed.testing.video import INDEX_BITS, frame_pattern, read_index, write_video
+
+__all__ = sorted(["INDEX_BITS", "frame_pattern", "read_index", "write_video"])
