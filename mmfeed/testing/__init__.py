@@ -4,6 +4,19 @@ Everything here is seeded and writes only where it is told to, so users can buil
 research tests (``from mmfeed.testing import write_video``).
 """
 
+from mmfeed.testing.synth import DEFAULT_TASKS, SyntheticEpisode, make_episodes, write_lerobot, write_webdataset
 from mmfeed.testing.video import INDEX_BITS, frame_pattern, read_index, write_video
 
-__all__ = sorted(["INDEX_BITS", "frame_pattern", "read_index", "write_video"])
+__all__ = sorted(
+    [
+        "DEFAULT_TASKS",
+        "INDEX_BITS",
+        "SyntheticEpisode",
+        "frame_pattern",
+        "make_episodes",
+        "read_index",
+        "write_lerobot",
+        "write_video",
+        "write_webdataset",
+    ]
+)
