@@ -1,1 +1,41 @@
-"""mmfeed.codecs"""
+"""mmfeed.codecs: bytes to arrays. Video frames (decord and PyAV backends, GOP-coalesced batch decode), npy/npz
+and parquet arrays, and text tokenizers.
+
+>>> import tempfile, os
+>>> from mmfeed.codecs import read_frames
+>>> from mmfeed.testing import frame_pattern, read_index, write_video
+>>> path = write_video(os.path.join(tempfile.mkdtemp(), "v.mp4"), frame_pattern(10, height=48, width=64))
+>>> read_index(read_frames(path, indices=[0, 5, 9], backend="pyav")).tolist()
+[0, 5, 9]
+"""
+
+from mmfeed.codecs.arrays import check_array, column_to_numpy, load_npy, load_npz
+from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, decode_batch
+from mmfeed.codecs.errors import DecodeError
+from mmfeed.codecs.demux import VideoInfo, probe
+from mmfeed.codecs.text import ByteTokenizer, HFTokenizer, Tokenizer
+from mmfeed.codecs.video import BACKENDS, DecodeOptions, VideoReader, choose_backend, open_reader, read_frames
+
+__all__ = sorted(
+    [
+        "BACKENDS",
+        "ByteTokenizer",
+        "DecodeError",
+        "DecodeOptions",
+        "FrameRequest",
+        "HFTokenizer",
+        "Tokenizer",
+        "VideoInfo",
+        "VideoReader",
+        "VideoReaderCache",
+        "check_array",
+        "choose_backend",
+        "column_to_numpy",
+        "decode_batch",
+        "load_npy",
+        "load_npz",
+        "open_reader",
+        "probe",
+        "read_frames",
+    ]
+)

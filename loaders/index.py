@@ -6,7 +6,7 @@ fetches exactly the members it needs with :func:`read_member` (a seek and a read
 fsspec) instead of streaming whole shards::
 
     >>> index = "shards/" + INDEX_FILENAME                                      # doctest: +SKIP
-    >>> row = read_index(index).slice(0, 1).to_pylist()[0]                      # doctest: +SKIP
+    >>> row = read_shard_index(index).slice(0, 1).to_pylist()[0]                      # doctest: +SKIP
     >>> m = next(m for m in row["members"] if m["name"] == "proprio.npy")       # doctest: +SKIP
     >>> raw = read_member(resolve_shard(index, row["shard"]), m["offset"], m["size"])  # doctest: +SKIP
 
@@ -101,7 +101,7 @@ def build_index(shards: Sequence[str | os.PathLike], *, root: str | os.PathLike 
                     "unique across all shards of one index"
                 )
             seen[key] = shard
-            cameras, camera_fps = _camera_fields(shard, key, meta, {m["name"] for m in members})
+            cameras, camera_fps = camera_fields(shard, key, meta, {m["name"] for m in members})
             rows["episode_id"].append(key)
             rows["shard"].append(_relative(shard, root))
             rows["length"].append(int(meta["length"]))
@@ -136,7 +136,7 @@ def write_index(shards: Sequence[str | os.PathLike], path: str | os.PathLike | N
     return path
 
 
-def read_index(path: str | os.PathLike) -> pa.Table:
+def read_shard_index(path: str | os.PathLike) -> pa.Table:
     """Read an index written by :func:`write_index`; ValueError if the file is not an mmfeed index."""
     path = os.fspath(path)
     if "://" in path:
@@ -162,7 +162,7 @@ def resolve_shard(index_path: str | os.PathLike, shard: str) -> str:
 
 def stale_shards(index_path: str | os.PathLike) -> list[str]:
     """Shards (resolved paths) whose size or mtime differ from what the index recorded, or that are gone."""
-    table = read_index(index_path)
+    table = read_shard_index(index_path)
     recorded = {}
     for shard, size, mtime in zip(
         table.column("shard").to_pylist(),
@@ -192,9 +192,14 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
     offset, size = int(offset), int(size)
     if offset < 0 or size < 0:
         raise ValueError(f"offset {offset} and size {size} must be >= 0 (reading {shard_path!r})")
-    with _open(shard_path) as f:
-        f.seek(offset)
-        data = f.read(size)
+    if "://" in shard_path and not shard_path.startswith("file://"):
+        from mmfeed.loaders.remote import read_range  # range requests through a bounded block cache
+
+        data = read_range(shard_path, offset, size)
+    else:
+        with _open(shard_path) as f:
+            f.seek(offset)
+            data = f.read(size)
     if len(data) != size:
         raise ValueError(
             f"{shard_path!r} ends before byte {offset + size} (got {len(data)} of {size} bytes at offset {offset}): "
@@ -215,28 +220,36 @@ def _scan_shard(shard: str) -> Iterator[tuple[str, list[dict[str, Any]], dict[st
             raise ValueError(f"{shard!r} is not a readable uncompressed tar file: {exc}") from exc
         groups: dict[str, list[dict[str, Any]]] = {}
         metas: dict[str, bytes] = {}
+        size = _stat(shard)[0]
         with tar:
-            for info in tar:
-                if not info.isfile():
-                    continue
-                key, name = _split_name(info.name)
-                if key is None:
-                    continue  # webdataset skips names without an extension too
-                groups.setdefault(key, []).append({"name": name, "offset": info.offset_data, "size": info.size})
-                if name == "meta.json":
-                    extracted = tar.extractfile(info)
-                    assert extracted is not None  # a regular file always extracts
-                    metas[key] = extracted.read()
+            try:
+                for info in tar:
+                    if not info.isfile():
+                        continue
+                    if size is not None and info.offset_data + info.size > size:
+                        raise ValueError(f"{shard!r} is truncated: member {info.name!r} needs bytes up to "
+                                         f"{info.offset_data + info.size} but the file has {size}")
+                    key, name = _split_name(info.name)
+                    if key is None:
+                        continue  # webdataset skips names without an extension too
+                    groups.setdefault(key, []).append({"name": name, "offset": info.offset_data, "size": info.size})
+                    if name == "meta.json":
+                        extracted = tar.extractfile(info)
+                        assert extracted is not None  # a regular file always extracts
+                        metas[key] = extracted.read()
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise ValueError(f"{shard!r} is not a readable uncompressed tar file (truncated or corrupt): "
+                                 f"{exc}") from exc
     for key, members in groups.items():
         if key not in metas:
             raise ValueError(
                 f"episode {key!r} in shard {shard!r} has no {key}.meta.json member; every episode needs one with "
                 f"fields {list(_REQUIRED_META)}"
             )
-        yield key, members, _parse_meta(shard, key, metas[key])
+        yield key, members, parse_meta(shard, key, metas[key])
 
 
-def _parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
+def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
     try:
         meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -264,7 +277,7 @@ def _camera_fps_of(shard: str, key: str, meta: dict[str, Any]) -> dict[str, Any]
     return per_stream
 
 
-def _camera_fields(shard: str, key: str, meta: dict[str, Any], names: set[str]) -> tuple[list[str], list[float]]:
+def camera_fields(shard: str, key: str, meta: dict[str, Any], names: set[str]) -> tuple[list[str], list[float]]:
     cameras = list(meta["cameras"])
     per_stream = _camera_fps_of(shard, key, meta)
     rates = []

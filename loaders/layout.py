@@ -36,7 +36,7 @@ class SampleLayout:
 
     runs: ``(modality, window position, tokens)`` per piece, in order. ``modality`` is ``"text"`` or the window key
         the piece comes from (``frames.<camera>``, ``proprio``, ``action``); ``window position`` is its index among
-        that key's offsets (0 for text and for the whole action chunk).
+        that key's offsets (for an action run, the first of its consecutive positions; 0 for text).
     step_sizes: tokens per attention step, summing to ``num_tokens``.
     """
 
@@ -57,6 +57,9 @@ class TokenLayout:
     tokens_per_action_step: tokens for one action vector.
     tokens_per_text_token: tokens for one text id (1 unless text ids are expanded).
     causal_actions: one attention step per action step instead of one for the whole chunk.
+    interleave_actions: put the action of each observed time into that time's block (frames, proprio, action),
+        as world models that condition the next frame on the current action do; action offsets at no observed
+        time still form the trailing chunk.
     """
 
     tokens_per_frame: Mapping[str, int] = field(default_factory=dict)
@@ -64,6 +67,7 @@ class TokenLayout:
     tokens_per_action_step: int = 1
     tokens_per_text_token: int = 1
     causal_actions: bool = False
+    interleave_actions: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens_per_frame", dict(self.tokens_per_frame))
@@ -113,6 +117,12 @@ class TokenLayout:
         observed = [FRAMES_PREFIX + c for c in self.cameras if FRAMES_PREFIX + c in spec.offsets]
         observed += ["proprio"] if "proprio" in spec.offsets else []
         times = sorted({o for k in observed for o in spec.offsets[k]})
+        actions = spec.offsets.get("action", ())
+        in_blocks: dict[int, list[int]] = {}
+        if self.interleave_actions:
+            for position, offset in enumerate(actions):
+                if offset in set(times):
+                    in_blocks.setdefault(offset, []).append(position)
         for t in times:
             step = 0
             for key in observed:
@@ -121,13 +131,29 @@ class TokenLayout:
                         tokens = self.key_tokens(key)
                         runs.append((key, position, tokens))
                         step += tokens
+            for position in in_blocks.get(t, ()):
+                runs.append(("action", position, self.tokens_per_action_step))
+                step += self.tokens_per_action_step
             steps.append(step)
-        if "action" in spec.offsets:
-            n = len(spec.offsets["action"])
-            tokens = n * self.tokens_per_action_step
-            runs.append(("action", 0, tokens))
-            steps.extend([self.tokens_per_action_step] * n if self.causal_actions else [tokens])
+        chunk = [p for p, o in enumerate(actions) if o not in set(times) or not self.interleave_actions]
+        if chunk:
+            # The chunk's actions are consecutive positions of the window's action offsets.
+            for first, count in _runs(chunk):
+                runs.append(("action", first, count * self.tokens_per_action_step))
+            tokens = len(chunk) * self.tokens_per_action_step
+            steps.extend([self.tokens_per_action_step] * len(chunk) if self.causal_actions else [tokens])
         return SampleLayout(runs=tuple(runs), step_sizes=tuple(steps))
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, count)`` of sorted positions."""
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and out[-1][0] + out[-1][1] == p:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((p, 1))
+    return out
 
 
 def _check_tokens(name: str, value: int) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["WindowSpec", "align_to_stream", "episode_chunks", "episode_windows"]
+__all__ = ["WindowSpec", "align_to_stream", "episode_chunks", "episode_windows", "lerobot_key"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,11 +44,16 @@ class WindowSpec:
     def from_delta_timestamps(
         cls, delta_timestamps: Mapping[str, Sequence[float]], fps: float, *, tolerance_s: float = 1e-4
     ) -> WindowSpec:
-        """Offsets from LeRobot-style ``delta_timestamps`` (seconds); each must be a whole number of frames."""
+        """Offsets from LeRobot-style ``delta_timestamps`` (seconds); each must be a whole number of frames.
+
+        Keys may be mmfeed's or LeRobot's own: ``observation.images.<camera>`` becomes ``frames.<camera>`` and
+        ``observation.state`` becomes ``proprio``.
+        """
         if fps <= 0:
             raise ValueError(f"fps must be positive, got {fps}")
         offsets = {}
         for key, deltas in delta_timestamps.items():
+            key = lerobot_key(key)
             deltas = np.asarray(deltas, dtype=np.float64)
             steps = np.round(deltas * fps)
             bad = np.abs(steps / fps - deltas) > tolerance_s
@@ -80,6 +85,16 @@ class WindowSpec:
             out_pad[key] = (raw < 0) | (raw >= length)
             out_idx[key] = np.clip(raw, 0, length - 1)
         return out_idx, out_pad
+
+
+def lerobot_key(key: str) -> str:
+    """mmfeed's name for a LeRobot feature key (``observation.images.cam`` -> ``frames.cam``,
+    ``observation.state`` -> ``proprio``); other keys are returned unchanged."""
+    if key == "observation.state":
+        return "proprio"
+    if key.startswith("observation.images."):
+        return "frames." + key.rsplit(".", 1)[-1]
+    return key
 
 
 def episode_windows(lengths: np.ndarray, *, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -140,6 +155,6 @@ def align_to_stream(
 
 def _lengths(lengths: np.ndarray) -> np.ndarray:
     lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or (lengths.size and (not np.issubdtype(lengths.dtype, np.integer) or lengths.min() < 1)):
-        raise ValueError("episode lengths must be a 1-D array of integers >= 1")
+    if lengths.ndim != 1 or (lengths.size and (not np.issubdtype(lengths.dtype, np.integer) or lengths.min() < 0)):
+        raise ValueError("episode lengths must be a 1-D array of integers >= 0 (an empty episode has no samples)")
     return lengths.astype(np.int64)

@@ -1,50 +1,371 @@
-"""The ``mmfeed`` command line: ``mmfeed bench``, ``mmfeed bench packing`` and the dataset tools."""
+"""The ``mmfeed`` command line (also ``python -m mmfeed``).
+
+``mmfeed bench`` benchmarks the loader on a small synthetic robot dataset (or ``--data PATH``) beside torch's
+DataLoader; ``mmfeed bench packing`` (and ``stall``, ``decode``, ``loader``, ``scaling``) run the focused
+benchmarks, each with its own ``--help``; ``mmfeed compare``
+finds regressions between two ``--json`` reports; ``mmfeed synth``, ``mmfeed index`` and ``mmfeed inspect`` make,
+index and survey datasets.
+
+Exit status: 0 success; 1 ``compare`` found a regression; 2 bad arguments or an input that cannot be used (a
+missing path, a file that is not a report, settings that cannot work), always with one line
+``mmfeed: error: ...`` on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+EPILOG = ("exit status: 0 success, 1 `compare` found a regression, 2 bad arguments or unusable input "
+          "(one line `mmfeed: error: ...` on stderr)")
+
+# named benchmarks: `mmfeed bench NAME [options]` runs NAME's own command line (`mmfeed bench NAME --help`)
+NAMED_BENCHMARKS = {
+    "packing": ("mmfeed.bench.packing", "bin packing, lower-bound gap, online packing, rank balance"),
+    "stall": ("mmfeed.bench.stall", "input stall at 80% of capacity, mmfeed vs torch's DataLoader"),
+    "decode": ("mmfeed.bench.decode", "video decode backends and GOP-aware batch decode"),
+    "loader": ("mmfeed.bench.loader", "the loader beside its decode ceiling and a torch baseline"),
+    "scaling": ("mmfeed.bench.scaling", "the epoch plan from 8 to 1024 ranks: steps, drops, balance"),
+}
+
+
+def _positive(kind: type, minimum: float) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum:g}")
+        return value
+
+    return parse
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write the frame size as WIDTHxHEIGHT, e.g. 320x240") from None
+    if width < 32 or height < 16 or width % 2 or height % 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: width >= 32 and height >= 16, both even")
+    return width, height
+
+
+def _cameras(text: str) -> tuple[str, ...]:
+    names = tuple(c.strip() for c in text.split(",") if c.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more camera names, e.g. cam_high,cam_wrist")
+    return names
+
+
+INT1, INT0, NUM0 = _positive(int, 1), _positive(int, 0), _positive(float, 0)
+
+
+# --------------------------------------------------------------------------------------------------- commands
+
+
+def _sweep(text: str) -> tuple[int, ...]:
+    """``workers=1,2,4`` -> ``(1, 2, 4)``."""
+    key, sep, values = text.partition("=")
+    if not sep or key.strip() != "workers":
+        raise argparse.ArgumentTypeError(f"{text!r}: write it as workers=1,2,4 (only the worker count is swept)")
+    try:
+        counts = tuple(int(v) for v in values.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: worker counts must be integers, e.g. workers=1,2,4") from None
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more worker counts >= 0, e.g. workers=1,2,4")
+    return counts
+
+
+def _check_exists(path: str, what: str) -> None:
+    """FileNotFoundError for a local path (no URL, pattern or glob) that does not exist; before heavy imports."""
+    if "://" not in path and not any(c in path for c in "{*?[") and not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or directory ({what})")
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.what == "packing":
-        from mmfeed.bench.packing import main as packing_main
+    if args.benchmark is not None:
+        raise ValueError(f"put the benchmark's name right after `bench`: mmfeed bench {args.benchmark} [its options] "
+                         f"(`mmfeed bench {args.benchmark} --help`)")
+    for option, value in (("--json", args.json), ("--plot", args.plot)):
+        if value is not None and not Path(value).resolve().parent.is_dir():
+            raise ValueError(f"{option} {value}: directory {Path(value).resolve().parent} does not exist")
+    if args.data is not None:
+        _check_exists(args.data, "--data takes webdataset shards or a LeRobot v3 directory")
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:  # fail now, not after the run
+        raise ImportError("--plot needs matplotlib: pip install matplotlib")
+    from mmfeed.bench.run import DEFAULT_DATASET, QUICK_DATASET, BenchRun, render, run_bench, write_json
 
-        return packing_main(args.rest)
-    # The loader benchmark on synthetic robot data lands with the loaders; until then the main job is packing.
-    from mmfeed.bench.packing import main as packing_main
+    cfg = QUICK_DATASET if args.quick else DEFAULT_DATASET
+    codec = args.codec or ("av1" if args.format == "lerobot" else "h264")
+    cfg = replace(cfg, format=args.format, codec=codec, gop=30 if codec == "h264" else 2, backend=args.backend)
+    for field in ("episodes", "capacity", "workers", "steps", "rows_per_batch", "tokens_per_frame", "seed"):
+        if getattr(args, field) is not None:
+            cfg = replace(cfg, **{field: getattr(args, field)})
+    if args.size is not None:
+        cfg = replace(cfg, width=args.size[0], height=args.size[1])
+    if args.steps is not None:
+        cfg = replace(cfg, warmup=max(1, min(cfg.warmup, args.steps)))
+    device = args.device
+    if device == "auto":
+        import torch
 
-    return packing_main(args.rest)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    run = BenchRun(data=args.data, repeats=args.repeats, step_ms=args.step_ms, device=device,
+                   sweep=args.sweep or (), progress=not args.no_progress)
+    report = run_bench(cfg, run)
+    print(render(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from mmfeed.bench.plot import plot_report
+
+        plot_report(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from mmfeed.bench.compare import compare, format_comparison, load_report
+
+    base, new = load_report(args.base), load_report(args.new)
+    result = compare(base, new, tolerance=args.tolerance, min_stall=args.min_stall, min_time_s=args.min_time_ms / 1e3)
+    print(f"base: {args.base}\nnew:  {args.new}")
+    print(format_comparison(result, all_figures=not args.changes_only))
+    return 1 if result.regressed else 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty directory; choose a new output directory")
+    if args.min_length > args.max_length:
+        raise ValueError(f"--min-length {args.min_length} is above --max-length {args.max_length}")
+    from tqdm import tqdm
+
+    from mmfeed.bench.loader import LoaderBench, write_synthetic
+    codec = args.codec or ("av1" if args.format == "lerobot" else "h264")
+    width, height = args.size
+    cfg = LoaderBench(format=args.format, episodes=args.episodes, min_length=args.min_length,
+                      max_length=args.max_length, height=height, width=width, codec=codec,
+                      gop=args.gop or (30 if codec == "h264" else 2), fps=args.fps, cameras=args.cameras,
+                      seed=args.seed)
+    with tqdm(total=args.episodes, desc=f"writing {args.format}", unit="episode", leave=False,
+              disable=args.no_progress or None) as bar:
+        write_synthetic(out, cfg, progress=bar.update)
+    what = "webdataset shards + mmfeed-index.parquet" if args.format == "webdataset" else "a LeRobot v3 directory"
+    print(f"wrote {args.episodes} episodes ({width}x{height} {codec}, cameras {','.join(args.cameras)}) as {what} "
+          f"to {out}")
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    for spec in args.shards:
+        _check_exists(spec, "give a directory of .tar shards, a brace pattern, a glob or shard files")
+        if os.path.isfile(os.path.join(spec, "meta", "info.json")):
+            raise ValueError(f"{spec} is a LeRobot directory: it carries its own index in meta/episodes/")
+    from mmfeed.loaders import read_shard_index, write_index
+    from mmfeed.loaders.webdataset import expand_shards
+    shards = expand_shards(list(args.shards))
+    path = write_index(shards, args.output)
+    index = read_shard_index(path)
+    steps = sum(index["length"].to_pylist())
+    print(f"wrote {path}: {index.num_rows} episodes, {steps} steps, {len(shards)} shard(s)")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    _check_exists(args.path, "give webdataset shards or a LeRobot v3 directory")
+    from mmfeed.bench.inspection import format_inspection, inspect_dataset, window_packing
+    from mmfeed.loaders import open_dataset
+
+    cameras = list(open_dataset(args.path, backend=args.backend).cameras)
+    packing = window_packing(cameras, capacity=args.capacity, rows_per_batch=args.rows_per_batch,
+                             history=args.history, horizon=args.horizon, tokens_per_frame=args.tokens_per_frame,
+                             max_length=args.max_length, stride=args.stride, algorithm=args.algorithm, seed=args.seed)
+    info = inspect_dataset(args.path, packing, world_size=args.world_size, backend=args.backend)
+    print(format_inspection(info))
+    if args.json:
+        Path(args.json).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- parser
+
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    names = ", ".join(f"`mmfeed bench {n}`: {h}" for n, (_, h) in NAMED_BENCHMARKS.items())
+    p = sub.add_parser(
+        "bench", help="benchmark the loader against torch's DataLoader (mmfeed bench packing: the packer)",
+        description="Benchmark mmfeed's loader on a small synthetic robot dataset (synthesized once, cached under "
+                    "$MMFEED_CACHE or ~/.cache/mmfeed) or on --data PATH, with a simulated training step, beside "
+                    "torch's DataLoader with per-sample decode and pad-to-longest batches, in the same process. "
+                    "Prints one table: samples/s, useful tokens/s, decoded frames/s, packing efficiency, stall "
+                    "fraction, the per-stage worker time, both systems and their ratio. Figures are medians of "
+                    f"--repeats stretches of --steps batches. Other benchmarks: {names} (each has its own --help).",
+        epilog=EPILOG)
+    p.add_argument("benchmark", nargs="?", choices=sorted(NAMED_BENCHMARKS), metavar="NAME",
+                   help=f"run a named benchmark instead: {', '.join(sorted(NAMED_BENCHMARKS))}")
+    p.add_argument("--data", metavar="PATH", help="webdataset shards (directory, pattern) or a LeRobot v3 directory "
+                   "instead of the synthetic dataset")
+    p.add_argument("--format", choices=["webdataset", "lerobot"], default="webdataset",
+                   help="format of the synthetic dataset (default webdataset)")
+    p.add_argument("--codec", choices=["h264", "av1"], default=None,
+                   help="codec of the synthetic dataset (default h264; av1 for --format lerobot, as LeRobot)")
+    p.add_argument("--episodes", type=INT1, help="episodes of the synthetic dataset (default 10)")
+    p.add_argument("--size", type=_size, metavar="WxH", help="frame size of the synthetic dataset (default 320x240)")
+    p.add_argument("--capacity", type=INT1, help="tokens per packed row (default 8192)")
+    p.add_argument("--rows-per-batch", type=INT1, help="packed rows per batch (default 2)")
+    p.add_argument("--tokens-per-frame", type=INT1, help="tokens one frame costs (default 256)")
+    p.add_argument("--workers", type=INT0, help="worker processes of both loaders (default 2)")
+    p.add_argument("--backend", choices=["auto", "decord", "pyav"], default="auto", help="video decode backend")
+    p.add_argument("--steps", type=INT1, help="batches per measured stretch (default 16)")
+    p.add_argument("--repeats", type=INT1, default=3, help="measured stretches per figure, median reported (default 3)")
+    p.add_argument("--step-ms", type=NUM0, default=None,
+                   help="simulated training step in ms (default: 1 / (0.8 x mmfeed's measured capacity))")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where mmfeed's prefetcher puts batches (default cuda if available, else cpu)")
+    p.add_argument("--seed", type=INT0, help="seed of the synthetic data and the plan (default 0)")
+    p.add_argument("--json", metavar="FILE", help="write every figure, the settings and the environment as JSON "
+                   "(input of `mmfeed compare`)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the worker-scaling curve and the stall breakdown")
+    p.add_argument("--sweep", type=_sweep, metavar="workers=1,2,4",
+                   help="also measure at these worker counts (the scaling curve)")
+    p.add_argument("--quick", action="store_true", help="tiny videos and few steps (a smoke run)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``mmfeed`` argument parser (one subparser per command)."""
+    from mmfeed import __version__
+
     parser = argparse.ArgumentParser(
-        prog="mmfeed",
-        description="mmfeed: decode, pack, prefetch and measure multimodal training data.",
-    )
+        prog="mmfeed", epilog=EPILOG,
+        description="mmfeed: decode, pack, prefetch and measure multimodal training data. Start with "
+                    "`mmfeed bench`; `mmfeed COMMAND --help` for each command.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"mmfeed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    bench = sub.add_parser(
-        "bench",
-        help="benchmark mmfeed on built-in synthetic data",
-        description="Benchmark mmfeed on built-in synthetic data. `mmfeed bench packing --help` lists its options.",
-    )
-    bench.add_argument("what", nargs="?", choices=["packing"], default=None, help="which benchmark to run")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the benchmark")
-    bench.set_defaults(func=_bench)
+    _bench_parser(sub)
+
+    p = sub.add_parser("compare", help="compare two `mmfeed bench --json` reports; exit 1 on a regression",
+                       description="Noise-aware regression detection between two benchmark reports (mmfeed bench "
+                                   "--json; also bench packing/stall/loader JSON). A throughput (*_per_s) that fell, "
+                                   "or a stall or time that rose, by more than --tolerance AND more than the noise "
+                                   "of the recorded repeats (half range, both sides) AND an absolute floor, is a "
+                                   "regression. Baseline figures and ratios are shown, never fail. Settings that "
+                                   "differ are listed, not refused.", epilog=EPILOG)
+    p.add_argument("base", metavar="BASE.json")
+    p.add_argument("new", metavar="NEW.json")
+    p.add_argument("--tolerance", type=NUM0, default=0.1, help="relative change allowed (default 0.1 = 10%%)")
+    p.add_argument("--min-stall", type=NUM0, default=0.01,
+                   help="a stall fraction must also rise by this much in absolute terms (default 0.01)")
+    p.add_argument("--min-time-ms", type=NUM0, default=1.0,
+                   help="a time must also rise by this many ms (default 1)")
+    p.add_argument("--changes-only", action="store_true", help="list only figures beyond the tolerance")
+    p.set_defaults(func=_compare)
+
+    p = sub.add_parser("synth", help="write a synthetic robot dataset (webdataset shards or LeRobot v3)",
+                       description="Write seeded synthetic robot episodes (smooth proprio, actions, task text, "
+                                   "camera videos whose pixels carry their frame index) as webdataset shards with "
+                                   "their parquet index, or as a LeRobot v3 directory.", epilog=EPILOG)
+    p.add_argument("out", metavar="OUT", help="output directory (new or empty)")
+    p.add_argument("--format", choices=["webdataset", "lerobot"], default="webdataset")
+    p.add_argument("--episodes", type=INT1, default=10, help="number of episodes (default 10)")
+    p.add_argument("--codec", choices=["h264", "av1"], default=None,
+                   help="video codec (default h264; av1 for --format lerobot, as LeRobot)")
+    p.add_argument("--size", type=_size, default=(320, 240), metavar="WxH", help="frame size (default 320x240)")
+    p.add_argument("--min-length", type=INT1, default=100, help="shortest episode in steps (default 100)")
+    p.add_argument("--max-length", type=INT1, default=160, help="longest episode in steps (default 160)")
+    p.add_argument("--fps", type=_positive(float, 1), default=30.0, help="steps and frames per second (default 30)")
+    p.add_argument("--cameras", type=_cameras, default=("cam_high",), help="comma-separated (default cam_high)")
+    p.add_argument("--gop", type=INT1, default=None, help="keyframe interval (default 30 for h264, 2 for av1)")
+    p.add_argument("--seed", type=INT0, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_synth)
+
+    p = sub.add_parser("index", help="write the parquet index beside webdataset shards",
+                       description="Index webdataset shards (tar headers and each episode's meta.json only; no "
+                                   "video decoded) into mmfeed-index.parquet beside the first shard.", epilog=EPILOG)
+    p.add_argument("shards", nargs="+", metavar="SHARDS",
+                   help="a directory of .tar shards, a brace pattern or glob, or shard files")
+    p.add_argument("-o", "--output", metavar="PATH", help="index file (default <shard dir>/mmfeed-index.parquet)")
+    p.set_defaults(func=_index)
+
+    p = sub.add_parser("inspect", help="episodes, lengths, cameras and a packing forecast, from the index alone",
+                       description="Survey a dataset from its index alone (no pixel decoded): episodes, a length "
+                                   "histogram, fps, cameras, tasks, and a forecast of one epoch's packing "
+                                   "efficiency, rows, steps and tokens at --capacity, planned exactly as "
+                                   "mmfeed.DataLoader(packing=...) would, beside pad-to-longest batches.",
+                       epilog=EPILOG)
+    p.add_argument("path", metavar="PATH", help="webdataset shards (directory, pattern) or a LeRobot v3 directory")
+    p.add_argument("--capacity", type=INT1, default=8192, help="tokens per packed row (default 8192)")
+    p.add_argument("--rows-per-batch", type=INT1, default=1, help="packed rows per batch (default 1)")
+    p.add_argument("--history", type=INT1, default=4, help="frames per camera in a window (default 4)")
+    p.add_argument("--horizon", type=INT1, default=50, help="action steps in a window (default 50)")
+    p.add_argument("--tokens-per-frame", type=INT1, default=256, help="tokens one frame costs (default 256)")
+    p.add_argument("--stride", type=INT1, default=1, help="steps between window anchors (default 1)")
+    p.add_argument("--max-length", type=INT1, default=None,
+                   help="whole-episode chunks of at most this many steps instead of windows")
+    p.add_argument("--algorithm", default="bfd", help="packing algorithm (default bfd)")
+    p.add_argument("--world-size", type=INT1, default=1, help="ranks the epoch is dealt to (default 1)")
+    p.add_argument("--seed", type=INT0, default=0)
+    p.add_argument("--backend", choices=["auto", "decord", "pyav"], default="auto")
+    p.add_argument("--json", metavar="FILE", help="also write the survey and forecast as JSON")
+    p.set_defaults(func=_inspect)
     return parser
 
 
+def _named_benchmark(argv: list[str]) -> tuple[str, list[str]] | None:
+    """``("packing", rest)`` when argv runs a named benchmark (``[-v] bench packing ...``)."""
+    i = 0
+    while i < len(argv) and argv[i] in ("-v", "--verbose"):
+        i += 1
+    if len(argv) > i + 1 and argv[i] == "bench" and argv[i + 1] in NAMED_BENCHMARKS:
+        return argv[i + 1], argv[i + 2:]
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    """Run the ``mmfeed`` command line; returns the exit status (see the module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = any(a in ("-v", "--verbose") for a in argv[:1])
+    named = _named_benchmark(argv)
+    if named is None:
+        args = build_parser().parse_args(argv)
+        verbose = args.verbose
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     try:
+        if named is not None:
+            return int(importlib.import_module(NAMED_BENCHMARKS[named[0]][0]).main(named[1]) or 0)
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"mmfeed: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("mmfeed: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, OSError, ImportError) as err:
+        logging.getLogger(__name__).debug("error", exc_info=True)
+        print(f"mmfeed: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

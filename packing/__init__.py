@@ -1,1 +1,56 @@
-"""mmfeed.packing"""
+"""mmfeed.packing: pure numeric planning: bin packing, lower bounds, online packing, rank balance, bucketing.
+
+>>> from mmfeed.packing import lower_bound, pack
+>>> plan = pack([5, 3, 7, 1], capacity=8)
+>>> plan.num_bins, lower_bound([5, 3, 7, 1], 8), plan.efficiency
+(2, 2, 1.0)
+
+Everything here is a function of integer arrays, ints and an explicit ``seed``/``epoch``; nothing imports torch
+except the attention-metadata module, which is imported lazily on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mmfeed.packing.balance import REMAINDER_POLICIES, RankPlan, balance, row_costs, step_balance
+from mmfeed.packing.bins import ALGORITHMS, PackPlan, pack
+from mmfeed.packing.bounds import lower_bound
+from mmfeed.packing.bucketing import OVERSIZE_POLICIES, bucket_batches, bucket_boundaries
+from mmfeed.packing.online import OnlinePacker, pack_stream
+
+# public name -> module, imported on first attribute access: PackedBatch lives in packing/batch.py, the only
+# packing module that imports torch, so `import mmfeed.packing` stays torch-free.
+_LAZY: dict[str, str] = {"PackedBatch": "mmfeed.packing.batch"}
+
+__all__ = sorted(
+    [
+        "ALGORITHMS",
+        "OVERSIZE_POLICIES",
+        "OnlinePacker",
+        "PackPlan",
+        "REMAINDER_POLICIES",
+        "RankPlan",
+        "balance",
+        "bucket_batches",
+        "bucket_boundaries",
+        "lower_bound",
+        "pack",
+        "pack_stream",
+        "row_costs",
+        "step_balance",
+        *_LAZY,
+    ]
+)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mmfeed.packing' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

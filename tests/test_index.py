@@ -19,7 +19,7 @@ from mmfeed.loaders.index import (
     INDEX_FILENAME,
     INDEX_SCHEMA,
     build_index,
-    read_index,
+    read_shard_index,
     read_member,
     resolve_shard,
     stale_shards,
@@ -57,7 +57,7 @@ def _meta(drop: str = "", **overrides) -> bytes:
 
 def test_index_rows_match_the_episodes(shards):
     out, eps, paths = shards
-    table = read_index(out / INDEX_FILENAME)
+    table = read_shard_index(out / INDEX_FILENAME)
     assert table.schema.equals(INDEX_SCHEMA, check_metadata=True), "stable column names and types"
     rows = table.to_pylist()
     assert [r["episode_id"] for r in rows] == [e.episode_id for e in eps]
@@ -74,7 +74,7 @@ def test_index_rows_match_the_episodes(shards):
 def test_every_member_reads_back_byte_exact_by_offset_and_size(shards):
     out, eps, _ = shards
     truth = {e.episode_id: e for e in eps}
-    for row in read_index(out / INDEX_FILENAME).to_pylist():
+    for row in read_shard_index(out / INDEX_FILENAME).to_pylist():
         shard = resolve_shard(out / INDEX_FILENAME, row["shard"])
         members = _tar_members(shard)
         for m in row["members"]:
@@ -88,7 +88,7 @@ def test_index_is_deterministic(shards):
     out, _, paths = shards
     first, second = build_index(paths), build_index(list(paths))
     assert first.equals(second, check_metadata=True)
-    assert read_index(out / INDEX_FILENAME).equals(first), "write_index stores exactly build_index's table"
+    assert read_shard_index(out / INDEX_FILENAME).equals(first), "write_index stores exactly build_index's table"
 
 
 def test_index_works_through_fsspec_urls(shards):
@@ -104,7 +104,7 @@ def test_index_works_through_fsspec_urls(shards):
     m = remote[0]["members"][0]
     assert read_member(url, m["offset"], m["size"]) == read_member(paths[0], m["offset"], m["size"])
     index_url = write_index([url])
-    assert index_url == "memory://mmfeed-test/" + INDEX_FILENAME and read_index(index_url).num_rows == len(remote)
+    assert index_url == "memory://mmfeed-test/" + INDEX_FILENAME and read_shard_index(index_url).num_rows == len(remote)
     fs.rm("/mmfeed-test", recursive=True)
 
 
@@ -178,7 +178,7 @@ def test_read_index_refuses_other_parquet(tmp_path):
 
     pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
     with pytest.raises(ValueError, match="not an mmfeed shard index"):
-        read_index(tmp_path / "other.parquet")
+        read_shard_index(tmp_path / "other.parquet")
 
 
 @settings(max_examples=25)

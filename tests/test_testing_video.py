@@ -28,3 +28,7 @@ def test_write_video_rejects_bad_input(tmp_path):
         write_video(tmp_path / "x.mp4", frame_pattern(2, height=48, width=64), codec="mpeg9")
     with pytest.raises(ValueError, match="even"):
         write_video(tmp_path / "x.mp4", np.zeros((2, 47, 64, 3), np.uint8))
+
+
+def test_read_index_of_no_frames_is_empty():
+    assert read_index(np.zeros((0, 48, 64, 3), np.uint8)).tolist() == []

@@ -34,13 +34,16 @@ def test_window_indices_follow_lerobot_clamping(length, offsets):
 def test_delta_timestamps_become_step_offsets_and_bad_ones_are_named():
     spec = WindowSpec.from_delta_timestamps({"frames.cam": [-0.1, 0.0], "action": [i / 10 for i in range(5)]}, fps=10)
     assert spec.offsets == {"frames.cam": (-1, 0), "action": (0, 1, 2, 3, 4)}
+    lerobot = WindowSpec.from_delta_timestamps(
+        {"observation.images.cam_high": [-0.1, 0.0], "observation.state": [0.0], "action": [0.0, 0.1]}, fps=10)
+    assert lerobot.offsets == {"frames.cam_high": (-1, 0), "proprio": (0,), "action": (0, 1)}
     with pytest.raises(ValueError, match=r"delta_timestamps\['action'\].*0\.05"):
         WindowSpec.from_delta_timestamps({"action": [0.05]}, fps=10)
     with pytest.raises(ValueError, match="no offsets"):
         WindowSpec(offsets={"action": ()})
 
 
-@given(st.lists(st.integers(1, 30), min_size=0, max_size=10), st.integers(1, 7))
+@given(st.lists(st.integers(0, 30), min_size=0, max_size=10), st.integers(1, 7))
 def test_episode_windows_visit_every_stride_step_once(lengths, stride):
     """Each episode contributes anchors 0, stride, 2*stride, ... < length, in order, and nothing else."""
     episode, anchor = episode_windows(np.array(lengths, dtype=np.int64), stride=stride)
@@ -48,14 +51,14 @@ def test_episode_windows_visit_every_stride_step_once(lengths, stride):
     assert list(zip(episode.tolist(), anchor.tolist())) == expected
 
 
-@given(st.lists(st.integers(1, 50), min_size=0, max_size=10), st.integers(1, 12))
+@given(st.lists(st.integers(0, 50), min_size=0, max_size=10), st.integers(1, 12))
 def test_episode_chunks_cover_each_episode_exactly(lengths, max_length):
     """Chunks of an episode are consecutive, none longer than max_length, and together cover every step once."""
     episode, start, length = episode_chunks(np.array(lengths, dtype=np.int64), max_length)
     assert (length >= 1).all() and (length <= max_length).all()
     for e, n in enumerate(lengths):
         mine = episode == e
-        covered = np.concatenate([np.arange(s, s + k) for s, k in zip(start[mine], length[mine])])
+        covered = np.concatenate([np.arange(s, s + k) for s, k in zip(start[mine], length[mine])] + [[]])
         assert covered.tolist() == list(range(n))
 
 

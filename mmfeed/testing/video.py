@@ -52,6 +52,8 @@ def read_index(frames: np.ndarray) -> np.ndarray:
     frames = np.asarray(frames)
     if frames.ndim == 3:
         frames = frames[None]
+    if len(frames) == 0:
+        return np.zeros(0, dtype=np.int64)
     n, height, width, _ = frames.shape
     band = _band_height(height)
     block_w = width // INDEX_BITS

@@ -1,0 +1,74 @@
+"""Shared pieces of the benchmarks: the environment record, medians of repeats, a cache folder, tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["cache_dir", "environment", "median_time", "table"]
+
+
+def cache_dir(name: str) -> Path:
+    """``$MMFEED_CACHE`` (default ``~/.cache/mmfeed``) / ``name``, created."""
+    root = Path(os.environ.get("MMFEED_CACHE", Path.home() / ".cache" / "mmfeed"))
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def environment() -> dict[str, Any]:
+    """Versions, CPU count and git revision: what a figure was measured on."""
+    import numpy
+    import torch
+
+    import mmfeed
+
+    versions = {"python": platform.python_version(), "mmfeed": mmfeed.__version__, "torch": torch.__version__,
+                "numpy": numpy.__version__}
+    for name in ("numba", "av", "decord", "pyarrow", "webdataset"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # optional backends may be missing or broken; record that, do not fail the benchmark
+            versions[name] = None
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        rev = None
+    return {"versions": versions, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "machine": platform.machine(), "git_revision": rev,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tuple[float, object]:
+    """Median wall seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs, and the last result."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    """An aligned text table of ``rows`` with ``(key, heading)`` columns; floats shown with 4 significant digits."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    body = [[cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, (_, h) in enumerate(columns)]
+    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""PyAV backend: every codec FFmpeg decodes (AV1 through libdav1d), with GOP-coalesced random access.
+
+Given the sorted frames a caller wants from one file, :meth:`PyAVReader.decode` seeks to the keyframe at or
+before the first one, decodes forward keeping only wanted frames, and, before each next wanted frame, chooses
+between decoding through (it is in the current GOP, or only a few frames away) and seeking to its own keyframe
+(the keyframe flags of the demux index say which GOP holds each frame). Each frame that comes out of the decoder
+is identified by its pts, never by counting frames after a seek, so an inexact seek cannot shift the output.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+
+from mmfeed.codecs.errors import DecodeError
+from mmfeed.codecs.demux import VideoInfo, VideoSource, open_container
+
+__all__ = ["PyAVReader", "seek_cost_frames"]
+
+log = logging.getLogger(__name__)
+
+def seek_cost_frames(threads: int) -> int:
+    """Frames of useless decoding that one seek is worth: decode through to the next wanted GOP when at most this
+    many unwanted frames lie before it. A single-threaded seek is nearly free (measured: seeking beats decoding
+    even one unwanted AV1 frame); with frame threading a seek drains ``threads`` frames in flight."""
+    return 0 if threads <= 1 else int(threads)
+
+
+class PyAVReader:
+    """Random access into one video with PyAV; see the module docstring for how requests are coalesced."""
+
+    name = "pyav"
+
+    def __init__(
+        self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None
+    ) -> None:
+        self.info = info
+        self._size = size
+        self._container = open_container(source)
+        if not self._container.streams.video:
+            self._container.close()
+            raise DecodeError(f"{info.path}: holds no video stream", path=info.path)
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_count = int(threads)
+        self._stream.thread_type = "AUTO" if threads > 1 else "SLICE"
+        self._seek_cost = seek_cost_frames(threads)
+        from av.video.reformatter import VideoReformatter
+
+        self._reformatter = VideoReformatter()
+        self._index_of = {int(p): i for i, p in enumerate(info.pts)}
+        self._frames = None  # the live decode generator, or None when the next read must seek
+        self._pos = -1  # presentation index of the last frame the decoder produced
+        self.frames_decoded = 0  # running counters, for benchmarks and tests
+        self.seeks = 0
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        """(height, width) of the frames this reader returns."""
+        return self._size if self._size is not None else (self.info.height, self.info.width)
+
+    def decode(self, indices: np.ndarray) -> np.ndarray:
+        """Frames at the sorted, unique, in-range ``indices`` as uint8 ``[N, H, W, 3]``."""
+        h, w = self.out_shape
+        out = np.empty((len(indices), h, w, 3), dtype=np.uint8)
+
+        def store(k: int, frame: np.ndarray) -> None:
+            out[k] = frame
+
+        self.decode_each(indices, store)
+        return out
+
+    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None]) -> None:
+        """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order; ``frame`` is an
+        ``[H, W, 3]`` uint8 view that is valid only during the call (copy what you keep)."""
+        for k, target in enumerate(indices.tolist()):
+            sink(k, self._rgb(self._decode_one(int(target))))
+
+    def close(self) -> None:
+        """Close the container (idempotent)."""
+        self._frames = None
+        self._container.close()
+
+    def _decode_one(self, target: int):
+        info = self.info
+        if self._frames is None or not self._should_continue(target):
+            self._seek(int(info.gop_start[target]))
+        for attempt in range(3):
+            try:
+                frame = self._advance_to(target)
+            except _Overshot:
+                frame = None
+            if frame is not None:
+                return frame
+            # The decoder passed the target or ended without producing it (an inexact seek, or frames that
+            # need an earlier GOP): start again from an earlier keyframe.
+            back = int(info.gop_start[max(int(info.gop_start[target]) - 1, 0)]) if attempt == 0 else 0
+            log.debug("%s: frame %d not produced after seek; retrying from frame %d", info.path, target, back)
+            self._seek(back)
+        raise DecodeError(
+            f"{info.path}: frame {target} could not be decoded (the decoder never produced pts "
+            f"{int(info.pts[target])}); the video has {info.num_frames} frames ({info.duration:.3f} s)",
+            path=info.path,
+            index=target,
+            num_frames=info.num_frames,
+            duration=info.duration,
+        )
+
+    def _should_continue(self, target: int) -> bool:
+        if target <= self._pos:
+            return False
+        key = int(self.info.gop_start[target])
+        # Frames decoded in vain if we go on instead of seeking to the target's own keyframe.
+        return key <= self._pos + 1 or key - self._pos - 1 <= self._seek_cost
+
+    def _seek(self, frame_index: int) -> None:
+        import av
+
+        pts = int(self.info.pts[frame_index])
+        try:
+            self._container.seek(pts, stream=self._stream, backward=True, any_frame=False)
+        except (av.error.FFmpegError, OSError) as exc:
+            raise DecodeError(
+                f"{self.info.path}: seeking to frame {frame_index} (pts {pts}) failed: {exc}",
+                path=self.info.path,
+                index=frame_index,
+                num_frames=self.info.num_frames,
+                duration=self.info.duration,
+            ) from exc
+        self.seeks += 1
+        self._frames = self._container.decode(self._stream)
+        self._pos = -1
+
+    def _advance_to(self, target: int):
+        import av
+
+        try:
+            for frame in self._frames:
+                self.frames_decoded += 1
+                idx = self._index_of.get(frame.pts, -1) if frame.pts is not None else -1
+                if idx < 0:
+                    continue
+                self._pos = idx
+                if idx == target:
+                    return frame
+                if idx > target:
+                    raise _Overshot
+        except av.error.FFmpegError as exc:
+            self._frames = None
+            raise DecodeError(
+                f"{self.info.path}: decoding failed on the way to frame {target}: {exc}; the video has "
+                f"{self.info.num_frames} frames ({self.info.duration:.3f} s)",
+                path=self.info.path,
+                index=target,
+                num_frames=self.info.num_frames,
+                duration=self.info.duration,
+            ) from exc
+        self._frames = None
+        return None
+
+    def _rgb(self, frame) -> np.ndarray:
+        # One reformatter for the whole file: frame.to_ndarray(format=...) would build a new swscale context for
+        # every frame, which costs more than decoding a 640x480 H.264 frame.
+        h, w = self.out_shape
+        return self._reformatter.reformat(frame, format="rgb24", width=w, height=h).to_ndarray()
+
+
+class _Overshot(Exception):
+    """The decoder produced a frame after the target without producing the target."""

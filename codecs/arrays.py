@@ -1,0 +1,183 @@
+"""Arrays from bytes and parquet columns without extra copies, checked against what the metadata promises.
+
+- :func:`load_npy` parses the ``.npy`` header itself and returns ``np.frombuffer`` over the payload: a read-only
+  view of the caller's bytes (pass ``copy=True`` for a writable array of its own).
+- :func:`load_npz` reads every member of an ``.npz``; stored (uncompressed, ``np.savez``) members are views of the
+  caller's bytes, compressed ones are inflated once.
+- :func:`column_to_numpy` turns a pyarrow column of fixed-size lists (or lists that all have one length, nested
+  to any depth) into an ``[N, ...]`` array by reshaping the flat values buffer, a zero-copy view when the column
+  is a single chunk without nulls.
+
+>>> import io, numpy as np
+>>> buf = io.BytesIO(); np.save(buf, np.arange(6, dtype=np.float32).reshape(2, 3))
+>>> load_npy(buf.getvalue(), key="ep0.proprio.npy", expect_dtype=np.float32, expect_shape=(None, 3)).shape
+(2, 3)
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import struct
+import zipfile
+from typing import Any, Sequence
+
+import numpy as np
+
+from mmfeed.codecs.errors import DecodeError
+
+__all__ = ["check_array", "column_to_numpy", "load_npy", "load_npz"]
+
+_MAGIC = b"\x93NUMPY"
+
+
+def check_array(
+    array: np.ndarray,
+    *,
+    key: str = "array",
+    expect_dtype: Any = None,
+    expect_shape: Sequence[int | None] | None = None,
+) -> np.ndarray:
+    """Return ``array`` when its dtype and shape are as promised, else raise :class:`DecodeError` naming ``key``.
+
+    ``expect_shape`` entries that are None match any size (``(None, 7)``: any number of rows of 7).
+    """
+    if expect_dtype is not None and array.dtype != np.dtype(expect_dtype):
+        raise DecodeError(f"{key}: dtype is {array.dtype}, expected {np.dtype(expect_dtype)}", path=key)
+    if expect_shape is not None:
+        want = tuple(expect_shape)
+        ok = len(want) == array.ndim and all(w is None or w == s for w, s in zip(want, array.shape))
+        if not ok:
+            shown = "(" + ", ".join("*" if w is None else str(w) for w in want) + ("," if len(want) == 1 else "") + ")"
+            raise DecodeError(f"{key}: shape is {array.shape}, expected {shown} (* = any size)", path=key)
+    return array
+
+
+def load_npy(
+    data: bytes | bytearray | memoryview,
+    *,
+    key: str = "npy",
+    expect_dtype: Any = None,
+    expect_shape: Sequence[int | None] | None = None,
+    copy: bool = False,
+) -> np.ndarray:
+    """The array in ``.npy`` bytes, as a view of ``data`` (read-only if ``data`` is) unless ``copy``.
+
+    Object arrays (which would need pickle) are refused. Errors name ``key``.
+    """
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise DecodeError(f"{key}: the .npy buffer is not contiguous", path=key)
+    view = view.cast("B")
+    if bytes(view[:6]) != _MAGIC or len(view) < 10:
+        raise DecodeError(f"{key}: not .npy bytes (the file does not start with the NUMPY magic)", path=key)
+    major = view[6]
+    if major == 1:
+        (header_len,) = struct.unpack("<H", view[8:10])
+        start = 10
+    elif major in (2, 3):
+        (header_len,) = struct.unpack("<I", view[8:12])
+        start = 12
+    else:
+        raise DecodeError(f"{key}: unsupported .npy format version {major}", path=key)
+    raw = bytes(view[start : start + header_len])
+    try:
+        header = ast.literal_eval(raw.decode("utf-8" if major == 3 else "latin1"))
+        dtype = np.lib.format.descr_to_dtype(header["descr"])
+        shape = tuple(int(s) for s in header["shape"])
+        fortran = bool(header["fortran_order"])
+    except (ValueError, SyntaxError, KeyError, TypeError) as exc:
+        raise DecodeError(f"{key}: malformed .npy header {raw[:80]!r}: {exc}", path=key) from exc
+    if dtype.hasobject:
+        raise DecodeError(f"{key}: object arrays need pickle, which mmfeed never loads; save a numeric array", path=key)
+    offset = start + header_len
+    count = int(np.prod(shape, dtype=np.int64))
+    need = count * dtype.itemsize
+    if len(view) - offset < need:
+        raise DecodeError(
+            f"{key}: truncated .npy: header promises {shape} {dtype} ({need} bytes) but {len(view) - offset} follow",
+            path=key,
+        )
+    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+    array = array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
+    if copy:
+        array = np.array(array, order="C")
+    return check_array(array, key=key, expect_dtype=expect_dtype, expect_shape=expect_shape)
+
+
+def load_npz(data: bytes | bytearray | memoryview, *, key: str = "npz") -> dict[str, np.ndarray]:
+    """Every array in ``.npz`` bytes, by member name without ``.npy``; stored members are views of ``data``."""
+    view = memoryview(data).cast("B")
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(view))
+    except zipfile.BadZipFile as exc:
+        raise DecodeError(f"{key}: not .npz bytes: {exc}", path=key) from exc
+    out: dict[str, np.ndarray] = {}
+    with archive:
+        for member in archive.infolist():
+            name = member.filename[:-4] if member.filename.endswith(".npy") else member.filename
+            where = f"{key}[{name}]"
+            if member.compress_type == zipfile.ZIP_STORED:
+                local = view[member.header_offset : member.header_offset + 30]
+                if len(local) < 30 or bytes(local[:4]) != b"PK\x03\x04":
+                    raise DecodeError(f"{where}: corrupt zip local header", path=where)
+                name_len, extra_len = struct.unpack("<HH", local[26:30])
+                begin = member.header_offset + 30 + name_len + extra_len
+                payload = view[begin : begin + member.file_size]
+            else:
+                try:
+                    payload = archive.read(member)
+                except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                    raise DecodeError(f"{where}: cannot inflate member: {exc}", path=where) from exc
+            out[name] = load_npy(payload, key=where)
+    return out
+
+
+def column_to_numpy(
+    column: Any,
+    *,
+    key: str = "column",
+    expect_dtype: Any = None,
+    expect_shape: Sequence[int | None] | None = None,
+) -> np.ndarray:
+    """A pyarrow column (Array or ChunkedArray) as an ``[N, ...]`` numpy array.
+
+    Fixed-size-list columns, and list columns whose rows all have one length, become extra dimensions (nested
+    lists give more). The result is a zero-copy view when the column is one chunk without nulls and of a
+    numeric type; several chunks are combined first (one copy). Nulls, ragged lists and unmet ``expect_dtype`` /
+    ``expect_shape`` raise :class:`DecodeError` naming ``key``.
+    """
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if not isinstance(column, pa.Array):
+        raise TypeError(f"{key}: expected a pyarrow Array or ChunkedArray, got {type(column).__name__}")
+    array = _to_numpy(column, key)
+    return check_array(array, key=key, expect_dtype=expect_dtype, expect_shape=expect_shape)
+
+
+def _to_numpy(arr, key: str) -> np.ndarray:
+    import pyarrow as pa
+
+    if arr.null_count:
+        raise DecodeError(f"{key}: holds {arr.null_count} null values; fill or drop them first", path=key)
+    n = len(arr)
+    if pa.types.is_fixed_size_list(arr.type):
+        inner = _to_numpy(arr.flatten(), key)
+        return inner.reshape((n, arr.type.list_size) + inner.shape[1:])
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
+        if n and (lengths != lengths[0]).any():
+            raise DecodeError(
+                f"{key}: rows hold lists of different lengths ({int(lengths.min())}..{int(lengths.max())}); "
+                "a 2-D array needs one length per column (store it as a fixed_size_list)",
+                path=key,
+            )
+        inner = _to_numpy(arr.flatten(), key)
+        width = int(lengths[0]) if n else 0
+        return inner.reshape((n, width) + inner.shape[1:])
+    try:
+        return arr.to_numpy(zero_copy_only=True)
+    except (pa.ArrowInvalid, NotImplementedError):
+        return arr.to_numpy(zero_copy_only=False)

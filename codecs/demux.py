@@ -1,0 +1,257 @@
+"""What a video holds, read from its demuxed packets without decoding a single frame.
+
+Container headers are not trusted for frame counts or times (an mp4 header's frame count can be off, and LeRobot
+stores many episodes back to back in one file): :func:`probe` demuxes every packet of the video stream, which
+reads the bytes but decodes nothing, and keeps each frame's presentation timestamp (pts) and keyframe flag. The
+result is cached per file (keyed by path, size and modification time), so a worker pays for it once per file.
+
+>>> import tempfile, os
+>>> from mmfeed.testing import frame_pattern, write_video
+>>> path = write_video(os.path.join(tempfile.mkdtemp(), "v.mp4"), frame_pattern(10, height=48, width=64), gop=4)
+>>> info = probe(path)
+>>> info.num_frames, info.codec, info.keyframes().tolist()
+(10, 'h264', [0, 4, 8])
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from mmfeed.codecs.errors import DecodeError
+
+__all__ = ["VideoInfo", "VideoSource", "frames_at_times", "probe", "source_name", "validate_indices"]
+
+VideoSource = str | os.PathLike | bytes | bytearray | memoryview
+"""A video file path, or the bytes of a whole video file held in memory (e.g. a tar member)."""
+
+
+@dataclass(frozen=True, eq=False)
+class VideoInfo:
+    """The frames of one video stream, in presentation order, as the demuxer sees them.
+
+    ``pts[i]`` is frame i's presentation timestamp in ``time_base`` units and ``timestamps[i]`` the same in seconds
+    (absolute, as the container stores it, which is what LeRobot's ``from_timestamp`` refers to);
+    ``is_keyframe[i]`` says whether frame i can start decoding and ``gop_start[i]`` is the keyframe at or before it.
+    """
+
+    path: str
+    codec: str
+    width: int
+    height: int
+    fps: float
+    time_base: Fraction
+    stream_index: int
+    pts: np.ndarray = field(repr=False)
+    is_keyframe: np.ndarray = field(repr=False)
+    gop_start: np.ndarray = field(repr=False)
+    timestamps: np.ndarray = field(repr=False)
+    duration: float = 0.0
+    open_gop: bool = False
+    """Some frame follows a keyframe in decode order but precedes it in display order (an open GOP's leading
+    pictures, x265's default): decord returns wrong frames after seeking in such files."""
+
+    @property
+    def num_frames(self) -> int:
+        """Frames in the stream, counted from its packets."""
+        return int(len(self.pts))
+
+    def keyframes(self) -> np.ndarray:
+        """Indices of the keyframes, ascending."""
+        return np.flatnonzero(self.is_keyframe)
+
+
+def source_name(source: VideoSource) -> str:
+    """How errors and logs name ``source``: the path, or ``<N bytes in memory>``."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{memoryview(source).nbytes} bytes in memory>"
+    return os.fspath(source)
+
+
+def open_container(source: VideoSource) -> "av.container.InputContainer":
+    """``av.open`` on a path or in-memory bytes, turning every failure into a :class:`DecodeError`."""
+    import av
+
+    name = source_name(source)
+    if not isinstance(source, (bytes, bytearray, memoryview)):
+        if not os.path.isfile(name):
+            raise DecodeError(f"{name}: no such video file", path=name)
+        if os.path.getsize(name) == 0:
+            raise DecodeError(f"{name}: the video file is empty (0 bytes)", path=name)
+        target = name
+    else:
+        if memoryview(source).nbytes == 0:
+            raise DecodeError(f"{name}: the video bytes are empty", path=name)
+        target = io.BytesIO(source)
+    try:
+        return av.open(target, mode="r")
+    except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+        raise DecodeError(
+            f"{name}: not a readable video file (unknown format, truncated or corrupt): {exc}", path=name
+        ) from exc
+
+
+def probe(source: VideoSource) -> VideoInfo:
+    """Demux ``source`` (no decoding) and return its :class:`VideoInfo`; cached per file path, size and mtime.
+
+    Raises :class:`DecodeError` naming the file when it is missing, empty, unreadable or has no video stream.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _probe(source)
+    name = os.path.abspath(os.fspath(source))
+    try:
+        st = os.stat(name)
+    except OSError as exc:
+        raise DecodeError(f"{os.fspath(source)}: no such video file ({exc})", path=os.fspath(source)) from exc
+    return _probe_cached(name, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=512)
+def _probe_cached(path: str, size: int, mtime_ns: int) -> VideoInfo:
+    # size and mtime_ns are only part of the key: a rewritten file is probed again.
+    return _probe(path)
+
+
+def _probe(source: VideoSource) -> VideoInfo:
+    import av
+
+    name = source_name(source)
+    with open_container(source) as container:
+        if not container.streams.video:
+            kinds = sorted({s.type for s in container.streams}) or ["none"]
+            raise DecodeError(f"{name}: holds no video stream (streams: {', '.join(kinds)})", path=name)
+        stream = container.streams.video[0]
+        cc = stream.codec_context
+        codec = cc.codec.canonical_name if cc.codec is not None else cc.name
+        pts_list: list[int] = []
+        key_list: list[bool] = []
+        last_duration = 0
+        open_gop = False
+        key_pts = None  # pts of the latest keyframe in decode order
+        try:
+            for packet in container.demux(stream):
+                if packet.size == 0:  # the flush packets PyAV yields at the end
+                    continue
+                ts = packet.pts if packet.pts is not None else packet.dts
+                if ts is None:
+                    raise DecodeError(
+                        f"{name}: packet {len(pts_list)} has no timestamp; remux the file into mp4/mkv",
+                        path=name,
+                    )
+                pts_list.append(int(ts))
+                key_list.append(bool(packet.is_keyframe))
+                if packet.is_keyframe:
+                    key_pts = int(ts)
+                elif key_pts is not None and ts < key_pts:
+                    open_gop = True
+                last_duration = int(packet.duration or 0)
+        except av.error.FFmpegError as exc:
+            raise DecodeError(f"{name}: demuxing failed after {len(pts_list)} packets: {exc}", path=name) from exc
+        if not pts_list:
+            raise DecodeError(f"{name}: the video stream holds no frames", path=name, num_frames=0)
+        time_base = Fraction(stream.time_base) if stream.time_base else Fraction(1, 90000)
+        rate = stream.average_rate or stream.guessed_rate
+        width, height = int(cc.width), int(cc.height)
+        index = int(stream.index)
+    order = np.argsort(np.asarray(pts_list, dtype=np.int64), kind="stable")
+    pts = np.asarray(pts_list, dtype=np.int64)[order]
+    is_key = np.asarray(key_list, dtype=bool)[order]
+    if not is_key.any():
+        is_key[0] = True  # nothing flagged (some raw streams): decode from the start
+    key_positions = np.flatnonzero(is_key)
+    gop_start = key_positions[np.maximum(np.searchsorted(key_positions, np.arange(len(pts)), "right") - 1, 0)]
+    timestamps = pts.astype(np.float64) * float(time_base)
+    if rate:
+        fps = float(rate)
+    elif len(pts) > 1:
+        fps = 1.0 / float(np.median(np.diff(timestamps)))
+    else:
+        fps = 0.0
+    frame_time = last_duration * float(time_base) if last_duration else (1.0 / fps if fps else 0.0)
+    return VideoInfo(
+        path=name,
+        codec=str(codec),
+        width=width,
+        height=height,
+        fps=fps,
+        time_base=time_base,
+        stream_index=index,
+        pts=pts,
+        is_keyframe=is_key,
+        gop_start=gop_start.astype(np.int64),
+        timestamps=timestamps,
+        duration=float(timestamps[-1] + frame_time),
+        open_gop=open_gop,
+    )
+
+
+def validate_indices(info: VideoInfo, indices: ArrayLike) -> np.ndarray:
+    """``indices`` as int64 ``[N]``, checked against the video's length (no negative, Python-style indexing)."""
+    arr = np.asarray(indices)
+    if arr.ndim == 0:
+        arr = arr[None]
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1:
+        raise TypeError(f"{info.path}: frame indices must be a 1-D sequence of ints, got shape {arr.shape}")
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(
+            f"{info.path}: frame indices must be integers, got dtype {arr.dtype}; pass times in seconds as "
+            "timestamps=... instead"
+        )
+    arr = arr.astype(np.int64, copy=False)
+    n = info.num_frames
+    bad = np.flatnonzero((arr < 0) | (arr >= n))
+    if bad.size:
+        i = int(arr[bad[0]])
+        raise DecodeError(
+            f"{info.path}: frame index {i} is out of range for a video of {n} frames ({info.duration:.3f} s); "
+            f"valid indices are 0..{n - 1}",
+            path=info.path,
+            index=i,
+            num_frames=n,
+            duration=info.duration,
+        )
+    return arr
+
+
+def frames_at_times(info: VideoInfo, timestamps: ArrayLike, tolerance_s: float = 1e-4) -> np.ndarray:
+    """The frame nearest in presentation time to each of ``timestamps`` (seconds), as int64 indices.
+
+    As in LeRobot, a time whose nearest frame is more than ``tolerance_s`` away is an error, not a silent pick.
+    """
+    if not tolerance_s >= 0:
+        raise ValueError(f"tolerance_s must be >= 0 seconds, got {tolerance_s!r}")
+    ts = np.asarray(timestamps)
+    if ts.ndim == 0:
+        ts = ts[None]
+    if ts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ts.ndim != 1 or not np.issubdtype(ts.dtype, np.number) or ts.dtype == bool:
+        raise TypeError(f"{info.path}: timestamps must be a 1-D sequence of seconds, got {ts.dtype} {ts.shape}")
+    ts = ts.astype(np.float64, copy=False)
+    frame_ts = info.timestamps
+    right = np.clip(np.searchsorted(frame_ts, ts), 0, len(frame_ts) - 1)
+    left = np.maximum(right - 1, 0)
+    pick = np.where(np.abs(frame_ts[left] - ts) <= np.abs(frame_ts[right] - ts), left, right)
+    err = np.abs(frame_ts[pick] - ts)
+    bad = np.flatnonzero(~(err <= tolerance_s))  # NaN times are bad too
+    if bad.size:
+        k = int(bad[0])
+        t, j = float(ts[k]), int(pick[k])
+        raise DecodeError(
+            f"{info.path}: no frame within {tolerance_s:g} s of time {t:.6f} s; the nearest is frame {j} at "
+            f"{frame_ts[j]:.6f} s; the video has {info.num_frames} frames spanning "
+            f"{frame_ts[0]:.6f}..{info.duration:.6f} s at {info.fps:g} fps",
+            path=info.path,
+            timestamp=t,
+            num_frames=info.num_frames,
+            duration=info.duration,
+        )
+    return pick.astype(np.int64)

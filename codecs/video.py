@@ -1,0 +1,220 @@
+"""Video frames as uint8 ``[N, H, W, 3]`` numpy arrays, by frame index or by presentation time.
+
+Two backends sit behind one small protocol (:class:`VideoReader`) in the :data:`BACKENDS` registry: ``"decord"``
+(H.264/HEVC, fast random access) and ``"pyav"`` (everything FFmpeg decodes, AV1 through libdav1d). ``"auto"``
+probes the stream's codec and picks decord for the codecs it reads when it is installed, PyAV otherwise; if
+decord then refuses the file, ``auto`` falls back to PyAV.
+
+>>> import tempfile, os
+>>> from mmfeed.testing import frame_pattern, read_index, write_video
+>>> path = write_video(os.path.join(tempfile.mkdtemp(), "v.mp4"), frame_pattern(12, height=48, width=64))
+>>> read_index(read_frames(path, indices=[9, 0, 9])).tolist()
+[9, 0, 9]
+>>> read_index(read_frames(path, timestamps=[0.1, 1 / 30])).tolist()
+[3, 1]
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from mmfeed.codecs._decord import DecordReader, decord_available
+from mmfeed.codecs._pyav import PyAVReader
+from mmfeed.codecs.errors import DecodeError
+from mmfeed.codecs.demux import VideoInfo, VideoSource, frames_at_times, probe, validate_indices
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_TOLERANCE_S",
+    "DecodeOptions",
+    "VideoReader",
+    "choose_backend",
+    "open_reader",
+    "read_frames",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOLERANCE_S = 1e-4
+"""LeRobot's default: a requested time must lie this close (seconds) to a frame's presentation time."""
+
+
+class VideoReader(Protocol):
+    """One open video. ``decode`` and ``decode_each`` take sorted, unique, validated frame indices."""
+
+    name: str
+    info: VideoInfo
+    out_shape: tuple[int, int]
+
+    def decode(self, indices: np.ndarray) -> np.ndarray:
+        """uint8 ``[len(indices), H, W, 3]`` (H, W = ``out_shape``, after any decode-time resize)."""
+        ...
+
+    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None]) -> None:
+        """``sink(k, frame)`` for each index in order; ``frame`` is valid only during the call."""
+        ...
+
+    def close(self) -> None:
+        """Release the file."""
+        ...
+
+
+BACKENDS: dict[str, type] = {"decord": DecordReader, "pyav": PyAVReader}
+"""Backend name -> reader class; every class takes ``(source, info, *, threads, size)``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeOptions:
+    """How frames are decoded; validated on construction.
+
+    - ``backend``: ``"auto"`` or a key of :data:`BACKENDS`.
+    - ``threads``: decoder threads per open video (default 1: one per worker process is the usual layout).
+    - ``size``: ``(height, width)`` to scale every frame to inside the decoder's converter, or None.
+    - ``crop``: ``(top, left, height, width)`` cut from each frame after any resize, or None.
+    """
+
+    backend: str = "auto"
+    threads: int = 1
+    size: tuple[int, int] | None = None
+    crop: tuple[int, int, int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend != "auto" and self.backend not in BACKENDS:
+            raise ValueError(f"unknown video backend {self.backend!r}; choose 'auto' or one of {sorted(BACKENDS)}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {self.threads!r}")
+        if self.size is not None:
+            size = tuple(self.size)
+            if len(size) != 2 or not all(isinstance(v, int) and v >= 2 for v in size):
+                raise ValueError(f"size must be (height, width) with ints >= 2, got {self.size!r}")
+            object.__setattr__(self, "size", size)
+        if self.crop is not None:
+            crop = tuple(self.crop)
+            if len(crop) != 4 or not all(isinstance(v, int) for v in crop) or min(crop[:2]) < 0 or min(crop[2:]) < 1:
+                raise ValueError(f"crop must be (top, left, height, width) with top, left >= 0 and sizes >= 1, "
+                                 f"got {self.crop!r}")
+            object.__setattr__(self, "crop", crop)
+
+    def check_crop(self, info: VideoInfo) -> None:
+        """Raise ValueError when the crop does not fit inside the (resized) frames of ``info``."""
+        if self.crop is None:
+            return
+        h, w = self.size if self.size is not None else (info.height, info.width)
+        top, left, ch, cw = self.crop
+        if top + ch > h or left + cw > w:
+            raise ValueError(f"{info.path}: crop {self.crop} (top, left, height, width) does not fit in {h}x{w} frames")
+
+
+def choose_backend(info: VideoInfo, backend: str = "auto") -> str:
+    """The backend ``backend`` resolves to for the video ``info`` describes.
+
+    ``auto``: decord for H.264/HEVC without open GOPs when decord is installed, PyAV for everything else.
+    """
+    if backend != "auto":
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown video backend {backend!r}; choose 'auto' or one of {sorted(BACKENDS)}")
+        return backend
+    if info.codec in {"h264", "hevc"} and not info.open_gop and decord_available():
+        return "decord"
+    return "pyav"
+
+
+def open_reader(
+    source: VideoSource, options: DecodeOptions | None = None, info: VideoInfo | None = None
+) -> VideoReader:
+    """Open ``source`` with the backend ``options`` ask for; ``auto`` falls back to PyAV if decord refuses."""
+    options = options or DecodeOptions()
+    info = info if info is not None else probe(source)
+    options.check_crop(info)
+    name = choose_backend(info, options.backend)
+    try:
+        return BACKENDS[name](source, info, threads=options.threads, size=options.size)
+    except DecodeError as exc:
+        if options.backend != "auto" or name == "pyav":
+            raise
+        log.info("%s: decord refused the file (%s); using PyAV", info.path, exc)
+        return PyAVReader(source, info, threads=options.threads, size=options.size)
+
+
+def read_frames(
+    path: VideoSource,
+    indices: ArrayLike | None = None,
+    *,
+    timestamps: ArrayLike | None = None,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    backend: str = "auto",
+    threads: int = 1,
+    size: tuple[int, int] | None = None,
+    crop: tuple[int, int, int, int] | None = None,
+) -> np.ndarray:
+    """Decode frames of one video as uint8 ``[N, H, W, 3]`` (C-contiguous: ``torch.from_numpy`` shares it).
+
+    Give ``indices`` (frame numbers in presentation order) or ``timestamps`` (seconds; the nearest frame by
+    presentation time, an error when farther than ``tolerance_s``), or neither for every frame. Frames come back in
+    the order asked, repeats included; each needed GOP is decoded once. Errors are :class:`DecodeError` naming the
+    path, the bad index or time and the video's length. For many requests use :func:`decode_batch` with a
+    :class:`VideoReaderCache`, which keeps files open between calls.
+    """
+    options = DecodeOptions(backend=backend, threads=threads, size=size, crop=crop)
+    info = probe(path)
+    wanted = resolve_request(info, indices, timestamps, tolerance_s)
+    options.check_crop(info)
+    if len(wanted) == 0:
+        return decode_requests(None, options, info, [wanted])[0]
+    reader = open_reader(path, options, info)
+    try:
+        return decode_requests(reader, options, info, [wanted])[0]
+    finally:
+        reader.close()
+
+
+def decode_requests(
+    reader: VideoReader | None, options: DecodeOptions, info: VideoInfo, wanted: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    """Decode the union of several requests on one file once and copy each frame straight into every request's
+    output array that asked for it (one copy per delivered frame, crop applied on the way)."""
+    h, w = options.size if options.size is not None else (info.height, info.width)
+    top, left, oh, ow = options.crop if options.crop is not None else (0, 0, h, w)
+    outs = [np.empty((len(x), oh, ow, 3), dtype=np.uint8) for x in wanted]
+    total = sum(len(x) for x in wanted)
+    if total == 0:
+        return outs
+    if reader is None:
+        raise ValueError(f"{info.path}: frames were requested but no reader was given")
+    flat = np.concatenate(wanted)
+    union, inverse = np.unique(flat, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if len(wanted) == 1 and options.crop is None and len(union) == len(flat) and np.array_equal(union, flat):
+        return [reader.decode(union)]  # one sorted request: the reader's own output is the answer
+    targets: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(len(union))]
+    start = 0
+    for out, x in zip(outs, wanted):
+        for row, k in enumerate(inverse[start : start + len(x)].tolist()):
+            targets[k].append((out, row))
+        start += len(x)
+
+    def sink(k: int, frame: np.ndarray) -> None:
+        part = frame[top : top + oh, left : left + ow]
+        for out, row in targets[k]:
+            out[row] = part
+
+    reader.decode_each(union, sink)
+    return outs
+
+
+def resolve_request(
+    info: VideoInfo, indices: ArrayLike | None, timestamps: ArrayLike | None, tolerance_s: float
+) -> np.ndarray:
+    """The frame indices a request names (validated int64), from ``indices``, ``timestamps`` or neither (all)."""
+    if indices is not None and timestamps is not None:
+        raise ValueError(f"{info.path}: give frame indices or timestamps, not both")
+    if timestamps is not None:
+        return frames_at_times(info, timestamps, tolerance_s)
+    if indices is None:
+        return np.arange(info.num_frames, dtype=np.int64)
+    return validate_indices(info, indices)

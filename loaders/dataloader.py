@@ -1,0 +1,511 @@
+"""``mmfeed.DataLoader``: torch's DataLoader, wrapped, plus device prefetch, step timing and exact resume.
+
+Given only torch's arguments it yields exactly the batches ``torch.utils.data.DataLoader`` yields (it holds a torch
+loader and lets it do all the loading). Three additions, keyword-only, after torch's:
+
+* ``device="cuda", prefetch=2``: batches arrive on the device, copied on a side stream ``prefetch`` batches ahead
+  (:class:`~mmfeed.loaders.prefetch.DevicePrefetcher`). ``device="cpu"`` moves nothing but still receives the
+  batches in a background thread ``prefetch`` batches ahead. ``device=None`` (default): no thread, torch's
+  iterator as it is (``prefetch`` is then unused).
+* ``timer=True`` (or a :class:`~mmfeed.loaders.timing.StepTimer`): per-step wait / copy / compute and worker
+  stage times in ``loader.timer``. The collate function is then wrapped in
+  :class:`~mmfeed.loaders.timing.TimedCollate`; the loop still receives the collated batch itself, same type.
+* ``state_dict()`` / ``load_state_dict(sd)``: exact mid-epoch resume. For map-style datasets the state is
+  self-contained: epoch, batches handed out, and what fixed the epoch's order (the shuffle seed drawn from torch's
+  default RNG, or the state of ``generator`` at the moment the sampler drew from it, exactly as torch's
+  RandomSampler draws). A new loader built with the same dataset and batching arguments, with or without the
+  original generator and with any ``num_workers``, continues with exactly the batches that remained; skipped
+  batches are skipped as indices, never loaded.
+
+Resume covers the default samplers (``shuffle=True/False``), SequentialSampler, DistributedSampler (its epoch is
+saved), plain lists/ranges of indices, and any sampler or batch_sampler with ``state_dict()`` /
+``load_state_dict()`` (snapshotted at the start of each epoch; a deterministic sampler may return ``{}``). Other
+samplers raise a TypeError from ``state_dict()``. Iterable datasets resume through their own ``state_dict()`` /
+``load_state_dict()`` with ``num_workers=0`` (the state after the last batch handed out is kept); with workers
+the dataset copies live in other processes and ``state_dict()`` raises a ValueError. Not part of the state:
+torch's global RNG (without a generator, epochs after the resumed one draw their seeds from it, as torch does:
+restore it or pass a generator, whose state the loader does carry) and the per-worker seeds of the resumed epoch
+(random augmentation inside workers is not replayed). One iterator at a time is tracked: ``iter(loader)`` again
+closes the previous iterator's prefetch thread.
+
+Example::
+
+    >>> import torch
+    >>> ds = torch.arange(10)
+    >>> a = DataLoader(ds, batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(0))
+    >>> it = iter(a); first = next(it)
+    >>> b = DataLoader(ds, batch_size=3, shuffle=True)
+    >>> b.load_state_dict(a.state_dict())
+    >>> [x.tolist() for x in b] == [x.tolist() for x in it]
+    True
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import inspect
+import itertools
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader as TorchDataLoader
+
+from mmfeed.loaders.dataset import PlanSampler
+from mmfeed.loaders.prefetch import DevicePrefetcher, _resolve_device
+from mmfeed.loaders.timing import StepTimer, TimedCollate
+
+__all__ = ["DataLoader"]
+
+_STATE_VERSION = 1
+_TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
+
+
+class _ShuffleSampler(RandomSampler):
+    """torch's RandomSampler (no replacement, one pass), drawing from the same RNG in the same order, but
+    remembering what fixed the order (``epoch_seed``: an int, or the generator's state) and able to restart an
+    epoch from it with the first ``skip`` indices left out."""
+
+    def __init__(self, data_source: Any, generator: torch.Generator | None) -> None:
+        super().__init__(data_source, generator=generator)
+        self.epoch_seed: int | torch.Tensor | None = None
+        self._resume: tuple[int | torch.Tensor, int] | None = None
+
+    def resume(self, seed: int | torch.Tensor, skip: int) -> None:
+        self._resume = (seed, skip)
+
+    def draw_early(self) -> int | torch.Tensor:
+        """The seed this epoch will use, asked for before the sampler started: a generator's state now is the
+        state the sampler will read (torch draws nothing from it in between); without a generator the seed is
+        drawn now from torch's RNG, one draw as usual, and kept for the sampler."""
+        if self._resume is not None:
+            return self._resume[0]
+        if self.generator is not None:
+            return self.generator.get_state()
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        self._resume = (seed, 0)
+        return seed
+
+    def _generator_for(self, seed: int | torch.Tensor) -> torch.Generator:
+        if isinstance(seed, int):
+            g = torch.Generator()
+            g.manual_seed(seed)
+            return g
+        if self.generator is None:  # resumed without the original generator: carry on with our own
+            self.generator = torch.Generator()
+        self.generator.set_state(seed)
+        return self.generator
+
+    def fast_forward(self, seed: int | torch.Tensor) -> None:
+        """Leave the generator as a finished epoch started from ``seed`` leaves it."""
+        g = self._generator_for(seed)
+        n = len(self.data_source)
+        torch.randperm(n, generator=g)
+        torch.randperm(n, generator=g)
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.data_source)
+        resume, self._resume = self._resume, None
+        skip = 0
+        if resume is not None:
+            seed, skip = resume
+        elif self.generator is None:  # the draw torch's RandomSampler makes
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        else:
+            seed = self.generator.get_state()
+        self.epoch_seed = seed
+        g = self._generator_for(seed)
+        yield from torch.randperm(n, generator=g)[skip:].tolist()
+        # torch's RandomSampler draws a second, empty-sliced permutation after a full pass; so do we, so that the
+        # generator's state matches torch's afterwards
+        torch.randperm(n, generator=g)
+
+
+def _order_kind(source: Any) -> str:
+    """How an order source resumes: 'shuffle' (ours), 'stateful', 'epoch' (DistributedSampler), 'fixed', or
+    'none' (cannot)."""
+    if isinstance(source, _ShuffleSampler):
+        return "shuffle"
+    if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
+        return "stateful"
+    if isinstance(source, DistributedSampler):
+        return "epoch"
+    if type(source) is SequentialSampler or isinstance(source, (range, list, tuple)):
+        return "fixed"
+    if type(source) is BatchSampler:
+        return _order_kind(source.sampler)
+    return "none"
+
+
+def _order_target(source: Any) -> Any:
+    """The object that holds the order's state (a torch BatchSampler's sampler)."""
+    return _order_target(source.sampler) if type(source) is BatchSampler else source
+
+
+class _ResumableIndex:
+    """The index sampler torch iterates: ``inner`` (a batch sampler or sampler), restartable from a saved order
+    state with the first items left out. ``samples_per_item`` lets a skip go straight to our shuffle sampler
+    (each item is a batch of that many indices) instead of iterating the skipped items."""
+
+    def __init__(self, inner: Any, samples_per_item: int | None) -> None:
+        self.inner = inner
+        self.kind = _order_kind(inner)
+        self.target = _order_target(inner)
+        self.samples_per_item = samples_per_item if self.kind == "shuffle" else None
+        self.epoch_state: Any = None
+        self._skip = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def begin_epoch(self, order: dict[str, Any] | None = None, skip: int = 0) -> None:
+        """Called by the loader at ``iter()``: restore ``order`` (if given), note what fixes this epoch's order,
+        and arrange for the first ``skip`` items to be left out."""
+        state = None if order is None else order.get("state")
+        if self.kind == "shuffle":
+            self.target.epoch_seed = None  # drawn lazily, at the first index, exactly when torch draws it
+            if state is not None:
+                per = self.samples_per_item
+                self.target.resume(state, skip * per if per else 0)
+                skip = 0 if per else skip
+        elif self.kind == "stateful":
+            if state is not None:
+                self.target.load_state_dict(copy.deepcopy(state))
+            self.epoch_state = copy.deepcopy(self.target.state_dict())
+        elif self.kind == "epoch":
+            if state is not None:
+                self.target.set_epoch(state)
+            self.epoch_state = self.target.epoch
+        self._skip = skip
+
+    def snapshot(self, in_progress: bool) -> dict[str, Any]:
+        """What fixes the current epoch's order (``in_progress``: an epoch has started and not run out)."""
+        if self.kind == "shuffle":
+            seed = self.target.epoch_seed
+            if seed is None and in_progress:
+                seed = self.target.draw_early()
+            return {"kind": "shuffle", "state": seed.clone() if isinstance(seed, torch.Tensor) else seed}
+        return {"kind": self.kind, "state": copy.deepcopy(self.epoch_state)}
+
+    def end_epoch(self) -> None:
+        """The epoch ran out: a stateful source's state now is where the next epoch starts."""
+        if self.kind == "stateful":
+            self.epoch_state = copy.deepcopy(self.target.state_dict())
+
+    def load_finished(self, order: dict[str, Any]) -> None:
+        """A loaded state whose epoch ran out: leave the order source as that finished epoch left it."""
+        state = order.get("state")
+        if self.kind == "shuffle" and state is not None:
+            self.target.epoch_seed = state
+            if isinstance(state, torch.Tensor):
+                self.target.fast_forward(state)
+        elif self.kind == "stateful" and state is not None:
+            self.target.load_state_dict(copy.deepcopy(state))
+            self.epoch_state = copy.deepcopy(state)
+        elif self.kind == "epoch" and state is not None:
+            self.target.set_epoch(state)
+            self.epoch_state = state
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self._skip = self._skip, 0
+        it = iter(self.inner)
+        yield from (itertools.islice(it, skip, None) if skip else it)
+
+
+class _LoaderIter:
+    """One epoch of an mmfeed DataLoader: torch's iterator, optionally through the prefetcher; counts batches."""
+
+    def __init__(self, loader: DataLoader, source: Iterator[Any]) -> None:
+        self._loader = loader
+        self._states: collections.deque[Any] | None = None
+        if loader._tap_dataset_state:
+            self._states = collections.deque()
+            source = self._tap(source)
+        self._prefetcher: DevicePrefetcher | None = None
+        if loader.device is not None:
+            self._prefetcher = DevicePrefetcher(source, loader.device, depth=loader.prefetch, timer=loader.timer)
+        elif loader.timer is not None:  # synchronous pass-through: timing and TimedBatch unwrapping only
+            self._prefetcher = DevicePrefetcher(source, "cpu", depth=0, timer=loader.timer)
+        self._source = self._prefetcher if self._prefetcher is not None else source
+
+    def _tap(self, source: Iterator[Any]) -> Iterator[Any]:
+        dataset = self._loader.dataset
+        for item in source:
+            self._states.append(copy.deepcopy(dataset.state_dict()))
+            yield item
+
+    def __iter__(self) -> _LoaderIter:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            self._source = iter(())  # let torch's iterator (and its workers) go now
+            if self._loader._is_active(self):
+                self._loader._epoch_ended()
+            raise
+        if self._loader._is_active(self):
+            self._loader._yielded += 1
+            self._loader._count_errors(batch)
+            if self._states is not None:
+                self._loader._dataset_state = self._states.popleft()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the prefetch thread, if any, and let torch's iterator (and its workers) go."""
+        prefetcher = getattr(self, "_prefetcher", None)
+        if prefetcher is not None:
+            prefetcher.close()
+        self._source = iter(())
+
+
+def _is_planned(dataset: Any) -> bool:
+    """A dataset whose items are ``(epoch, step)`` batches of an epoch plan (packed episode or map datasets)."""
+    from mmfeed.loaders.dataset import PackedEpisodeDataset
+    from mmfeed.loaders.generic import PackedMapDataset
+    from mmfeed.loaders.mixture import MixtureDataset
+
+    return isinstance(dataset, (PackedEpisodeDataset, PackedMapDataset, MixtureDataset))
+
+
+def _packed_dataset(source: Any, packing: Any) -> Any:
+    """The planned dataset ``packing`` (a :class:`~mmfeed.loaders.packing_config.Packing`) makes of ``source``
+    for this process's rank."""
+    from mmfeed.loaders.dataset import PackedEpisodeDataset
+    from mmfeed.loaders.dist import dist_info
+    from mmfeed.loaders.packing_config import Packing
+    from mmfeed.loaders.sources import Source, open_dataset
+
+    if not isinstance(packing, Packing):
+        raise TypeError(f"packing must be an mmfeed.loaders.Packing, got {type(packing).__name__}")
+    if isinstance(source, (str, os.PathLike)):
+        source = open_dataset(source)
+    if not isinstance(source, Source):
+        raise TypeError(f"packing needs an episode source (open_dataset(path)), got {type(source).__name__}")
+    where = dist_info()
+    return PackedEpisodeDataset(source, layout=packing.layout, window=packing.window, stride=packing.stride,
+                                max_length=packing.max_length, plan=packing.plan, tokenizer=packing.tokenizer,
+                                seed=packing.seed, rank=where.rank, world_size=where.world_size,
+                                static_shapes=packing.static_shapes, errors=packing.errors)
+
+
+class DataLoader:
+    """torch.utils.data.DataLoader with the same arguments, plus ``device``, ``prefetch``, ``timer`` and
+    ``packing``.
+
+    ``packing=Packing(layout=..., window=..., plan=PlanConfig(capacity=8192, rows_per_batch=4))`` over an episode
+    source (or a path for :func:`~mmfeed.loaders.open_dataset`) plans the epoch for this rank and yields
+    :class:`~mmfeed.packing.PackedBatch` objects; so does passing a planned dataset (``PackedEpisodeDataset``,
+    ``PackedMapDataset``, ``MixtureDataset``) directly. Each ``iter(loader)`` runs the next epoch of the plan, and
+    ``state_dict()`` resumes mid-epoch by step, with any ``num_workers``.
+
+    See the module docstring for resume and timing. Attributes not set here (``pin_memory``, ``timeout``,
+    ``prefetch_factor``, ...) read through to the torch loader that does the loading.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None, sampler: Any = None,
+                 batch_sampler: Any = None, num_workers: int = 0, collate_fn: Any = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0, worker_init_fn: Any = None,
+                 multiprocessing_context: Any = None, generator: torch.Generator | None = None, *,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
+                 in_order: bool = True, device: Any = None, prefetch: int = 2,
+                 timer: StepTimer | bool | None = None, packing: Any = None) -> None:
+        if packing is not None:
+            dataset = _packed_dataset(dataset, packing)
+        if _is_planned(dataset):
+            if batch_size not in (None, 1) or shuffle or sampler is not None or batch_sampler is not None:
+                raise ValueError("a planned dataset makes its own batches: leave batch_size, shuffle, sampler and "
+                                 "batch_sampler unset (set capacity and rows per batch in the plan)")
+            batch_size, sampler = None, PlanSampler(dataset)
+        args = dict(dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+                    batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+                    pin_memory=pin_memory, drop_last=drop_last, timeout=timeout, worker_init_fn=worker_init_fn,
+                    multiprocessing_context=multiprocessing_context, generator=generator,
+                    prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                    pin_memory_device=pin_memory_device, in_order=in_order)
+        if not in_order and "in_order" not in _TORCH_PARAMS:
+            raise TypeError("in_order=False needs torch >= 2.6; upgrade torch or leave in_order=True")
+        args = {k: v for k, v in args.items() if k in _TORCH_PARAMS}
+        # torch validates the arguments and fills in the defaults (no RNG is drawn and no worker starts here)
+        spec = TorchDataLoader(**args)
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0 (batches ahead on the device), got {prefetch!r}")
+        if timer is True:
+            timer = StepTimer(num_workers=num_workers)
+        elif timer is False:
+            timer = None
+        elif timer is not None and not isinstance(timer, StepTimer):
+            raise TypeError(f"timer must be None, True or a StepTimer, got {type(timer).__name__}")
+        if timer is not None and timer.num_workers is None:
+            timer.num_workers = num_workers
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.generator = generator
+        self.device = None if device is None else _resolve_device(device)
+        self.prefetch = prefetch
+        self.timer = timer
+        self.batch_size = spec.batch_size
+        self.drop_last = spec.drop_last
+        self.collate_fn = spec.collate_fn
+        self.sampler, self.batch_sampler = spec.sampler, spec.batch_sampler  # _make_order may replace them
+        self._iterable = isinstance(dataset, IterableDataset)
+        self._index: _ResumableIndex | None = None
+        torch_args = {**args, **self._make_order(spec, args)}
+        if timer is not None:
+            torch_args["collate_fn"] = TimedCollate(spec.collate_fn)
+        self._loader = TorchDataLoader(**torch_args)
+        self._tap_dataset_state = (self._iterable and num_workers == 0
+                                   and callable(getattr(dataset, "state_dict", None)))
+        self._epoch = -1          # index of the current epoch; -1 before the first
+        self._yielded = 0         # batches of the current epoch handed to the loop
+        self._done = True         # the current epoch ran out (or none started)
+        self._pending: dict[str, Any] | None = None  # a loaded state to continue from at the next iter()
+        self._dataset_state: Any = None
+        self._active: weakref.ref[_LoaderIter] | None = None  # weak: dropping the iterator frees its workers
+        # samples skipped under an ErrorPolicy of "skip"/"warn": how many, and (source, episode, reason) of each
+        self.stats: dict[str, Any] = {"skipped_samples": 0, "errors": []}
+
+    # -- the extension point ---------------------------------------------------------------------------------
+    def _make_order(self, spec: TorchDataLoader, args: dict[str, Any]) -> dict[str, Any]:
+        """Turn the arguments into the sampling arguments of the torch loader that does the loading.
+
+        This is the one place that decides which indices each batch holds. Map-style datasets get a
+        :class:`_ResumableIndex` around the batch sampler (or the sampler, without auto-batching), so that resume
+        can restart the order and skip batches as indices. Planning/packing keywords plug in here: a plan becomes
+        a batch_sampler with ``state_dict()`` / ``load_state_dict()`` (its seed, epoch and cursor) wrapped the same
+        way, and the packing collate function replaces ``collate_fn``.
+        """
+        if self._iterable:
+            return {}
+        user_sampler, user_batches = args.get("sampler"), args.get("batch_sampler")
+        base = spec.sampler
+        if user_sampler is None and user_batches is None and type(spec.sampler) is RandomSampler:  # shuffle=True
+            base = _ShuffleSampler(self.dataset, args.get("generator"))
+        self.sampler = base
+        out: dict[str, Any] = dict(shuffle=None, sampler=None, drop_last=False)
+        if spec.batch_sampler is not None:  # auto-collation
+            inner = user_batches if user_batches is not None else BatchSampler(base, spec.batch_size, spec.drop_last)
+            self.batch_sampler = inner
+            self._index = _ResumableIndex(inner, None if user_batches is not None else spec.batch_size)
+            out.update(batch_size=1, batch_sampler=self._index)
+        else:
+            self._index = _ResumableIndex(base, 1)
+            out.update(batch_size=None, batch_sampler=None, sampler=self._index)
+        return out
+
+    # -- iteration -------------------------------------------------------------------------------------------
+    def __iter__(self) -> _LoaderIter:
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active.close()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._epoch, self._yielded = pending["epoch"], pending["batches"]
+            if self._index is not None:
+                self._index.begin_epoch(pending["order"], pending["batches"])
+        else:
+            self._epoch, self._yielded = self._epoch + 1, 0
+            if self._index is not None:
+                self._index.begin_epoch()
+        self._done = False
+        it = _LoaderIter(self, iter(self._loader))
+        self._active = weakref.ref(it)
+        return it
+
+    def _count_errors(self, batch: Any) -> None:
+        """Samples the error policy skipped in the workers, carried back in the batch's metadata."""
+        metadata = getattr(batch, "metadata", None)
+        errors = metadata.get("errors") if isinstance(metadata, dict) else None
+        if errors:
+            self.stats["skipped_samples"] += len(errors)
+            self.stats["errors"].extend(errors)
+
+    def _is_active(self, it: _LoaderIter) -> bool:
+        return self._active is not None and self._active() is it
+
+    def _epoch_ended(self) -> None:
+        self._done = True
+        if self._index is not None:
+            self._index.end_epoch()
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "_loader" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["_loader"], name)
+
+    # -- resume ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is: epoch, batches handed out, and what fixed this epoch's order (see module doc)."""
+        if self._pending is not None:
+            return copy.deepcopy(self._pending)
+        state: dict[str, Any] = {"version": _STATE_VERSION, "epoch": self._epoch, "batches": self._yielded,
+                                 "done": self._done, "batch_size": self.batch_size, "drop_last": self.drop_last,
+                                 "order": None}
+        if self._iterable:
+            if not callable(getattr(self.dataset, "state_dict", None)):
+                raise TypeError(f"cannot resume {type(self.dataset).__name__}: an iterable dataset needs its own "
+                                "state_dict()/load_state_dict() for mmfeed.DataLoader to resume it")
+            if self.num_workers > 0:
+                raise ValueError("cannot resume an iterable dataset with num_workers > 0: its copies live in the "
+                                 "worker processes; use num_workers=0 or a map-style dataset")
+            if self._dataset_state is None:
+                self._dataset_state = copy.deepcopy(self.dataset.state_dict())
+            state["dataset"] = copy.deepcopy(self._dataset_state)
+            return state
+        assert self._index is not None
+        if self._index.kind == "none":
+            raise TypeError(f"cannot resume with sampler {type(self._index.target).__name__}: give it "
+                            "state_dict()/load_state_dict() (a deterministic sampler may return {}), or use "
+                            "shuffle=True instead of passing a RandomSampler")
+        state["dataset_len"] = len(self.dataset)
+        state["order"] = self._index.snapshot(in_progress=not self._done)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter(loader)``."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not an mmfeed.DataLoader state (version {_STATE_VERSION}): {state!r:.200}")
+        reshard = getattr(self.dataset, "reshard_state", None)
+        if callable(reshard):  # a planned dataset: a state saved at another world size re-plans what is left
+            state = reshard(state)
+        for key in ("batch_size", "drop_last"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"state was saved with {key}={state[key]!r} but this loader has "
+                                 f"{key}={getattr(self, key)!r}; build the loader with the same batching arguments")
+        if self._iterable:
+            self.dataset.load_state_dict(copy.deepcopy(state["dataset"]))
+            self._dataset_state = copy.deepcopy(state["dataset"])
+        elif state.get("dataset_len") != len(self.dataset):
+            raise ValueError(f"state was saved for a dataset of {state.get('dataset_len')} samples, this one has "
+                             f"{len(self.dataset)}; resume with the same dataset")
+        order = state.get("order") or {}
+        if self._index is not None and order.get("kind") != self._index.kind:
+            raise ValueError(f"state was saved with a {order.get('kind')!r} order but this loader's sampler gives "
+                             f"a {self._index.kind!r} order; build the loader with the same sampling arguments")
+        if self._index is not None and order.get("kind") == "shuffle" and isinstance(order.get("state"),
+                                                                                   torch.Tensor):
+            # the order came from a generator: restore it into yours, or into one of ours if you gave none, so
+            # that later epochs (and torch's worker seeds) draw from it as they would have
+            if self._index.target.generator is None:
+                self._index.target.generator = torch.Generator()
+            self._loader.generator = self._index.target.generator
+        if state["done"]:  # the epoch ran out: the next iter() starts a fresh epoch
+            self._epoch, self._yielded, self._done, self._pending = state["epoch"], state["batches"], True, None
+            if self._index is not None:
+                self._index.load_finished(order)
+            return
+        self._pending = copy.deepcopy(state)

@@ -1,0 +1,216 @@
+"""Remote shards: byte-range reads through fsspec URLs, with a bounded local cache.
+
+The index says where every member of every episode lies (shard, offset, size), so a worker never streams a whole
+remote shard: it asks for the byte ranges the batch needs, one range request per run of missing blocks. Fetched
+blocks are kept in an LRU cache with a byte budget, so the members of an episode that consecutive samples
+share, and the small members next to each other in a tar (``meta.json``, ``proprio.npy``, ``action.npy``), cost
+one request::
+
+    >>> import fsspec
+    >>> with fsspec.open("memory://mmfeed-doc/a.bin", "wb") as f:
+    ...     _ = f.write(bytes(range(256)) * 64)
+    >>> cache = RangeCache(max_bytes=1 << 20, block_size=4096)
+    >>> cache.read("memory://mmfeed-doc/a.bin", 5000, 4).hex(), cache.read("memory://mmfeed-doc/a.bin", 4100, 2).hex()
+    ('88898a8b', '0405')
+    >>> cache.stats.requests, cache.cached_bytes
+    (1, 4096)
+
+Any fsspec URL works (``s3://``, ``gs://``, ``az://``, ``https://``, ...; credentials come from the usual fsspec
+places, or ``storage_options``). :func:`read_range` uses one cache per process, sized by the environment
+variables ``MMFEED_REMOTE_CACHE_BYTES`` (default 256 MiB) and ``MMFEED_REMOTE_BLOCK_BYTES`` (default 1 MiB, a
+good request size for object storage; 0 fetches exactly the ranges asked for); DataLoader workers each get their
+own, so the bound holds per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CacheStats", "RangeCache", "default_cache", "read_range"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_BYTES = 256 << 20
+DEFAULT_BLOCK_BYTES = 1 << 20
+
+
+@dataclass
+class CacheStats:
+    """Running counters of a :class:`RangeCache`: range requests sent, bytes they returned, block hits/misses."""
+
+    requests: int = 0
+    fetched_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+
+
+class RangeCache:
+    """Byte ranges of remote files, fetched in blocks of ``block_size`` and kept LRU up to ``max_bytes``.
+
+    max_bytes: the most bytes kept (a read larger than that is served and not kept).
+    block_size: fetch granularity; ranges are widened to whole blocks, and contiguous missing blocks of one read
+        go in one request. 0 fetches and keeps exactly the ranges read.
+    storage_options: keyword arguments for the fsspec filesystem (credentials, endpoint, ...).
+    """
+
+    def __init__(self, *, max_bytes: int = DEFAULT_CACHE_BYTES, block_size: int = DEFAULT_BLOCK_BYTES,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        for name, value, low in (("max_bytes", max_bytes, 0), ("block_size", block_size, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"RangeCache {name} must be an integer >= {low}, got {value!r}")
+        self.max_bytes, self.block_size = max_bytes, block_size
+        self.storage_options = dict(storage_options or {})
+        self.stats = CacheStats()
+        self._blocks: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self._filesystems: dict[str, tuple[Any, str]] = {}
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes held now (never above ``max_bytes``)."""
+        return self._size
+
+    def read(self, url: str, offset: int, size: int) -> bytes:
+        """The ``size`` bytes at ``offset`` of ``url`` (fewer only where the file ends first)."""
+        offset, size = int(offset), int(size)
+        if offset < 0 or size < 0:
+            raise ValueError(f"offset {offset} and size {size} must be >= 0 (reading {url!r})")
+        if size == 0:
+            return b""
+        if not self.block_size:
+            return self._exact(url, offset, size)
+        first, last = offset // self.block_size, (offset + size - 1) // self.block_size
+        parts: dict[int, bytes] = {}
+        missing: list[int] = []
+        with self._lock:
+            for block in range(first, last + 1):
+                data = self._get((url, block, 0))
+                if data is None:
+                    missing.append(block)
+                else:
+                    parts[block] = data
+        for start, stop in _runs(missing):  # one request per run of missing blocks
+            data = self._fetch(url, start * self.block_size, (stop + 1) * self.block_size)
+            for block in range(start, stop + 1):
+                lo = (block - start) * self.block_size
+                parts[block] = data[lo : lo + self.block_size]
+                with self._lock:
+                    self._put((url, block, 0), parts[block])
+        joined = b"".join(parts[b] for b in range(first, last + 1))
+        lo = offset - first * self.block_size
+        return joined[lo : lo + size]
+
+    def clear(self) -> None:
+        """Drop every cached byte (the counters stay)."""
+        with self._lock:
+            self._blocks.clear()
+            self._size = 0
+
+    def __getstate__(self) -> dict:
+        # a copy (a worker process) starts empty, with its own filesystem handles and lock
+        return {"max_bytes": self.max_bytes, "block_size": self.block_size, "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _exact(self, url: str, offset: int, size: int) -> bytes:
+        key = (url, offset, size)
+        with self._lock:
+            data = self._get(key)
+        if data is None:
+            data = self._fetch(url, offset, offset + size)
+            with self._lock:
+                self._put(key, data)
+        return data
+
+    def _get(self, key: tuple[str, int, int]) -> bytes | None:
+        data = self._blocks.get(key)
+        if data is None:
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        self._blocks.move_to_end(key)
+        return data
+
+    def _put(self, key: tuple[str, int, int], data: bytes) -> None:
+        if len(data) > self.max_bytes or key in self._blocks:
+            return
+        self._blocks[key] = data
+        self._size += len(data)
+        while self._size > self.max_bytes:
+            _, old = self._blocks.popitem(last=False)
+            self._size -= len(old)
+
+    def _fetch(self, url: str, start: int, end: int) -> bytes:
+        """One range request for bytes ``[start, end)`` (the server may stop at the end of the file)."""
+        fs, path = self._filesystem(url)
+        data = fs.cat_file(path, start=start, end=end)
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.fetched_bytes += len(data)
+        if len(data) > end - start:  # the server ignored the Range header and sent the whole file
+            log.warning("%s: the server ignored a range request and sent %d bytes; serve the shards from a server "
+                        "that supports HTTP Range requests", url, len(data))
+            data = data[start:end]
+        return data
+
+    def _filesystem(self, url: str) -> tuple[Any, str]:
+        protocol = url.split("://", 1)[0]
+        key = f"{os.getpid()}:{protocol}"  # fsspec handles are not shared across a fork
+        if key not in self._filesystems:
+            import fsspec
+
+            self._filesystems[key] = (fsspec.filesystem(protocol, **self.storage_options), protocol)
+        fs, _ = self._filesystems[key]
+        return fs, url if protocol in ("http", "https") else fs._strip_protocol(url)
+
+
+def _runs(blocks: list[int]) -> list[tuple[int, int]]:
+    """Sorted block numbers as inclusive runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for block in blocks:
+        if runs and block == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], block)
+        else:
+            runs.append((block, block))
+    return runs
+
+
+# One cache per process and setting (a process-wide resource, like a connection pool).
+_DEFAULT: dict[tuple[int, int, int], RangeCache] = {}
+
+
+def default_cache() -> RangeCache:
+    """This process's cache, sized from ``MMFEED_REMOTE_CACHE_BYTES`` / ``MMFEED_REMOTE_BLOCK_BYTES`` (read at each
+    call: changed settings give a fresh cache; a forked worker drops its parent's)."""
+    key = (os.getpid(), _env_bytes("MMFEED_REMOTE_CACHE_BYTES", DEFAULT_CACHE_BYTES),
+           _env_bytes("MMFEED_REMOTE_BLOCK_BYTES", DEFAULT_BLOCK_BYTES))
+    if key not in _DEFAULT:
+        _DEFAULT.clear()
+        _DEFAULT[key] = RangeCache(max_bytes=key[1], block_size=key[2])
+    return _DEFAULT[key]
+
+
+def read_range(url: str, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of the fsspec ``url``, through this process's :func:`default_cache`."""
+    return default_cache().read(url, offset, size)
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} must be a number of bytes, e.g. 268435456") from None
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} must be >= 0")
+    return value

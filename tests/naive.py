@@ -1,0 +1,350 @@
+"""Slow, obvious references for every numba kernel; the tests compare the kernels to these on random inputs.
+
+Each function here spells out the rule it implements as plainly as possible (lists, loops, no cleverness).
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------------------------
+# Offline bin packing (mmfeed.packing.bins)
+
+
+def decreasing_order(lengths: list[int]) -> list[int]:
+    """Item indices by decreasing length, ties by increasing index."""
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+
+
+def next_fit(lengths: list[int], capacity: int, max_per_bin: int | None = None) -> list[int]:
+    """One open row; an item that does not fit (or a full row count) opens the next row. Oversize -> -1."""
+    k = max_per_bin or len(lengths) + 1
+    bin_of, rows, free, count = [], 0, -1, 0
+    for length in lengths:
+        if length > capacity:
+            bin_of.append(-1)
+            continue
+        if length > free or count >= k:
+            rows, free, count = rows + 1, capacity, 0
+        free -= length
+        count += 1
+        bin_of.append(rows - 1)
+    return bin_of
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int, max_per_bin: int | None = None) -> list[int]:
+    """Longest first, each into the lowest-numbered open row with room (rows with max_per_bin items are closed)."""
+    k = max_per_bin or len(lengths) + 1
+    bin_of = [-1] * len(lengths)
+    space: list[int] = []
+    count: list[int] = []
+    for i in decreasing_order(lengths):
+        if lengths[i] > capacity:
+            continue
+        for b in range(len(space)):
+            if count[b] < k and space[b] >= lengths[i]:
+                break
+        else:
+            b = len(space)
+            space.append(capacity)
+            count.append(0)
+        space[b] -= lengths[i]
+        count[b] += 1
+        bin_of[i] = b
+    return bin_of
+
+
+def best_fit_decreasing(lengths: list[int], capacity: int, max_per_bin: int | None = None) -> list[int]:
+    """Longest first, each into the open row with the least room that fits; ties: the row that got an item last."""
+    k = max_per_bin or len(lengths) + 1
+    bin_of = [-1] * len(lengths)
+    space: list[int] = []
+    count: list[int] = []
+    last: list[int] = []  # time of the row's last placement
+    for t, i in enumerate(decreasing_order(lengths)):
+        if lengths[i] > capacity:
+            continue
+        fits = [b for b in range(len(space)) if count[b] < k and space[b] >= lengths[i]]
+        if fits:
+            b = min(fits, key=lambda r: (space[r], -last[r]))
+        else:
+            b = len(space)
+            space.append(capacity)
+            count.append(0)
+            last.append(-1)
+        space[b] -= lengths[i]
+        count[b] += 1
+        last[b] = t
+        bin_of[i] = b
+    return bin_of
+
+
+def optimal_bins(lengths: list[int], capacity: int) -> int:
+    """The fewest rows holding every item that fits (brute force over assignments; n <= ~10)."""
+    items = sorted((x for x in lengths if x <= capacity), reverse=True)
+    if not items:
+        return 0
+    best = len(items)
+
+    def place(i: int, loads: list[int]) -> None:
+        nonlocal best
+        if len(loads) >= best:
+            return
+        if i == len(items):
+            best = len(loads)
+            return
+        tried = set()
+        for b in range(len(loads)):
+            if loads[b] + items[i] <= capacity and loads[b] not in tried:
+                tried.add(loads[b])
+                loads[b] += items[i]
+                place(i + 1, loads)
+                loads[b] -= items[i]
+        loads.append(items[i])
+        place(i + 1, loads)
+        loads.pop()
+
+    place(0, [])
+    return best
+
+
+def lower_bound_l2(lengths: list[int], capacity: int) -> int:
+    """max(ceil(sum / C), Martello-Toth L2, 1 if any item fits) over the items that fit, straight from the formula."""
+    items = [x for x in lengths if x <= capacity]
+    if not items:
+        return 0
+    best = max(1, math.ceil(sum(items) / capacity))
+    for k in range(0, capacity // 2 + 1):
+        j1 = [x for x in items if x > capacity - k]
+        j2 = [x for x in items if capacity - k >= x and 2 * x > capacity]
+        j3 = [x for x in items if 2 * x <= capacity and x >= k]
+        spare = len(j2) * capacity - sum(j2)
+        best = max(best, len(j1) + len(j2) + max(0, math.ceil((sum(j3) - spare) / capacity)))
+    return best
+
+
+def rows_from_bin_of(bin_of: list[int] | np.ndarray) -> dict[int, list[int]]:
+    """Row -> item indices (increasing index)."""
+    rows: dict[int, list[int]] = {}
+    for i, b in enumerate(list(map(int, bin_of))):
+        if b >= 0:
+            rows.setdefault(b, []).append(i)
+    return rows
+
+
+def subsets_fitting(lengths: list[int], capacity: int) -> list[tuple[int, ...]]:
+    """All index subsets whose total fits one row (helper for tiny brute-force checks)."""
+    n = len(lengths)
+    return [c for r in range(1, n + 1) for c in combinations(range(n), r) if sum(lengths[i] for i in c) <= capacity]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Online packing (mmfeed.packing.online): the same rule over a plain list buffer
+
+
+def online_pack(
+    items: list[tuple[int, int]], capacity: int, window: int, max_delay: int, pair_scan: int = 32
+) -> tuple[list[list[int]], list[int], list[int]]:
+    """Rows, oversize ids, and for each row the push count when it was emitted (0-based push index).
+
+    Buffer entries are (seq, id, length). A row is built while the buffer holds `window` items or its oldest
+    item has waited `max_delay` pushes: it starts with that overdue item, else the longest (ties: oldest), then
+    repeatedly takes the longest buffered item that fits the room left (ties: oldest); when that item v would be
+    the last and leave a gap, it takes the larger item a of the best pair a >= b, v < a + b <= room, instead
+    (a among the `pair_scan` longest fitting lengths). At the end, flush.
+    """
+    buffer: list[tuple[int, int, int]] = []
+    rows: list[list[int]] = []
+    when: list[int] = []
+    oversize: list[int] = []
+
+    def build(overdue: bool) -> list[int]:
+        room, row = capacity, []
+        if overdue:
+            pick = min(buffer)
+        else:
+            pick = min(buffer, key=lambda e: (-e[2], e[0]))
+        while True:
+            buffer.remove(pick)
+            row.append(pick[1])
+            room -= pick[2]
+            fits = [e for e in buffer if e[2] <= room]
+            if not fits:
+                return row
+            pick = min(fits, key=lambda e: (-e[2], e[0]))
+            v = pick[2]
+            others = [e for e in buffer if e is not pick and e[2] <= room - v]
+            if v < room and not others:  # v would be last and leave a gap: try the best pair instead
+                lens = sorted({e[2] for e in fits}, reverse=True)[:pair_scan]
+                best, best_a = v, None
+                for a in lens:
+                    if 2 * a <= best or best == room:
+                        break
+                    partners = [e[2] for e in buffer if e[2] <= min(a, room - a)]
+                    if a in partners:
+                        partners.remove(a)  # the other item must be a different one
+                    if partners and a + max(partners) > best:
+                        best, best_a = a + max(partners), a
+                if best_a is not None:
+                    pick = min((e for e in fits if e[2] == best_a), key=lambda e: e[0])
+
+    for seq, (item_id, length) in enumerate(items):
+        if length > capacity:
+            oversize.append(item_id)
+        else:
+            buffer.append((seq, item_id, length))
+        while buffer:
+            overdue = seq - min(buffer)[0] >= max_delay
+            if not overdue and len(buffer) < window:
+                break
+            rows.append(build(overdue))
+            when.append(seq)
+    while buffer:
+        rows.append(build(False))
+        when.append(len(items))
+    return rows, oversize, when
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rank balance (mmfeed.packing.balance)
+
+
+def row_costs(lengths: list[int], bin_of: list[int], capacity: int, alpha: float) -> list[float]:
+    """tokens + alpha * sum(len^2) / capacity for each row, summed item by item."""
+    rows = max(bin_of, default=-1) + 1
+    cost = [0.0] * rows
+    for length, b in zip(lengths, bin_of):
+        if b >= 0:
+            cost[b] += length + alpha * length * length / capacity
+    return cost
+
+
+def rank_step_costs(assignment: np.ndarray, costs: list[float]) -> list[list[float]]:
+    """cost[r][s] = sum of the costs of the rows rank r runs in step s (-1 = nothing)."""
+    ranks, steps, k = assignment.shape
+    return [
+        [sum(costs[int(assignment[r, s, m])] for m in range(k) if assignment[r, s, m] >= 0) for s in range(steps)]
+        for r in range(ranks)
+    ]
+
+
+def lpt_max(costs: list[float], ranks: int, k: int) -> float:
+    """Largest rank cost of plain LPT with at most k rows per rank (the bound a balanced deal must meet)."""
+    load, fill = [0.0] * ranks, [0] * ranks
+    for c in sorted(costs, reverse=True):
+        r = min((r for r in range(ranks) if fill[r] < k), key=lambda r: (load[r], r))
+        load[r] += c
+        fill[r] += 1
+    return max(load)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bucketing (mmfeed.packing.bucketing)
+
+
+def greedy_batches(order: list[int], lengths: list[int], bucket: list[int], max_tokens: int) -> list[list[int]]:
+    """Walk `order`; start a new batch at a bucket change or when size * max(len, 1) would exceed the budget."""
+    batches: list[list[int]] = []
+    for i in order:
+        if batches:
+            last = batches[-1]
+            longest = max(max(lengths[j], 1) for j in last + [i])
+            if bucket[last[-1]] == bucket[i] and (len(last) + 1) * longest <= max_tokens:
+                last.append(i)
+                continue
+        batches.append([i])
+    return batches
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attention metadata (mmfeed.packing.metadata): ids, dense mask and block tables written out token by token
+
+
+def naive_metadata(rows: list[list[int]], capacity: int, step_sizes: list | None = None,
+                   segments: list | None = None) -> tuple[list, list, list, list, list[int], int]:
+    """(document_ids, position_ids, step_ids, modality_ids, cu_seqlens, max_seqlen) as nested Python lists.
+
+    Token by token: the g-th document of the batch (row-major) fills its slots with g, positions 0..n-1, the
+    index of the step each token falls in and the modality of its run; the rest of the row is padding.
+    """
+    doc, pos, step, mod = [], [], [], []
+    cu, g = [0], 0
+    for r, row in enumerate(rows):
+        d_row, p_row, s_row, m_row = [], [], [], []
+        for d, n in enumerate(row):
+            sizes = [1] * n if step_sizes is None or step_sizes[r][d] is None else step_sizes[r][d]
+            runs = [(0, n)] if segments is None else segments[r][d]
+            step_of = [s for s, size in enumerate(sizes) for _ in range(size)]
+            mod_of = [m for m, size in runs for _ in range(size)]
+            for j in range(n):
+                d_row.append(g)
+                p_row.append(j)
+                s_row.append(step_of[j])
+                m_row.append(mod_of[j])
+            cu.append(cu[-1] + n)
+            g += 1
+        while len(d_row) < capacity:
+            d_row.append(-1)
+            p_row.append(0)
+            s_row.append(-1)
+            m_row.append(-1)
+        doc.append(d_row)
+        pos.append(p_row)
+        step.append(s_row)
+        mod.append(m_row)
+    max_seqlen = max((n for row in rows for n in row), default=0)
+    return doc, pos, step, mod, cu, max_seqlen
+
+
+def naive_attention_mask(document_ids: list[list[int]], step_ids: list[list[int]]) -> list[list[list[bool]]]:
+    """allowed[r][q][k] by a double loop over the written-out rule: same document and step[k] <= step[q]
+    for real tokens; a padding token (document -1) attends only to itself."""
+    out = []
+    for doc, step in zip(document_ids, step_ids):
+        n = len(doc)
+        rows = []
+        for q in range(n):
+            row = []
+            for k in range(n):
+                if doc[q] < 0:
+                    row.append(q == k)
+                else:
+                    row.append(doc[k] == doc[q] and step[k] <= step[q])
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+def naive_block_tables(mask: list[list[list[bool]]], block_size: int) -> tuple[list, list, list, list]:
+    """Block tables from a dense mask ``[R][C][C]``: a tile is full when every pair in it may attend (slots
+    past C count as not attending, as torch's create_block_mask pads), empty when none may, else partial.
+
+    Returns (kv_num [R][nb], kv_idx [R][nb][nb], full_num, full_idx) with the listed blocks first in ascending
+    order, then the others ascending.
+    """
+    kv_num, kv_idx, full_num, full_idx = [], [], [], []
+    for m in mask:
+        c = len(m)
+        nb = max(1, -(-c // block_size))
+        rn, ri, fn, fi = [], [], [], []
+        for qb in range(nb):
+            kinds = []
+            for kb in range(nb):
+                vals = [m[q][k] if q < c and k < c else False
+                        for q in range(qb * block_size, (qb + 1) * block_size)
+                        for k in range(kb * block_size, (kb + 1) * block_size)]
+                kinds.append("full" if all(vals) else "partial" if any(vals) else "empty")
+            part = [k for k in range(nb) if kinds[k] == "partial"]
+            full = [k for k in range(nb) if kinds[k] == "full"]
+            rn.append(len(part))
+            ri.append(part + [k for k in range(nb) if k not in part])
+            fn.append(len(full))
+            fi.append(full + [k for k in range(nb) if k not in full])
+        kv_num.append(rn)
+        kv_idx.append(ri)
+        full_num.append(fn)
+        full_idx.append(fi)
+    return kv_num, kv_idx, full_num, full_idx

@@ -1,0 +1,124 @@
+"""npy/npz bytes and parquet list columns become numpy arrays without extra copies, checked against promises."""
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmfeed.codecs import DecodeError, check_array, column_to_numpy, load_npy, load_npz
+
+
+def npy_bytes(array, **kw):
+    buf = io.BytesIO()
+    np.save(buf, array, **kw)
+    return buf.getvalue()
+
+
+@settings(max_examples=40)
+@given(
+    shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+    dtype=st.sampled_from(["float32", "float64", "int8", "int64", "uint16", ">i4", "bool", "complex64"]),
+    fortran=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_npy_round_trips_every_dtype_shape_and_order_as_a_view(shape, dtype, fortran, seed):
+    """load_npy gives back the saved array exactly, and its memory lies inside the given bytes."""
+    rng = np.random.default_rng(seed)
+    array = (rng.standard_normal(shape) * 50).astype(dtype)
+    if fortran:
+        array = np.asfortranarray(array)
+    data = npy_bytes(array)
+    got = load_npy(data)
+    assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
+    if array.size:
+        assert np.shares_memory(got, np.frombuffer(data, dtype=np.uint8))
+        assert not got.flags.writeable
+    owned = load_npy(data, copy=True)
+    assert owned.flags.writeable and owned.flags.c_contiguous and np.array_equal(owned, array)
+
+
+def test_npy_from_bytearray_and_memoryview_slices_stays_zero_copy():
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    blob = bytearray(b"xx" + npy_bytes(array) + b"yy")
+    got = load_npy(memoryview(blob)[2:-2])
+    assert np.array_equal(got, array) and np.shares_memory(got, np.frombuffer(blob, np.uint8))
+
+
+def test_npy_bad_bytes_raise_decode_errors_naming_the_key():
+    data = npy_bytes(np.arange(10, dtype=np.int64))
+    with pytest.raises(DecodeError, match="ep3.action.npy: not .npy bytes"):
+        load_npy(b"hello world", key="ep3.action.npy")
+    with pytest.raises(DecodeError, match=r"ep3.action.npy: truncated .npy: header promises \(10,\) int64"):
+        load_npy(data[:-8], key="ep3.action.npy")
+    with pytest.raises(DecodeError, match="object arrays need pickle"):
+        load_npy(npy_bytes(np.array([{"a": 1}], dtype=object), allow_pickle=True), key="k")
+
+
+def test_expected_dtype_and_shape_with_wildcards():
+    array = np.zeros((5, 7), np.float32)
+    data = npy_bytes(array)
+    assert load_npy(data, expect_dtype=np.float32, expect_shape=(None, 7)).shape == (5, 7)
+    with pytest.raises(DecodeError, match=r"ep1.proprio.npy: dtype is float32, expected float64"):
+        load_npy(data, key="ep1.proprio.npy", expect_dtype="float64")
+    with pytest.raises(DecodeError, match=r"ep1.proprio.npy: shape is \(5, 7\), expected \(\*, 6\)"):
+        load_npy(data, key="ep1.proprio.npy", expect_shape=(None, 6))
+    with pytest.raises(DecodeError, match=r"expected \(5,\)"):
+        check_array(array, key="x", expect_shape=(5,))
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_members_load_and_stored_ones_are_views(compressed):
+    arrays = {"proprio": np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32), "ids": np.arange(4)}
+    buf = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buf, **arrays)
+    data = buf.getvalue()
+    got = load_npz(data, key="ep.npz")
+    assert sorted(got) == ["ids", "proprio"]
+    for name, array in arrays.items():
+        assert np.array_equal(got[name], array) and got[name].dtype == array.dtype
+        assert np.shares_memory(got[name], np.frombuffer(data, np.uint8)) == (not compressed)
+    with pytest.raises(DecodeError, match="ep.npz: not .npz bytes"):
+        load_npz(b"not a zip", key="ep.npz")
+
+
+def test_fixed_size_list_column_is_a_zero_copy_2d_view():
+    values = np.arange(20, dtype=np.float32)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(values), 4)
+    got = column_to_numpy(column, key="action", expect_dtype=np.float32, expect_shape=(None, 4))
+    assert got.shape == (5, 4) and np.array_equal(got, values.reshape(5, 4))
+    assert np.shares_memory(got, column.values.to_numpy())
+    sliced = column_to_numpy(column.slice(1, 3))  # a slice keeps its offset into the same buffer
+    assert np.array_equal(sliced, values.reshape(5, 4)[1:4])
+
+
+def test_list_columns_nested_lists_and_parquet_round_trip(tmp_path):
+    rng = np.random.default_rng(1)
+    state = rng.standard_normal((6, 2, 3)).astype(np.float32)
+    table = pa.table(
+        {
+            "state": pa.array(state.tolist(), type=pa.list_(pa.list_(pa.float32(), 3), 2)),
+            "action": pa.array(state.reshape(6, 6).tolist(), type=pa.list_(pa.float32())),
+            "index": pa.array(np.arange(6)),
+        }
+    )
+    pq.write_table(table, tmp_path / "data.parquet", row_group_size=4)  # two row groups -> two chunks
+    back = pq.read_table(tmp_path / "data.parquet")
+    assert back["state"].num_chunks == 2
+    assert np.array_equal(column_to_numpy(back["state"], expect_shape=(6, 2, 3)), state)
+    assert np.array_equal(column_to_numpy(back["action"], expect_shape=(None, 6)), state.reshape(6, 6))
+    assert column_to_numpy(back["index"]).tolist() == list(range(6))
+
+
+def test_ragged_lists_nulls_and_wrong_types_raise_naming_the_key():
+    with pytest.raises(DecodeError, match=r"observation.state: rows hold lists of different lengths \(1..3\)"):
+        column_to_numpy(pa.array([[1.0], [1.0, 2.0, 3.0]]), key="observation.state")
+    with pytest.raises(DecodeError, match="action: holds 1 null values"):
+        column_to_numpy(pa.array([[1.0, 2.0], None]), key="action")
+    with pytest.raises(TypeError, match="pyarrow Array or ChunkedArray"):
+        column_to_numpy([1, 2, 3], key="action")
+    with pytest.raises(DecodeError, match=r"action: dtype is float64, expected float32"):
+        column_to_numpy(pa.array([[1.0, 2.0]]), key="action", expect_dtype=np.float32)

@@ -1,0 +1,91 @@
+"""balance / row_costs: equal steps per rank, every row dealt once, balanced cost, pure in (seed, epoch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import naive
+from mmfeed.packing import balance, pack, row_costs, step_balance
+
+
+def realistic_costs(n_items: int = 6000, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    lens = np.clip(rng.lognormal(np.log(600), 1.0, n_items).astype(np.int64), 1, 8192)
+    plan = pack(lens, 8192)
+    return row_costs(lens, plan.bin_of, 8192, alpha=0.67)
+
+
+def test_row_costs_equal_naive():
+    rng = np.random.default_rng(1)
+    lens = rng.integers(0, 50, 300)
+    plan = pack(lens, 64)
+    np.testing.assert_allclose(
+        row_costs(lens, plan.bin_of, 64, 0.67), naive.row_costs(lens.tolist(), plan.bin_of.tolist(), 64, 0.67)
+    )
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("ranks, k, rows", [(1, 1, 5), (2, 2, 8), (3, 2, 20), (8, 4, 100)])
+def test_equal_rows_per_rank_and_every_row_dealt_once(ranks, k, rows):
+    costs = np.random.default_rng(rows).random(rows) * 100
+    plan = balance(costs, ranks, k, seed=1, epoch=2)
+    assert plan.assignment.shape == (ranks, rows // (ranks * k), k)
+    assert (plan.assignment >= 0).all()  # "drop": no placeholders
+    dealt = plan.assignment.ravel().tolist() + plan.dropped.tolist()
+    assert sorted(dealt) == list(range(rows))
+
+
+@pytest.mark.kernels
+def test_remainder_policies_replicate_and_pad():
+    costs = np.arange(1.0, 12.0)  # 11 rows, 2 ranks x 2 = 4 per step
+    rep = balance(costs, 2, 2, remainder="replicate")
+    assert rep.steps == 3 and rep.replicated.size == 1 and rep.dropped.size == 0
+    assert sorted(rep.assignment.ravel().tolist()) == sorted(list(range(11)) + rep.replicated.tolist())
+    pad = balance(costs, 2, 2, remainder="pad")
+    assert pad.steps == 3 and int((pad.assignment == -1).sum()) == 1
+    assert sorted(x for x in pad.assignment.ravel().tolist() if x >= 0) == list(range(11))
+    tiny = balance([5.0], 2, 2, remainder="replicate")  # fewer rows than one step: repeat cyclically
+    assert tiny.assignment.shape == (2, 1, 2) and (tiny.assignment == 0).all()
+
+
+@pytest.mark.kernels
+def test_never_worse_than_lpt_and_step_balance_matches_naive():
+    """Swaps only lower the costliest rank, so each step's max is <= plain LPT's on the same rows."""
+    costs = realistic_costs(3000)
+    plan = balance(costs, 4, 2, seed=3)
+    per_rank = np.array(naive.rank_step_costs(plan.assignment, costs.tolist()))  # [R, steps]
+    for s in range(plan.steps):
+        rows = plan.assignment[:, s, :].ravel().tolist()
+        assert per_rank[:, s].max() <= naive.lpt_max([costs[r] for r in rows], 4, 2) + 1e-9
+    np.testing.assert_allclose(step_balance(plan.assignment, costs), per_rank.mean(0) / per_rank.max(0))
+
+
+def test_balanced_deal_beats_a_shuffled_deal():
+    costs = realistic_costs()
+    plan = balance(costs, 8, 4, seed=0)
+    rng = np.random.default_rng(0)
+    shuffled = rng.permutation(costs.size)[: plan.steps * 32].reshape(plan.steps, 8, 4).transpose(1, 0, 2)
+    ours, theirs = step_balance(plan.assignment, costs).mean(), step_balance(shuffled, costs).mean()
+    assert ours > 0.97 and ours > theirs + 0.03
+
+
+def test_pure_function_of_seed_and_epoch():
+    costs = realistic_costs(3000)
+    a = balance(costs, 4, 2, seed=5, epoch=1).assignment
+    assert np.array_equal(a, balance(costs.copy(), 4, 2, seed=5, epoch=1).assignment)
+    assert not np.array_equal(a, balance(costs, 4, 2, seed=5, epoch=2).assignment)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(costs=[1.0, -1.0], num_ranks=2, micro_batches=1), "costs"),
+        (dict(costs=[1.0], num_ranks=0, micro_batches=1), "num_ranks"),
+        (dict(costs=[1.0], num_ranks=1, micro_batches=0), "micro_batches"),
+        (dict(costs=[1.0], num_ranks=1, micro_batches=1, remainder="keep"), "remainder"),
+    ],
+)
+def test_invalid_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        balance(**kwargs)

@@ -1,0 +1,168 @@
+"""Faults: dead workers, hung reads, Ctrl-C, fuzzed parsers and memory over epochs. Never a hang, never a leak."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmfeed import DataLoader
+from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
+from mmfeed.loaders.index import build_index, parse_meta
+from mmfeed.testing import make_episodes, write_webdataset
+
+
+class Deadly(torch.utils.data.Dataset):
+    """Sample `kill_at` kills its own worker process with SIGKILL; sample `hang_at` sleeps far past any timeout."""
+
+    def __init__(self, n=16, kill_at=None, hang_at=None):
+        self.n, self.kill_at, self.hang_at = n, kill_at, hang_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i == self.hang_at:
+            time.sleep(60)
+        return torch.tensor([i])
+
+
+def test_a_killed_worker_is_an_error_naming_it_not_a_hang():
+    loader = DataLoader(Deadly(kill_at=5), batch_size=2, num_workers=2)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid.*\) .*(killed|exited)"):
+        list(loader)
+    assert time.monotonic() - start < 30
+
+
+def test_a_hung_read_hits_the_timeout_with_a_clear_error():
+    loader = DataLoader(Deadly(hang_at=3), batch_size=1, num_workers=1, timeout=2)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 2 seconds"):
+        list(loader)
+    assert time.monotonic() - start < 20
+
+
+CTRL_C = textwrap.dedent("""
+    import json, os, sys, time
+    from mmfeed import DataLoader
+    from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
+    packing = Packing(layout=TokenLayout(tokens_per_frame={"cam_high": 8}),
+                      window=WindowSpec(offsets={"frames.cam_high": (0,), "action": (0, 1)}),
+                      plan=PlanConfig(capacity=64))
+    loader = DataLoader(sys.argv[1], packing=packing, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    import multiprocessing
+    print(json.dumps([p.pid for p in multiprocessing.active_children()]), flush=True)
+    try:
+        while True:
+            for _ in loader:
+                time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        raise
+""")
+
+
+def _shm():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_ctrl_c_shuts_workers_down_and_leaves_no_shared_memory(tmp_path):
+    write_webdataset(tmp_path / "d", make_episodes(2, seed=1, min_length=30, max_length=30, cameras=("cam_high",)))
+    before = _shm()
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C, str(tmp_path / "d")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    workers = json.loads(proc.stdout.readline())
+    assert len(workers) == 2
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "interrupted" in out and "KeyboardInterrupt" in err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in workers):
+        time.sleep(0.1)
+    alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}")
+             and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    assert not alive, f"workers {alive} outlived the interrupted loader"
+    assert not {n for n in _shm() - before if n.startswith(("torch_", "psm_", "mp-"))}
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=200))
+def test_meta_parser_rejects_any_bytes_with_a_value_error_naming_shard_and_key(raw):
+    try:
+        meta = parse_meta("shard-x.tar", "ep1", raw)
+    except ValueError as err:
+        assert "shard-x.tar" in str(err) and "ep1" in str(err)
+    else:
+        assert {"fps", "length", "task", "cameras"} <= set(meta)
+
+
+@pytest.fixture(scope="module")
+def tiny_tar(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fuzz")
+    return write_webdataset(out, make_episodes(1, seed=3, min_length=4, max_length=4, cameras=("c",)), index=False)[0]
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_tar_reader_on_mutated_bytes_raises_only_value_errors(tiny_tar, tmp_path_factory, data):
+    """Flipped, cut or inserted bytes anywhere in a shard: the index reader either indexes it or raises a
+    ValueError naming the shard, never anything else."""
+    raw = bytearray(open(tiny_tar, "rb").read())
+    kind = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+    at = data.draw(st.integers(0, len(raw) - 1))
+    if kind == "flip":
+        raw[at] ^= data.draw(st.integers(1, 255))
+    elif kind == "cut":
+        raw = raw[:at]
+    else:
+        raw[at:at] = data.draw(st.binary(min_size=1, max_size=600))
+    path = tmp_path_factory.mktemp("m") / "shard-000000.tar"
+    path.write_bytes(bytes(raw))
+    try:
+        build_index([str(path)])
+    except ValueError as err:
+        assert "shard-000000.tar" in str(err)
+
+
+def _rss_kib(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                total += next(int(line.split()[1]) for line in fh if line.startswith("VmRSS"))
+        except (FileNotFoundError, StopIteration):
+            pass
+    return total
+
+
+def test_memory_stays_flat_over_five_epochs_with_workers(tmp_path):
+    """RSS of the loop and its workers grows by less than 10% from the end of epoch 1 to the end of epoch 5."""
+    import multiprocessing
+
+    write_webdataset(tmp_path / "d", make_episodes(6, seed=2, min_length=20, max_length=30, cameras=("cam_high",)))
+    packing = Packing(layout=TokenLayout(tokens_per_frame={"cam_high": 16}),
+                      window=WindowSpec(offsets={"frames.cam_high": (-1, 0), "proprio": (0,), "action": (0, 1, 2)}),
+                      plan=PlanConfig(capacity=128, rows_per_batch=2))
+    loader = DataLoader(tmp_path / "d", packing=packing, num_workers=2, persistent_workers=True)
+    sizes = []
+    for _ in range(5):
+        for batch in loader:
+            del batch
+        pids = [os.getpid()] + [p.pid for p in multiprocessing.active_children()]
+        sizes.append(_rss_kib(pids))
+    growth = (sizes[-1] - sizes[0]) / sizes[0]
+    assert growth < 0.10, f"RSS per epoch (KiB): {sizes}"

@@ -1,0 +1,137 @@
+"""A packed attention pass equals the per-document unpacked passes; PackedBatch moves between devices whole."""
+
+import pickle
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as fa
+from hypothesis import given, settings
+from torch.nn.attention.flex_attention import flex_attention
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+from mmfeed import PackedBatch
+from mmfeed.testing.strategies import packed_layouts
+
+HEADS, DIM = 2, 8
+
+
+def eager_flex(q, k, v, block_mask):
+    """flex_attention on its eager math path (no dynamo wrapper), fast on small inputs."""
+    saved = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        return flex_attention(q, k, v, block_mask=block_mask)
+    finally:
+        fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = saved
+
+
+def unpacked_reference(q, k, v, rows, step_sizes):
+    """Attention of every document on its own, the document's mask built from its step sizes alone:
+    token-causal documents use SDPA's is_causal, others step[k] <= step[q] within the document."""
+    out = torch.zeros_like(q)
+    for r, row in enumerate(rows):
+        t = 0
+        for n, sizes in zip(row, step_sizes[r]):
+            sl = slice(t, t + n)
+            dq, dk, dv = q[r : r + 1, :, sl], k[r : r + 1, :, sl], v[r : r + 1, :, sl]
+            if all(s == 1 for s in sizes):
+                out[r, :, sl] = sdpa(dq, dk, dv, is_causal=True)[0]
+            else:
+                step = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+                out[r, :, sl] = sdpa(dq, dk, dv, attn_mask=step[None, :] <= step[:, None])[0]
+            t += n
+    return out
+
+
+def random_qkv(rows, capacity, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(len(rows), HEADS, capacity, DIM, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def check_packed_equals_unpacked(rows, capacity, steps, seed=0):
+    b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps)
+    q, k, v = random_qkv(rows, capacity, seed)
+    ref = unpacked_reference(q, k, v, rows, steps)
+    real = (b.document_ids >= 0)[:, None, :, None].expand_as(q)
+    dense = sdpa(q, k, v, attn_mask=b.attention_mask())
+    flex = eager_flex(q, k, v, b.block_mask(16))
+    torch.testing.assert_close(dense[real], ref[real], atol=1e-10, rtol=0)
+    torch.testing.assert_close(flex[real], ref[real], atol=1e-10, rtol=0)
+    # a padding query attends only to itself, so its output is its own value vector
+    torch.testing.assert_close(dense[~real], v[~real], atol=1e-12, rtol=0)
+    torch.testing.assert_close(flex[~real], v[~real], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["token-causal", "block-causal", "bidirectional", "mixed"],
+)
+def test_packed_pass_equals_per_document_passes(kind):
+    """Packing token-causal, block-causal (4-token frames) and bidirectional documents into rows changes
+    nothing: each real token's output equals the one from its document attended alone (float64, 1e-10)."""
+    rows = [[7, 13, 9], [20], [12, 5, 6, 1]]
+    styles = {
+        "token-causal": lambda n: [1] * n,
+        "block-causal": lambda n: [4] * (n // 4) + ([n % 4] if n % 4 else []),
+        "bidirectional": lambda n: [n],
+    }
+    names = list(styles)
+    steps = [[styles[names[(r + d) % 3] if kind == "mixed" else kind](n) for d, n in enumerate(row)]
+             for r, row in enumerate(rows)]
+    check_packed_equals_unpacked(rows, 40, steps)
+
+
+@given(packed_layouts(max_rows=3, max_capacity=48, max_docs=6))
+@settings(max_examples=30)
+def test_packed_pass_equals_per_document_passes_on_random_layouts(layout):
+    """The same equality on random layouts: any capacity, empty rows, documents of every attention style."""
+    rows, capacity, steps = layout
+    check_packed_equals_unpacked(rows, capacity, steps, seed=capacity)
+
+
+def test_to_moves_every_tensor_and_keeps_max_seqlen_an_int():
+    """to() returns a new PackedBatch with ids, cu_seqlens, data and metadata tensors converted; max_seqlen
+    stays a Python int and the original is untouched."""
+    b = PackedBatch.from_segments([[3, 2]], 6, segments=[[[(0, 3)], [(1, 2)]]], modalities=["text", "action"],
+                                  data={"action": torch.ones(2, 4)}, metadata={"episode": torch.tensor([4, 9])})
+    moved = b.to("meta")
+    assert moved is not b and type(moved.max_seqlen) is int and moved.max_seqlen == 3
+    for t in (moved.document_ids, moved.position_ids, moved.step_ids, moved.modality_ids, moved.cu_seqlens,
+              moved.data["action"], moved.metadata["episode"]):
+        assert t.device.type == "meta"
+    assert b.document_ids.device.type == "cpu" and b.data["action"].device.type == "cpu"
+    assert moved.modalities == ["text", "action"] and moved.capacity == 6
+    again = b.to(torch.device("cpu"), non_blocking=True)
+    assert torch.equal(again.document_ids, b.document_ids)
+
+
+def test_block_mask_of_moved_batch_needs_no_device_copy_back():
+    """block_mask() of a moved batch is computed from host copies of the ids and lives on the batch's device."""
+    b = PackedBatch.from_lengths([[5, 3], [7]], 8).to("meta")
+    bm = b.block_mask(4)
+    assert bm.kv_num_blocks.device.type == "meta" and bm.shape == (2, 1, 8, 8)
+
+
+def test_pickle_round_trip_keeps_everything():
+    """A batch sent from a worker process (pickled) comes back equal, payloads and masks included."""
+    b = PackedBatch.from_segments([[3, 2], [4]], 5, step_sizes=[[[3], None], [[2, 2]]],
+                                  data={"text": torch.arange(9)}, metadata={"keys": ["a", "b", "c"]})
+    c = pickle.loads(pickle.dumps(b))
+    for name in ("document_ids", "position_ids", "step_ids", "modality_ids", "cu_seqlens"):
+        assert torch.equal(getattr(c, name), getattr(b, name)), name
+    assert (c.max_seqlen, c.modalities, c.metadata) == (b.max_seqlen, b.modalities, b.metadata)
+    assert torch.equal(c.data["text"], b.data["text"])
+    assert torch.equal(c.block_mask(2).to_dense(), b.block_mask(2).to_dense())
+    assert c.to("meta").block_mask(2).full_kv_num_blocks.device.type == "meta"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pin_memory_then_cuda():
+    """pin_memory() pins every tensor, data included; to('cuda', non_blocking=True) then carries equal values."""
+    b = PackedBatch.from_segments([[3]], 4, data={"text": torch.arange(3)})
+    pinned = b.pin_memory()
+    assert pinned.document_ids.is_pinned() and pinned.data["text"].is_pinned() and pinned.cu_seqlens.is_pinned()
+    on_gpu = pinned.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert on_gpu.document_ids.is_cuda and torch.equal(on_gpu.document_ids.cpu(), b.document_ids)
+    assert type(on_gpu.max_seqlen) is int
