@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.loaders.layout import FRAMES_PREFIX
-from mmfeed.loaders.sources import EpisodeRequest
+from mmfeed.loaders.sources import EpisodeArrays, EpisodeRequest
 from mmfeed.loaders.timing import stage
 from mmfeed.loaders.errors import decode_with_context
 
@@ -43,7 +43,7 @@ def is_lerobot_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / "meta" / "info.json").is_file()
 
 
-class LeRobotSource:
+class LeRobotSource(EpisodeArrays):
     """Episodes of a LeRobot v3 directory.
 
     root: the dataset directory (holding ``meta/``, ``data/`` and ``videos/``).
@@ -91,17 +91,6 @@ class LeRobotSource:
         self._videos: VideoReaderCache | None = None
 
     # -- planning-side metadata ------------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._lengths)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self._lengths
-
-    @property
-    def fps(self) -> np.ndarray:
-        return self._fps
-
     def task(self, episode: int) -> str:
         tasks = self._episodes["tasks"][episode].as_py() if "tasks" in self._episodes.column_names else None
         if tasks:

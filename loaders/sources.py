@@ -20,7 +20,7 @@ import numpy as np
 from mmfeed.loaders.layout import FRAMES_PREFIX
 from mmfeed.loaders.timing import stage
 
-__all__ = ["ArraySource", "EpisodeRequest", "Source", "open_dataset"]
+__all__ = ["ArraySource", "EpisodeArrays", "EpisodeRequest", "Source", "open_dataset"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,28 @@ class Source(Protocol):
         """The whole episode: proprio, action, task, fps and every camera's frames."""
 
 
-class ArraySource:
+class EpisodeArrays:
+    """The planning-side part every source shares: episode lengths and rates held as arrays (``_lengths``
+    int64, ``_fps`` float64), set by the subclass."""
+
+    _lengths: np.ndarray
+    _fps: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Steps of each episode, int64 ``[num_episodes]``."""
+        return self._lengths
+
+    @property
+    def fps(self) -> np.ndarray:
+        """Control-clock rate of each episode, float64 ``[num_episodes]``."""
+        return self._fps
+
+
+class ArraySource(EpisodeArrays):
     """Episodes held in memory as arrays; the reference source for tests and for data already in RAM.
 
     episodes: a sequence of dicts with "proprio" ``[T, Dp]``, "action" ``[T, Da]``, optional "task" str, "fps"
@@ -87,17 +108,6 @@ class ArraySource:
         self.cameras = [k[len(FRAMES_PREFIX) :] for k in first if k.startswith(FRAMES_PREFIX)]
         self._lengths = np.array([len(e["proprio"]) for e in self._episodes], dtype=np.int64)
         self._fps = np.array([float(e.get("fps", 30.0)) for e in self._episodes], dtype=np.float64)
-
-    def __len__(self) -> int:
-        return len(self._episodes)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self._lengths
-
-    @property
-    def fps(self) -> np.ndarray:
-        return self._fps
 
     def task(self, episode: int) -> str:
         return str(self._episodes[episode].get("task", ""))

@@ -26,7 +26,7 @@ from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.errors import SampleError, decode_with_context
 from mmfeed.loaders.index import INDEX_FILENAME, build_index, read_shard_index, read_member, resolve_shard, stale_shards
 from mmfeed.loaders.layout import FRAMES_PREFIX
-from mmfeed.loaders.sources import EpisodeRequest
+from mmfeed.loaders.sources import EpisodeArrays, EpisodeRequest
 from mmfeed.loaders.timing import stage
 from mmfeed.loaders.windows import align_to_stream
 
@@ -63,7 +63,7 @@ def expand_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     return shards
 
 
-class WebDatasetSource:
+class WebDatasetSource(EpisodeArrays):
     """Episodes in webdataset shards (DESIGN.md shard format).
 
     path: a directory of shards, a brace pattern, a glob, a URL pattern, a list of them, or an index file.
@@ -115,17 +115,6 @@ class WebDatasetSource:
         self._bytes: OrderedDict[tuple[int, str], bytes] = OrderedDict()
         self._videos: VideoReaderCache | None = None
         self._frame_counts: dict[tuple[int, str], int] = {}
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self._lengths
-
-    @property
-    def fps(self) -> np.ndarray:
-        return self._fps
 
     def episode_id(self, episode: int) -> str:
         return self._ids[episode]
