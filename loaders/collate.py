@@ -80,7 +80,7 @@ def collate_rows(
             segments.append(doc_segments)
             steps.append(doc_steps)
             doc_tokens.append(sample_layout.num_tokens)
-        payload = {key: np.concatenate(parts) for key, parts in pieces.items()}
+        payload = {key: _concat(parts) for key, parts in pieces.items()}
         payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
@@ -107,6 +107,17 @@ def collate_rows(
             metadata["errors"] = failures
         return PackedBatch.from_segments(row_lengths, row_capacity, step_sizes=row_steps, segments=row_segments,
                                          modalities=modalities, data=payload, metadata=metadata)
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
+    """``np.concatenate(parts)``; in a DataLoader worker, written straight into shared memory, so that handing the
+    batch to the training process costs no second copy of the frames (torch would copy it there when pickling)."""
+    if torch.utils.data.get_worker_info() is None or len(parts) == 0:
+        return np.concatenate(parts)
+    shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
+    out = torch.empty(shape, dtype=torch.from_numpy(parts[0][:0]).dtype).share_memory_()
+    np.concatenate(parts, out=out.numpy())
+    return out
 
 
 def _describe(source: Source, episode: int) -> str:
@@ -189,6 +200,8 @@ def _pad_static(payload: dict[str, np.ndarray], layout, slots: int, read: list[d
         per_item = layout.tokens_per_text_token if key == "text" else layout.key_tokens(key)
         most = slots // per_item
         have = payload.get(key)
+        if isinstance(have, torch.Tensor):
+            have = have.numpy()
         if have is None:
             example = next((d[key] for d in read if key in d), None)
             if example is None and key != "text":
