@@ -1,0 +1,449 @@
+"""Real LeRobot beside mmfeed on the same LeRobot v3 directory: the same samples, and throughput side by side.
+
+LeRobot lives in its own virtual environment (its torch and torchvision pins differ from mmfeed's), so this
+module runs a small child script (:data:`CHILD_SCRIPT`) under that environment's python. The child opens
+``LeRobotDataset(repo_id="local/synthetic", root=..., delta_timestamps=..., video_backend=...)`` fully offline
+and either
+
+- dumps the samples at given indices (frames converted back from LeRobot's float ``[0, 1]`` CHW to uint8 HWC,
+  ``observation.state``, ``action``, every ``*_is_pad`` flag and the index columns) as ``.npy`` files, or
+- times ``torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2)`` after a warm-up.
+
+The parent reads the same samples through mmfeed (:class:`~mmfeed.loaders.lerobot.LeRobotSource` and the
+window requests of :class:`~mmfeed.loaders.samples.SampleTable`; LeRobot's sample ``i`` is the global frame
+``dataset_from_index[episode] + anchor``, which is also mmfeed's sample ``i`` with stride 1) and compares them
+key by key: state, action and pad flags exactly, frames by the index pattern drawn into the pixels (both must
+show the frame LeRobot's clamping asks for) plus the largest pixel difference. Then it measures mmfeed's loader
+on the benchmark directory with :func:`mmfeed.bench.loader.run_mmfeed` and prints both throughputs::
+
+    python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python --json out.json
+
+FFmpeg libraries for torchcodec: if ``<venv>/ffmpeg/usr/lib/<triplet>`` exists (Debian packages unpacked
+there with ``dpkg -x``), its library folders are put on the child's ``LD_LIBRARY_PATH``; ``--lib-dir`` adds more.
+A venv that works (lerobot 0.4.4 pins torch<2.11, so it is installed without its dependencies)::
+
+    python3 -m venv /work/lerobot-venv && V=/work/lerobot-venv/bin
+    $V/pip install torch==2.14.1 torchvision==0.29.1
+    $V/pip install lerobot==0.4.4 torchcodec==0.14.0 --no-deps
+    $V/pip install "datasets>=4,<5" "huggingface-hub>=0.34.2,<0.36" "av>=15,<16" "packaging>=24.2,<26" pandas \
+        pyarrow jsonlines draccus==0.10.0 "einops>=0.8,<0.9" termcolor "accelerate>=1.10,<2"
+    apt-get install -y --download-only -o Dir::Cache::archives=/tmp/debs libavcodec59 libavformat59 \
+        libavutil57 libswscale6 libswresample4 libavdevice59 libavfilter8
+    for d in /tmp/debs/*.deb; do dpkg -x "$d" /work/lerobot-venv/ffmpeg; done
+
+torchvision 0.29 has no ``io.VideoReader``, so LeRobot's ``video_backend="pyav"`` fails there; use torchcodec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmfeed.testing.video import read_index
+
+__all__ = ["CHILD_SCRIPT", "check_small", "compare_samples", "delta_timestamps_for", "edge_indices", "ground_truth",
+           "lerobot_child", "main", "mmfeed_samples", "run"]
+
+log = logging.getLogger(__name__)
+
+CHILD_SCRIPT = r'''
+import json, os, sys, time
+import numpy as np
+import torch
+from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+args = json.loads(sys.argv[1])
+out = args["out"]
+ds = LeRobotDataset(args["repo_id"], root=args["root"], delta_timestamps=args["delta_timestamps"],
+                    video_backend=args["video_backend"])
+result = {"num_samples": len(ds), "video_backend": ds.video_backend, "video_keys": list(ds.meta.video_keys),
+          "versions": {}}
+for name in ("lerobot", "torch", "torchvision", "torchcodec", "av", "datasets", "huggingface_hub", "numpy"):
+    try:
+        result["versions"][name] = __import__(name).__version__
+    except Exception as err:
+        result["versions"][name] = "unavailable: %s" % err
+
+
+def to_uint8(frames):
+    # LeRobot returns float32 [T, C, H, W] (or [C, H, W] for one timestamp) in [0, 1]
+    arr = frames.numpy()
+    if arr.ndim == 3:
+        arr = arr[None]
+    return np.clip(np.round(arr * 255.0), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1)
+
+
+if args["indices"]:
+    items = [ds[i] for i in args["indices"]]
+    keys = sorted(k for k, v in items[0].items() if torch.is_tensor(v))
+    for key in keys:
+        if key in ds.meta.video_keys:
+            arr = np.stack([to_uint8(it[key]) for it in items])
+        else:
+            arr = np.stack([it[key].numpy() for it in items])
+        np.save(os.path.join(out, key + ".npy"), arr)
+    result["dumped"] = keys
+    result["tasks"] = [it["task"] for it in items]
+
+if args["steps"]:
+    workers = args["num_workers"]
+    loader = torch.utils.data.DataLoader(ds, batch_size=args["batch_size"], shuffle=True, num_workers=workers,
+                                         generator=torch.Generator().manual_seed(args["seed"]),
+                                         persistent_workers=workers > 0)
+
+    def forever():
+        while True:
+            yield from loader
+
+    batches = forever()
+    for _ in range(args["warmup"]):
+        next(batches)
+    runs = []
+    for _ in range(args["repeats"]):
+        samples = frames = real = 0
+        start = time.perf_counter()
+        for _ in range(args["steps"]):
+            batch = next(batches)
+            for key in ds.meta.video_keys:
+                value = batch[key]
+                frames += value.shape[0] * (value.shape[1] if value.ndim == 5 else 1)
+                pad = batch.get(key + "_is_pad")
+                real += int((~pad).sum()) if pad is not None else value.shape[0]
+            samples += len(batch["index"])
+        seconds = time.perf_counter() - start
+        runs.append({"seconds": seconds, "samples": samples, "frames": frames, "samples_per_s": samples / seconds,
+                     "frames_per_s": frames / seconds, "non_pad_frames_per_s": real / seconds})
+    median = sorted(runs, key=lambda r: r["frames_per_s"])[len(runs) // 2]
+    result["timing"] = {**median, "repeats": runs, "batch_size": args["batch_size"], "num_workers": workers,
+                        "steps": args["steps"], "warmup": args["warmup"]}
+
+with open(os.path.join(out, "result.json"), "w") as f:
+    json.dump(result, f)
+'''
+"""The script run under LeRobot's python (``python -c CHILD_SCRIPT ARGS_JSON``); it never imports mmfeed."""
+
+
+def _lib_dirs(python: str | os.PathLike, extra: Sequence[str] = ()) -> list[str]:
+    """Library folders for the child: ``extra`` plus any FFmpeg unpacked under ``<venv>/ffmpeg/usr/lib``."""
+    dirs = [str(d) for d in extra]
+    venv = Path(python).absolute().parent.parent
+    for lib in sorted((venv / "ffmpeg" / "usr" / "lib").glob("*-linux-gnu")):
+        dirs.append(str(lib))
+        dirs += [str(lib / sub) for sub in ("blas", "lapack", "pulseaudio") if (lib / sub).is_dir()]
+    return dirs
+
+
+def lerobot_child(
+    python: str | os.PathLike,
+    root: str | os.PathLike,
+    delta_timestamps: Mapping[str, Sequence[float]],
+    *,
+    indices: Sequence[int] = (),
+    steps: int = 0,
+    warmup: int = 3,
+    repeats: int = 1,
+    batch_size: int = 32,
+    num_workers: int = 2,
+    seed: int = 0,
+    video_backend: str = "torchcodec",
+    lib_dirs: Sequence[str] = (),
+    timeout_s: float = 1800.0,
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Run :data:`CHILD_SCRIPT` under ``python``; return its result record and the dumped arrays by key.
+
+    Offline (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``) with a private ``HF_HOME``, so nothing outside a
+    temporary folder is written. Raises RuntimeError with the child's stderr when it fails.
+    """
+    python = str(python)
+    if not Path(python).exists():
+        raise ValueError(f"LeRobot python {python!r} does not exist; pass the venv's bin/python (--lerobot-python)")
+    with tempfile.TemporaryDirectory(prefix="mmfeed-lerobot-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        args = {"repo_id": "local/synthetic", "root": str(root), "out": str(out),
+                "delta_timestamps": {k: [float(t) for t in v] for k, v in delta_timestamps.items()},
+                "indices": [int(i) for i in indices], "steps": int(steps), "warmup": int(warmup), "repeats": int(repeats),
+                "batch_size": int(batch_size), "num_workers": int(num_workers), "seed": int(seed),
+                "video_backend": video_backend}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(Path(tmp) / "hf"),
+               "PYTHONNOUSERSITE": "1"}
+        env.pop("PYTHONPATH", None)  # the child must not see mmfeed or the system site-packages
+        dirs = _lib_dirs(python, lib_dirs)
+        if dirs:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([*dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+        proc = subprocess.run([python, "-c", CHILD_SCRIPT, json.dumps(args)], env=env, capture_output=True,
+                              text=True, timeout=timeout_s, cwd=tmp)
+        if proc.returncode != 0:
+            raise RuntimeError(f"LeRobot child under {python} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        result = json.loads((out / "result.json").read_text())
+        arrays = {key: np.load(out / f"{key}.npy") for key in result.get("dumped", [])}
+    return result, arrays
+
+
+def delta_timestamps_for(offsets: Mapping[str, Sequence[int]], fps: float) -> dict[str, list[float]]:
+    """LeRobot ``delta_timestamps`` (seconds, LeRobot's key names) for mmfeed window offsets in steps."""
+    names = {"proprio": "observation.state"}
+    out = {}
+    for key, steps in offsets.items():
+        name = "observation.images." + key[len("frames."):] if key.startswith("frames.") else names.get(key, key)
+        out[name] = [int(s) / float(fps) for s in steps]
+    return out
+
+
+def edge_indices(bounds: np.ndarray, span: tuple[int, int], *, extra: int = 0, seed: int = 0) -> np.ndarray:
+    """Global sample indices near every episode's edges (where clamping happens), plus ``extra`` random ones.
+
+    bounds: ``[E + 1]`` cumulative episode starts (``dataset_from_index`` then the total).
+    span: the window's (lowest, highest) offset; indices within that many steps of an edge are taken.
+    """
+    bounds = np.asarray(bounds, dtype=np.int64)
+    lo, hi = min(span[0], 0), max(span[1], 0)
+    picks = []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        near = np.concatenate([np.arange(start, min(stop, start - lo + 2)), np.arange(max(start, stop - hi - 2), stop)])
+        picks.append(near)
+    picks = np.unique(np.concatenate(picks)) if picks else np.zeros(0, np.int64)
+    if extra and bounds[-1]:
+        rng = np.random.default_rng(seed)
+        picks = np.union1d(picks, rng.integers(0, bounds[-1], size=extra))
+    return picks.astype(np.int64)
+
+
+def mmfeed_samples(root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]], indices: Sequence[int],
+                   *, backend: str = "auto") -> dict[str, np.ndarray]:
+    """mmfeed's reads of LeRobot samples ``indices``, stacked per key under LeRobot's names (frames uint8 HWC).
+
+    Goes through the loader's own path: ``WindowSpec.from_delta_timestamps``, the sample table's vectorized
+    ``requests`` (clamping and ``is_pad``) and ``LeRobotSource.read_many``. Also returns ``episode_index``
+    and ``frame_index`` (the anchor) so they can be checked against LeRobot's columns.
+    """
+    from mmfeed.codecs.text import ByteTokenizer
+    from mmfeed.loaders import TokenLayout, WindowSpec
+    from mmfeed.loaders.lerobot import LeRobotSource
+    from mmfeed.loaders.samples import SamplingConfig, build_samples
+    from mmfeed.loaders.windows import lerobot_key
+
+    source = LeRobotSource(root, backend=backend)
+    window = WindowSpec.from_delta_timestamps(delta_timestamps, float(source.info["fps"]))
+    layout = TokenLayout(tokens_per_frame={c: 1 for c in source.cameras})
+    table = build_samples(source, SamplingConfig(window=window), layout, ByteTokenizer())
+    indices = np.asarray(indices, dtype=np.int64)
+    if indices.size and (indices.min() < 0 or indices.max() >= len(table)):
+        raise ValueError(f"sample indices must lie in [0, {len(table)}), got {indices.min()}..{indices.max()}")
+    pairs = table.requests(indices, source.lengths)
+    reads = source.read_many([request for request, _ in pairs])
+    out: dict[str, np.ndarray] = {"episode_index": table.episode[indices], "frame_index": table.start[indices]}
+    for name in delta_timestamps:
+        key = lerobot_key(name)
+        out[name] = np.stack([got[key] for got in reads])
+        out[f"{name}_is_pad"] = np.stack([pad[key] for _, pad in pairs])
+    return out
+
+
+def ground_truth(episodes, delta_timestamps: Mapping[str, Sequence[float]], indices: Sequence[int],
+                 fps: float) -> dict[str, np.ndarray]:
+    """What LeRobot's rule gives for ``indices`` on ``write_lerobot(episodes)``, computed from the episodes.
+
+    LeRobot's rule: query ``clip(i + delta, ep_start, ep_end - 1)``, pad where ``i + delta`` leaves the episode.
+    Frames are the pattern frames of the clamped GLOBAL index (what ``write_lerobot`` draws).
+    """
+    lengths = np.array([ep.length for ep in episodes], dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    indices = np.asarray(indices, dtype=np.int64)
+    episode = np.searchsorted(bounds, indices, side="right") - 1
+    out: dict[str, np.ndarray] = {"episode_index": episode, "frame_index": indices - bounds[episode]}
+    for name, deltas in delta_timestamps.items():
+        steps = np.round(np.asarray(deltas, dtype=np.float64) * fps).astype(np.int64)
+        raw = indices[:, None] + steps[None, :]
+        lo, hi = bounds[episode][:, None], bounds[episode + 1][:, None] - 1
+        out[f"{name}_is_pad"] = (raw < lo) | (raw > hi)
+        local = np.clip(raw, lo, hi) - lo
+        rows = []
+        for e, steps_e in zip(episode, local):
+            ep = episodes[e]
+            if name.startswith("observation.images."):
+                camera = name[len("observation.images."):]
+                rows.append(ep.frames(camera, start=int(bounds[e]))[steps_e])
+            elif name == "observation.state":
+                rows.append(ep.proprio[steps_e])
+            else:
+                rows.append(getattr(ep, name)[steps_e])
+        out[name] = np.stack(rows)
+    return out
+
+
+def compare_samples(expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
+                    keys: Sequence[str]) -> dict[str, Any]:
+    """Compare two sample sets key by key; ``{"ok": bool, "keys": {key: details}, "problems": [str]}``.
+
+    keys: LeRobot feature names (``observation.images.<cam>``, ``observation.state``, ``action``); each one's
+    ``<key>_is_pad`` is compared too, and ``episode_index`` / ``frame_index`` where both sides have them.
+    Non-video arrays must be equal exactly (same shape, bitwise for floats); frames must have the same shape and
+    show the same pattern index in every frame (:func:`mmfeed.testing.read_index`); their largest pixel
+    difference is reported, not judged (two decoders may round colour conversion differently).
+    """
+    report: dict[str, Any] = {"keys": {}, "problems": []}
+    problems = report["problems"]
+    names = [*keys, *(f"{k}_is_pad" for k in keys), *(k for k in ("episode_index", "frame_index")
+                                                       if k in expected and k in got)]
+    for name in names:
+        if name not in expected or name not in got:
+            problems.append(f"{name}: missing on the {'expected' if name not in expected else 'compared'} side")
+            continue
+        a, b = np.asarray(expected[name]), np.asarray(got[name])
+        if name in ("episode_index", "frame_index") or name.endswith("_is_pad"):
+            a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+        if a.shape != b.shape:
+            problems.append(f"{name}: shape {a.shape} != {b.shape}")
+            continue
+        details: dict[str, Any] = {"shape": list(a.shape)}
+        if name.startswith("observation.images.") and not name.endswith("_is_pad"):
+            flat = a.shape[0] * a.shape[1]
+            ia = read_index(a.reshape(flat, *a.shape[2:])).reshape(a.shape[:2])
+            ib = read_index(b.reshape(flat, *b.shape[2:])).reshape(b.shape[:2])
+            diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+            details.update(index_equal=bool(np.array_equal(ia, ib)), max_pixel_diff=int(diff.max(initial=0)),
+                           mean_pixel_diff=float(diff.mean()) if diff.size else 0.0)
+            if not details["index_equal"]:
+                where = np.argwhere(ia != ib)[:5].tolist()
+                problems.append(f"{name}: frame pattern index differs at [sample, step] {where}: "
+                                f"{ia[tuple(np.array(where).T)].tolist()} vs {ib[tuple(np.array(where).T)].tolist()}")
+        else:
+            equal = bool(np.array_equal(a, b))
+            details["equal"] = equal
+            if a.dtype.kind == "f" or b.dtype.kind == "f":
+                details["max_abs_diff"] = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max(initial=0))
+            if not equal:
+                where = np.argwhere(a != b)[:5].tolist()
+                problems.append(f"{name}: values differ at {where}")
+        report["keys"][name] = details
+    report["ok"] = not problems
+    return report
+
+
+def _print_report(title: str, report: dict[str, Any]) -> None:
+    print(f"{title}: {'MATCH' if report['ok'] else 'MISMATCH'}")
+    for name, details in report["keys"].items():
+        print(f"  {name:42s} {json.dumps(details)}")
+    for problem in report["problems"]:
+        print(f"  ! {problem}")
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(runs, key=lambda r: r["frames_per_s"])[len(runs) // 2]
+
+
+def _lerobot_style(workers: int, steps: int):
+    from mmfeed.bench.loader import LoaderBench
+
+    return replace(LoaderBench(format="lerobot", workers=workers, steps=steps), codec="av1", gop=2, height=240,
+                   width=320, history=2, horizon=50, tokens_per_frame=64, capacity=1024, rows_per_batch=8)
+
+
+def check_small(python: str, *, video_backend: str, lib_dirs: Sequence[str], seed: int = 0) -> dict[str, Any]:
+    """Equality on a small two-camera directory with short episodes (clamping at both ends of every window)."""
+    from mmfeed.testing import make_episodes, write_lerobot
+
+    episodes = make_episodes(4, seed=seed, min_length=6, max_length=14, height=48, width=64)
+    delta = delta_timestamps_for({"frames.cam_high": (-3, -1, 0), "frames.cam_wrist": (0, 2), "proprio": (-1, 0),
+                                  "action": tuple(range(8))}, 30.0)
+    with tempfile.TemporaryDirectory(prefix="mmfeed-lerobot-small-") as tmp:
+        root = write_lerobot(Path(tmp) / "ds", episodes)
+        indices = np.arange(sum(ep.length for ep in episodes))  # every sample
+        result, theirs = lerobot_child(python, root, delta, indices=indices, video_backend=video_backend,
+                                       lib_dirs=lib_dirs)
+        ours = mmfeed_samples(root, delta, indices)
+    truth = ground_truth(episodes, delta, indices, 30.0)
+    return {"samples": len(indices), "lerobot_vs_mmfeed": compare_samples(theirs, ours, list(delta)),
+            "truth_vs_lerobot": compare_samples(truth, theirs, list(delta)), "child": result,
+            "tasks_equal": result["tasks"] == [episodes[e].task for e in truth["episode_index"]]}
+
+
+def run(python: str, *, video_backend: str = "torchcodec", lib_dirs: Sequence[str] = (), workers: int = 2,
+        steps: int = 120, lerobot_steps: int = 40, repeats: int = 3, batch_size: int = 32,
+        extra: int = 32) -> dict[str, Any]:
+    """The small equality check, the benchmark directory's edge samples, and both throughputs.
+
+    Each throughput is the median of ``repeats`` runs, LeRobot's and mmfeed's interleaved; a run is a fresh loader
+    measured over ``lerobot_steps`` (LeRobot) or ``steps`` (mmfeed) batches after the warm-up batches.
+    """
+    from mmfeed.bench.loader import dataset_path, run_mmfeed
+
+    results: dict[str, Any] = {"small": check_small(python, video_backend=video_backend, lib_dirs=lib_dirs)}
+    cfg = _lerobot_style(workers, steps)
+    path = dataset_path(cfg)
+    from mmfeed.loaders.lerobot import LeRobotSource
+
+    source = LeRobotSource(path)
+    bounds = np.concatenate([[0], np.cumsum(source.lengths)])
+    delta = delta_timestamps_for(cfg.window().offsets, cfg.fps)
+    indices = edge_indices(bounds, cfg.window().span(), extra=extra, seed=cfg.seed)
+    child, theirs = lerobot_child(python, path, delta, indices=indices, video_backend=video_backend, lib_dirs=lib_dirs)
+    ours = mmfeed_samples(path, delta, indices)
+    results["bench_dir"] = {"path": str(path), "samples": len(indices),
+                            "lerobot_vs_mmfeed": compare_samples(theirs, ours, list(delta))}
+    lerobot_runs, mmfeed_runs = [], []
+    for _ in range(max(1, repeats)):  # interleaved, so a change in background load hits both alike
+        timed, _ = lerobot_child(python, path, delta, steps=lerobot_steps, warmup=cfg.warmup, batch_size=batch_size,
+                                 num_workers=workers, seed=cfg.seed, video_backend=video_backend, lib_dirs=lib_dirs)
+        lerobot_runs.append({k: v for k, v in timed["timing"].items() if k != "repeats"})
+        mmfeed_runs.append(run_mmfeed(cfg, path))
+    results["lerobot"] = {**_median(lerobot_runs), "repeats": lerobot_runs}
+    results["mmfeed"] = {**_median(mmfeed_runs), "repeats": mmfeed_runs}
+    results["ratio_frames_per_s"] = results["mmfeed"]["frames_per_s"] / results["lerobot"]["frames_per_s"]
+    results["lerobot_versions"] = timed["versions"]
+    results["video_backend"] = timed["video_backend"]
+    results["settings"] = {**asdict(cfg), "delta_timestamps": delta, "lerobot_batch_size": batch_size}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.lerobot_compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lerobot-python", required=True, help="python of the venv where lerobot is installed")
+    parser.add_argument("--video-backend", default="torchcodec", help="LeRobot's video_backend (torchcodec or pyav)")
+    parser.add_argument("--lib-dir", action="append", default=[], help="extra LD_LIBRARY_PATH folder for the child")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=120, help="measured mmfeed batches per repeat")
+    parser.add_argument("--lerobot-steps", type=int, default=40, help="measured LeRobot batches per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="throughput = median over this many repeats")
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    start = time.perf_counter()
+    results = run(args.lerobot_python, video_backend=args.video_backend, lib_dirs=args.lib_dir, workers=args.workers,
+                  steps=args.steps, lerobot_steps=args.lerobot_steps, repeats=args.repeats)
+    small = results["small"]
+    _print_report(f"small directory, all {small['samples']} samples, LeRobot vs mmfeed", small["lerobot_vs_mmfeed"])
+    _print_report("small directory, writer ground truth vs LeRobot", small["truth_vs_lerobot"])
+    print(f"  tasks equal: {small['tasks_equal']}")
+    bench = results["bench_dir"]
+    _print_report(f"benchmark directory, {bench['samples']} edge + random samples, LeRobot vs mmfeed",
+                  bench["lerobot_vs_mmfeed"])
+    le, mm = results["lerobot"], results["mmfeed"]
+    print(f"\nLeRobot {results['lerobot_versions'].get('lerobot')} ({results['video_backend']}), torch DataLoader "
+          f"batch {le['batch_size']}, {le['num_workers']} workers: {le['frames_per_s']:.1f} frames/s, "
+          f"{le['samples_per_s']:.1f} samples/s (median of {len(le['repeats'])})")
+    print(f"mmfeed DataLoader (packed, {args.workers} workers): {mm['frames_per_s']:.1f} frames/s, "
+          f"{mm['samples_per_s']:.1f} samples/s (median of {len(mm['repeats'])})")
+    print(f"mmfeed / LeRobot (frames/s): {results['ratio_frames_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
+    if args.json:
+        from mmfeed.bench.common import environment
+
+        Path(args.json).write_text(json.dumps({**results, "environment": environment()}, indent=2, default=str))
+    ok = small["lerobot_vs_mmfeed"]["ok"] and small["truth_vs_lerobot"]["ok"] and bench["lerobot_vs_mmfeed"]["ok"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
