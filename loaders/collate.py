@@ -75,8 +75,10 @@ def collate_rows(
             if len(text):
                 pieces.setdefault("text", []).append(text)
             for key, positions in order.items():
-                pieces.setdefault(key, []).append(data[key][positions])
-                pad_pieces.setdefault(key, []).append(pad[key][positions])
+                values = data[key]
+                # Positions in window order (the usual case) take the array as it is: no copy before the concat.
+                pieces.setdefault(key, []).append(values if positions is _IN_ORDER else values[positions])
+                pad_pieces.setdefault(key, []).append(pad[key] if positions is _IN_ORDER else pad[key][positions])
             segments.append(doc_segments)
             steps.append(doc_steps)
             doc_tokens.append(sample_layout.num_tokens)
@@ -107,6 +109,9 @@ def collate_rows(
             metadata["errors"] = failures
         return PackedBatch.from_segments(row_lengths, row_capacity, step_sizes=row_steps, segments=row_segments,
                                          modalities=modalities, data=payload, metadata=metadata)
+
+
+_IN_ORDER = object()  # marker: a key's payload items are its read array in order
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
@@ -191,7 +196,9 @@ def _payload_plan(sample_layout, layout, index: dict[str, int]) -> tuple[dict[st
         elif key != "text":
             order.setdefault(key, []).append(position)
     segments = [(index[key], tokens) for key, _, tokens in sample_layout.runs]
-    return {k: np.asarray(v, dtype=np.int64) for k, v in order.items()}, segments, list(sample_layout.step_sizes)
+    # Every window position of a key appears once, so positions 0, 1, 2, ... mean "the read array as it is".
+    positions = {k: _IN_ORDER if v == list(range(len(v))) else np.asarray(v, dtype=np.int64) for k, v in order.items()}
+    return positions, segments, list(sample_layout.step_sizes)
 
 
 def _pad_static(payload: dict[str, np.ndarray], layout, slots: int, read: list[dict]) -> None:
