@@ -90,7 +90,7 @@ class DecordReader:
         import decord
 
         try:
-            frames = self._vr.get_batch(indices.tolist()).asnumpy()
+            frames = _to_numpy(self._vr.get_batch(indices.tolist()))
         except (RuntimeError, decord.DECORDError) as exc:
             raise DecodeError(
                 f"{self.info.path}: decord failed decoding frames {indices[0]}..{indices[-1]}: {exc}; the video "
@@ -113,3 +113,13 @@ class DecordReader:
     def close(self) -> None:
         """Drop the decord reader (decord has no explicit close)."""
         self._vr = None
+
+
+def _to_numpy(batch) -> np.ndarray:
+    """A decord NDArray as numpy without copying it (through DLPack; ``asnumpy`` copies every frame once more)."""
+    try:
+        import torch.utils.dlpack
+
+        return torch.utils.dlpack.from_dlpack(batch.to_dlpack()).numpy()
+    except (ImportError, AttributeError, RuntimeError, TypeError):
+        return batch.asnumpy()

@@ -42,12 +42,15 @@ __all__ = ["FrameRequest", "VideoReaderCache", "decode_batch"]
 
 @dataclass(frozen=True, eq=False)
 class FrameRequest:
-    """Frames of one video: ``indices`` or ``timestamps`` (seconds, nearest frame within ``tolerance_s``)."""
+    """Frames of one video: ``indices`` or ``timestamps`` (seconds, nearest frame within ``tolerance_s``), decoded
+    into ``out`` when it is given."""
 
     path: VideoSource
     indices: ArrayLike | None = None
     timestamps: ArrayLike | None = None
     tolerance_s: float = DEFAULT_TOLERANCE_S
+    out: np.ndarray | None = None
+    """Optional uint8 ``[N, H, W, 3]`` array to decode into (and return), e.g. a slice of a batch's payload."""
 
     @classmethod
     def coerce(cls, request: "FrameRequest | tuple") -> "FrameRequest":
@@ -155,7 +158,8 @@ class VideoReaderCache:
             self.options.check_crop(info)
             wanted = [resolve_request(info, reqs[i].indices, reqs[i].timestamps, reqs[i].tolerance_s) for i in members]
             reader = self.reader(source, info) if any(len(w) for w in wanted) else None
-            for i, frames in zip(members, decode_requests(reader, self.options, info, wanted)):
+            outs = [reqs[i].out for i in members]
+            for i, frames in zip(members, decode_requests(reader, self.options, info, wanted, outs)):
                 out[i] = frames
         return out  # type: ignore[return-value]
 

@@ -174,13 +174,20 @@ def read_frames(
 
 
 def decode_requests(
-    reader: VideoReader | None, options: DecodeOptions, info: VideoInfo, wanted: Sequence[np.ndarray]
+    reader: VideoReader | None, options: DecodeOptions, info: VideoInfo, wanted: Sequence[np.ndarray],
+    outs: Sequence[np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
     """Decode the union of several requests on one file once and copy each frame straight into every request's
-    output array that asked for it (one copy per delivered frame, crop applied on the way)."""
+    output array that asked for it (one copy per delivered frame, crop applied on the way). ``outs`` may give
+    a request its own output (uint8 ``[N, H, W, 3]``, e.g. a slice of a batch's payload) to be filled in place."""
     h, w = options.size if options.size is not None else (info.height, info.width)
     top, left, oh, ow = options.crop if options.crop is not None else (0, 0, h, w)
-    outs = [np.empty((len(x), oh, ow, 3), dtype=np.uint8) for x in wanted]
+    given = list(outs) if outs is not None else [None] * len(wanted)
+    for out, x in zip(given, wanted):
+        if out is not None and (out.shape != (len(x), oh, ow, 3) or out.dtype != np.uint8):
+            raise ValueError(f"{info.path}: an output for {len(x)} frames must be uint8 {(len(x), oh, ow, 3)}, got "
+                             f"{out.dtype} {out.shape}")
+    outs = [np.empty((len(x), oh, ow, 3), dtype=np.uint8) if out is None else out for out, x in zip(given, wanted)]
     total = sum(len(x) for x in wanted)
     if total == 0:
         return outs
@@ -189,7 +196,8 @@ def decode_requests(
     flat = np.concatenate(wanted)
     union, inverse = np.unique(flat, return_inverse=True)
     inverse = inverse.reshape(-1)
-    if len(wanted) == 1 and options.crop is None and len(union) == len(flat) and np.array_equal(union, flat):
+    if len(wanted) == 1 and given[0] is None and options.crop is None and len(union) == len(flat) \
+            and np.array_equal(union, flat):
         return [reader.decode(union)]  # one sorted request: the reader's own output is the answer
     targets: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(len(union))]
     start = 0

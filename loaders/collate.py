@@ -15,6 +15,7 @@ and torch.compile or CUDA graphs never recompile.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -49,7 +50,16 @@ def collate_rows(
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
     requests, pads = zip(*table.requests(samples, source.lengths)) if len(samples) else ((), ())
-    read, failures = _read(source, list(requests), samples, errors)
+    index = {m: i for i, m in enumerate(table.layout.modalities())}
+    plans: dict[int, tuple] = {}  # per sample layout: payload positions per key, segments, steps
+    sample_plans = []
+    for s in samples:
+        sample_layout = table.sample_layout(int(s))
+        if id(sample_layout) not in plans:
+            plans[id(sample_layout)] = _payload_plan(sample_layout, table.layout, index)
+        sample_plans.append(plans[id(sample_layout)])
+    requests, direct = _decode_in_place(source, list(requests), sample_plans)
+    read, failures = _read(source, requests, samples, errors)
     _check_finite(source, requests, read, pads, samples, policy, errors, failures)
     if failures:
         bad = {f["sample"] for f in failures}
@@ -57,24 +67,24 @@ def collate_rows(
         rows = [np.asarray([s for s in row if int(s) not in bad], dtype=np.int64) for row in rows]
         samples = samples[keep]
         read, pads = [read[i] for i in keep], [pads[i] for i in keep]
+        sample_plans = [sample_plans[i] for i in keep]
+        direct = {}  # the decoded-in-place buffers now have holes: gather the kept pieces instead
     with stage("collate"):
         layout = table.layout
         modalities = layout.modalities()
-        index = {m: i for i, m in enumerate(modalities)}
         pieces: dict[str, list[np.ndarray]] = {}
         pad_pieces: dict[str, list[np.ndarray]] = {}
         segments, steps, doc_tokens = [], [], []
-        plans: dict[int, tuple] = {}  # per sample layout: payload positions per key, segments, steps
-        for s, data, pad in zip(samples, read, pads):
+        for s, data, pad, plan in zip(samples, read, pads, sample_plans):
             sample_layout = table.sample_layout(int(s))
-            plan = plans.get(id(sample_layout))
-            if plan is None:
-                plan = plans[id(sample_layout)] = _payload_plan(sample_layout, layout, index)
             order, doc_segments, doc_steps = plan
             text = table.text[table.episode[s]]
             if len(text):
                 pieces.setdefault("text", []).append(text)
             for key, positions in order.items():
+                if key in direct:  # already decoded into its place in the payload
+                    pad_pieces.setdefault(key, []).append(pad[key])
+                    continue
                 values = data[key]
                 # Positions in window order (the usual case) take the array as it is: no copy before the concat.
                 pieces.setdefault(key, []).append(values if positions is _IN_ORDER else values[positions])
@@ -83,6 +93,7 @@ def collate_rows(
             steps.append(doc_steps)
             doc_tokens.append(sample_layout.num_tokens)
         payload = {key: _concat(parts) for key, parts in pieces.items()}
+        payload.update(direct)
         payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
@@ -114,13 +125,60 @@ def collate_rows(
 _IN_ORDER = object()  # marker: a key's payload items are its read array in order
 
 
+def _decode_in_place(source: Source, requests: list, sample_plans: list) -> tuple[list, dict]:
+    """Give each request's frames a slice of one payload buffer per camera (in shared memory in a worker), so
+    the decoder writes every frame straight to where the batch holds it: no gather, no concatenation. Only for
+    cameras whose frames every sample takes in window order, from sources that know their frame size."""
+    frame_shape = getattr(source, "frame_shape", None)
+    if not requests or not callable(frame_shape):
+        return requests, {}
+    keys = [k for k in requests[0].steps if k.startswith(FRAMES_PREFIX)]
+    keys = [k for k in keys if all(k in r.steps and p[0].get(k) is _IN_ORDER for r, p in zip(requests, sample_plans))]
+    buffers, outs = {}, [{} for _ in requests]
+    for key in keys:
+        camera = key[len(FRAMES_PREFIX):]
+        try:
+            shapes = {frame_shape(r.episode, camera) for r in requests}
+        except MemoryError:
+            raise
+        except Exception:  # an unreadable video: the read below meets it again, under the error policy
+            continue
+        if len(shapes) != 1 or None in shapes:
+            continue
+        counts = [len(r.steps[key]) for r in requests]
+        buffer = _alloc((sum(counts), *next(iter(shapes)), 3))
+        view = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
+        start = 0
+        for out, n in zip(outs, counts):
+            out[key] = view[start : start + n]
+            start += n
+        buffers[key] = buffer
+    if not buffers:
+        return requests, {}
+    return [replace(r, out=o) for r, o in zip(requests, outs)], buffers
+
+
+def _alloc(shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
+    """A uint8 buffer; in a DataLoader worker a shared-memory tensor, which the training process maps as is."""
+    if torch.utils.data.get_worker_info() is None:
+        return np.empty(shape, dtype=np.uint8)
+    return _shared(shape, torch.uint8)
+
+
+def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor allocated in shared memory (``share_memory_()`` would allocate, then copy)."""
+    numel = int(np.prod(shape))
+    storage = torch.UntypedStorage._new_shared(numel * torch.empty((), dtype=dtype).element_size())
+    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+
+
 def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
     """``np.concatenate(parts)``; in a DataLoader worker, written straight into shared memory, so that handing the
     batch to the training process costs no second copy of the frames (torch would copy it there when pickling)."""
     if torch.utils.data.get_worker_info() is None or len(parts) == 0:
         return np.concatenate(parts)
     shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
-    out = torch.empty(shape, dtype=torch.from_numpy(parts[0][:0]).dtype).share_memory_()
+    out = _shared(shape, torch.from_numpy(np.ascontiguousarray(parts[0][:0])).dtype)
     np.concatenate(parts, out=out.numpy())
     return out
 

@@ -106,21 +106,22 @@ class LeRobotSource(EpisodeArrays):
             self._videos = VideoReaderCache(max_open=4, backend=self.backend)
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
         # Video: gather every wanted timestamp per file, decode each file once, scatter back.
-        wanted: dict[Path, list[tuple[int, str, np.ndarray, str]]] = defaultdict(list)
+        wanted: dict[Path, list[tuple]] = defaultdict(list)  # path -> (request, key, times, where, into)
         for r, request in enumerate(requests):
             for key, steps in request.steps.items():
                 steps = np.asarray(steps, dtype=np.int64)
                 self._check_steps(request.episode, key, steps)
                 if key.startswith(FRAMES_PREFIX):
                     path, times = self._frame_times(request.episode, key[len(FRAMES_PREFIX) :], steps)
-                    wanted[path].append((r, key, times, f"{self.root} episode {self._episode_index(request.episode)} "
-                                                        f"stream {key[len(FRAMES_PREFIX):]!r} ({path})"))
+                    where = f"{self.describe(request.episode)} stream {key[len(FRAMES_PREFIX):]!r} ({path})"
+                    into = request.out.get(key) if request.out else None
+                    wanted[path].append((r, key, times, where, into))
                 elif key in ("proprio", "action"):
                     out[r][key] = self._rows(request.episode, key, steps)
                 else:
                     raise ValueError(f"{self.root}: cannot read key {key!r}; keys are 'proprio', 'action', 'frames.<camera>'")
-        requests_flat = [(r, key, FrameRequest(path, timestamps=t, tolerance_s=self.tolerance_s), where)
-                         for path, items in wanted.items() for r, key, t, where in items]
+        requests_flat = [(r, key, FrameRequest(path, timestamps=t, tolerance_s=self.tolerance_s, out=into), where)
+                         for path, items in wanted.items() for r, key, t, where, into in items]
         with stage("decode"):
             decoded = decode_with_context(self._videos, [item[2] for item in requests_flat],
                                           [item[3] for item in requests_flat])
@@ -148,6 +149,16 @@ class LeRobotSource(EpisodeArrays):
                 raise ValueError(f"{self.root}: meta/episodes has no column {name!r}")
             column = self._columns[name] = self._episodes[name].to_numpy()
         return column
+
+    def frame_shape(self, episode: int, camera: str) -> tuple[int, int] | None:
+        """``(height, width)`` of a camera's frames, as meta/info.json declares them."""
+        shape = self.info["features"].get(self._camera_key.get(camera, ""), {}).get("shape")
+        names = self.info["features"].get(self._camera_key.get(camera, ""), {}).get("names")
+        if not shape or len(shape) != 3:
+            return None
+        if names and list(names)[:1] == ["channels"]:  # channels-first declaration
+            return int(shape[1]), int(shape[2])
+        return int(shape[0]), int(shape[1])
 
     def describe(self, episode: int) -> str:
         """Where an episode lives, for error messages."""

@@ -25,10 +25,15 @@ __all__ = ["ArraySource", "EpisodeArrays", "EpisodeRequest", "Source", "open_dat
 
 @dataclass(frozen=True)
 class EpisodeRequest:
-    """Steps of one episode to read: key -> step indices (int64, any order, repeats allowed)."""
+    """Steps of one episode to read: key -> step indices (int64, any order, repeats allowed).
+
+    out: optional key -> preallocated uint8 ``[n, H, W, 3]`` array for a camera's frames, which the source
+        decodes into (and returns) instead of allocating; a source may ignore it.
+    """
 
     episode: int
     steps: Mapping[str, np.ndarray]
+    out: Mapping[str, np.ndarray] | None = None
 
 
 @runtime_checkable

@@ -115,6 +115,7 @@ class WebDatasetSource(EpisodeArrays):
         self._bytes: OrderedDict[tuple[int, str], bytes] = OrderedDict()
         self._videos: VideoReaderCache | None = None
         self._frame_counts: dict[tuple[int, str], int] = {}
+        self._frame_sizes: dict[tuple[int, str], tuple[int, int]] = {}
 
     def episode_id(self, episode: int) -> str:
         return self._ids[episode]
@@ -149,7 +150,8 @@ class WebDatasetSource(EpisodeArrays):
                     data = self._member(e, f"{camera}.mp4")
                     frames = align_to_stream(steps, fps=self._fps[e], stream_fps=self.camera_fps(e, camera),
                                              stream_length=self._camera_frames(e, camera, data))
-                    frame_requests.append(FrameRequest(data, indices=frames))
+                    out_arr = request.out.get(key) if request.out else None
+                    frame_requests.append(FrameRequest(data, indices=frames, out=out_arr))
                     targets.append((r, key, f"{self._where(e)} stream {camera!r}"))
                 else:
                     raise ValueError(f"{self._where(e)}: cannot read key {key!r}; keys are 'proprio', 'action', "
@@ -205,13 +207,22 @@ class WebDatasetSource(EpisodeArrays):
                          expect_dtype=np.float32, expect_shape=(int(self._lengths[episode]), None))
         return array
 
+    def frame_shape(self, episode: int, camera: str) -> tuple[int, int] | None:
+        """``(height, width)`` of a camera's decoded frames (probed once per video, from its bytes)."""
+        if self._videos is None:
+            self._videos = VideoReaderCache(max_open=max(2, self.cache_episodes), backend=self.backend)
+        self._camera_frames(episode, camera, self._member(episode, f"{camera}.mp4"))
+        return self._frame_sizes[(episode, camera)]
+
     def _camera_frames(self, episode: int, camera: str, data: bytes) -> int:
         key = (episode, camera)
         if key not in self._frame_counts:  # probe once per video, not once per sample
             try:
-                have = self._videos.info(data).num_frames
+                info = self._videos.info(data)
             except DecodeError as err:
                 raise SampleError(f"{self._where(episode)} stream {camera!r}: {err}") from err
+            have = info.num_frames
+            self._frame_sizes[key] = (info.height, info.width)
             rate = self.camera_fps(episode, camera)
             # A stream at its own rate covers the episode's span [0, (T - 1) / fps] with frames j / rate.
             want = int(np.floor((self._lengths[episode] - 1) / self._fps[episode] * rate + 1e-6)) + 1
