@@ -41,7 +41,13 @@ def environment() -> dict[str, Any]:
                              capture_output=True, text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         rev = None
-    return {"versions": versions, "cpu_count": os.cpu_count(), "platform": platform.platform(),
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"versions": versions, "cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
             "machine": platform.machine(), "git_revision": rev,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 

@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from mmfeed.bench.common import environment
 from mmfeed.codecs import VideoReaderCache, decode_batch, probe, read_frames
 from mmfeed.codecs._decord import decord_available
 from mmfeed.codecs.video import DecodeOptions, open_reader
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             "samples_per_batch": SAMPLES_PER_BATCH, "clip_len": CLIP_LEN, "sparse_offsets": list(SPARSE_OFFSETS),
             "threads": 1, "quick": args.quick,
         },
-        "environment": _environment(),
+        "environment": environment(),
     }
     if args.json:
         with open(args.json, "w") as f:
@@ -252,18 +252,6 @@ def _format(row: dict) -> str:
         f"(unique {row['fraction_of_sequential']:.0%})  | per CPU s: x{row['cpu_speedup_vs_baseline']:.1f} "
         f"x{row['cpu_speedup_vs_per_sample']:.1f} {row['cpu_fraction_of_sequential']:.0%}"
     )
-
-
-def _environment() -> dict:
-    import av
-
-    env = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-           "numpy": np.__version__, "av": av.__version__}
-    if decord_available():
-        import decord
-
-        env["decord"] = decord.__version__
-    return env
 
 
 if __name__ == "__main__":

@@ -25,14 +25,12 @@ import argparse
 import bisect
 import json
 import logging
-import os
-import platform
-import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from mmfeed.bench.common import environment
 from mmfeed.packing import OnlinePacker, balance, bucket_batches, bucket_boundaries, lower_bound, pack, row_costs
 from mmfeed.packing.balance import step_balance
 
@@ -172,20 +170,6 @@ def _balance_rows(n: int, repeats: int, clock: str) -> list[dict]:
     return out
 
 
-def _environment() -> dict:
-    import numba
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return dict(python=sys.version.split()[0], numpy=np.__version__, numba=numba.__version__,
-                platform=platform.platform(), cpu=cpu, cpu_count=os.cpu_count(),
-                numba_threads=numba.get_num_threads())  # fmt: skip
-
-
 def _table(rows: list[dict]) -> str:
     def fmt(x: float | None) -> str:
         return "" if x is None else f"{x:.4g}"
@@ -233,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"({settings['seconds']} s)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "settings": settings, "environment": _environment()}, f, indent=2)
+            json.dump({"rows": rows, "settings": settings, "environment": environment()}, f, indent=2)
     return 0
 
 
