@@ -84,7 +84,6 @@ class LeRobotSource(EpisodeArrays):
         self._camera_key = dict(zip(self.cameras, self.video_keys))
         self._episodes = _read_episode_table(self.root)
         self._columns: dict[str, np.ndarray] = {}
-        self._tasks = _read_tasks(self.root)
         self._lengths = self._column("length").astype(np.int64)
         self._fps = np.full(len(self._lengths), float(self.info["fps"]), dtype=np.float64)
         self._data_cache: OrderedDict[Path, dict[str, np.ndarray]] = OrderedDict()
@@ -249,14 +248,3 @@ def _read_episode_table(root: Path) -> pa.Table:
     table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
     order = np.argsort(table["episode_index"].to_numpy(), kind="stable")
     return table.take(pa.array(order))
-
-
-def _read_tasks(root: Path) -> dict[int, str]:
-    path = root / "meta" / "tasks.parquet"
-    if not path.is_file():
-        return {}
-    table = pq.read_table(path)
-    names = [c for c in table.column_names if c != "task_index"]
-    if "task_index" not in table.column_names or not names:
-        raise ValueError(f"{path}: expected a 'task_index' column and the task strings")
-    return dict(zip(table["task_index"].to_pylist(), table[names[0]].to_pylist()))

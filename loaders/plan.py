@@ -184,11 +184,11 @@ def plan_epoch(tokens: np.ndarray, config: PlanConfig, *, seed: int, epoch: int,
     else:
         order = rng.permutation(len(tokens)) if config.shuffle else np.arange(len(tokens), dtype=np.int64)
     if config.mode == "pack":
-        return _plan_packed(tokens, order, config, rng, seed=seed, epoch=epoch, world_size=world_size)
-    return _plan_padded(tokens, order, config, rng, seed=seed, epoch=epoch, world_size=world_size)
+        return _plan_packed(tokens, order, config, seed=seed, epoch=epoch, world_size=world_size)
+    return _plan_padded(tokens, order, config, seed=seed, epoch=epoch, world_size=world_size)
 
 
-def _plan_packed(tokens, order, config, rng, *, seed, epoch, world_size) -> Plan:
+def _plan_packed(tokens, order, config, *, seed, epoch, world_size) -> Plan:
     packed = pack(tokens[order], config.capacity, config.algorithm)
     # Rows in CSR form, samples of a row in shuffled order; balance() shuffles rows into steps by (seed, epoch).
     placed = np.flatnonzero(packed.bin_of >= 0)
@@ -247,7 +247,7 @@ def _plan_packed_blocks(tokens, blocks, config, *, seed, epoch, world_size) -> P
                 np.sort(np.concatenate([np.zeros(0, np.int64), *dropped])), np.sort(replicated), config)
 
 
-def _plan_padded(tokens, order, config, rng, *, seed, epoch, world_size) -> Plan:
+def _plan_padded(tokens, order, config, *, seed, epoch, world_size) -> Plan:
     # Batches as one flat array of sample ids and their sizes.
     if config.mode == "fixed":
         n_batches = len(order) // config.batch_size

@@ -127,7 +127,7 @@ class WebDatasetSource(EpisodeArrays):
         try:
             return float(self._camera_fps[episode][self._cameras[episode].index(camera)])
         except ValueError:
-            raise ValueError(f"{self._where(episode)}: no camera {camera!r}; it has {self._cameras[episode]}") from None
+            raise ValueError(f"{self.describe(episode)}: no camera {camera!r}; it has {self._cameras[episode]}") from None
 
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
         if self._videos is None:
@@ -141,7 +141,7 @@ class WebDatasetSource(EpisodeArrays):
             for key, steps in request.steps.items():
                 steps = np.asarray(steps, dtype=np.int64)
                 if steps.size and (steps.min() < 0 or steps.max() >= self._lengths[e]):
-                    raise IndexError(f"{self._where(e)} key {key!r}: steps {steps.min()}..{steps.max()} outside "
+                    raise IndexError(f"{self.describe(e)} key {key!r}: steps {steps.min()}..{steps.max()} outside "
                                      f"its {self._lengths[e]} steps")
                 if key in ("proprio", "action"):
                     out[r][key] = self._array(e, key)[steps]
@@ -152,9 +152,9 @@ class WebDatasetSource(EpisodeArrays):
                                              stream_length=self._camera_frames(e, camera, data))
                     out_arr = request.out.get(key) if request.out else None
                     frame_requests.append(FrameRequest(data, indices=frames, out=out_arr))
-                    targets.append((r, key, f"{self._where(e)} stream {camera!r}"))
+                    targets.append((r, key, f"{self.describe(e)} stream {camera!r}"))
                 else:
-                    raise ValueError(f"{self._where(e)}: cannot read key {key!r}; keys are 'proprio', 'action', "
+                    raise ValueError(f"{self.describe(e)}: cannot read key {key!r}; keys are 'proprio', 'action', "
                                      f"'frames.<camera>'")
         with stage("decode"):
             decoded = decode_with_context(self._videos, frame_requests, [t[2] for t in targets])
@@ -181,7 +181,6 @@ class WebDatasetSource(EpisodeArrays):
         """Where an episode lives, for error messages: its shard and key."""
         return f"{self._shards[episode]} key {self._ids[episode]!r}"
 
-    _where = describe
 
     def _member(self, episode: int, name: str) -> bytes:
         cache_key = (episode, name)
@@ -189,12 +188,12 @@ class WebDatasetSource(EpisodeArrays):
             self._bytes.move_to_end(cache_key)
             return self._bytes[cache_key]
         if name not in self._members[episode]:
-            raise ValueError(f"{self._where(episode)}: no member {name!r} (it has {sorted(self._members[episode])})")
+            raise ValueError(f"{self.describe(episode)}: no member {name!r} (it has {sorted(self._members[episode])})")
         offset, size = self._members[episode][name]
         with stage("read"):
             data = read_member(self._shards[episode], offset, size)
         if len(data) != size:
-            raise ValueError(f"{self._where(episode)} member {name!r}: read {len(data)} of {size} bytes "
+            raise ValueError(f"{self.describe(episode)} member {name!r}: read {len(data)} of {size} bytes "
                              f"(shard truncated?)")
         self._bytes[cache_key] = data
         while len(self._bytes) > 4 * self.cache_episodes:
@@ -203,7 +202,7 @@ class WebDatasetSource(EpisodeArrays):
 
     def _array(self, episode: int, key: str) -> np.ndarray:
         name = f"{key}.npy"
-        array = load_npy(self._member(episode, name), key=f"{self._where(episode)} member {name!r}",
+        array = load_npy(self._member(episode, name), key=f"{self.describe(episode)} member {name!r}",
                          expect_dtype=np.float32, expect_shape=(int(self._lengths[episode]), None))
         return array
 
@@ -220,14 +219,14 @@ class WebDatasetSource(EpisodeArrays):
             try:
                 info = self._videos.info(data)
             except DecodeError as err:
-                raise SampleError(f"{self._where(episode)} stream {camera!r}: {err}") from err
+                raise SampleError(f"{self.describe(episode)} stream {camera!r}: {err}") from err
             have = info.num_frames
             self._frame_sizes[key] = (info.height, info.width)
             rate = self.camera_fps(episode, camera)
             # A stream at its own rate covers the episode's span [0, (T - 1) / fps] with frames j / rate.
             want = int(np.floor((self._lengths[episode] - 1) / self._fps[episode] * rate + 1e-6)) + 1
             if have < want:
-                raise SampleError(f"{self._where(episode)} stream {camera!r}: the video has {have} frames but "
+                raise SampleError(f"{self.describe(episode)} stream {camera!r}: the video has {have} frames but "
                                   f"meta.json promises {self._lengths[episode]} steps at {self._fps[episode]:g} fps, "
                                   f"which need {want} frames at {rate:g} fps")
             self._frame_counts[key] = have
