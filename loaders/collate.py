@@ -24,6 +24,7 @@ from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy, SampleError
 from mmfeed.loaders.layout import FRAMES_PREFIX
 from mmfeed.loaders.samples import SampleTable
 from mmfeed.loaders.sources import Source
+from mmfeed.loaders.shm import pooled_buffer
 from mmfeed.loaders.timing import stage
 from mmfeed.packing import PackedBatch
 
@@ -146,7 +147,7 @@ def _decode_in_place(source: Source, requests: list, sample_plans: list) -> tupl
         if len(shapes) != 1 or None in shapes:
             continue
         counts = [len(r.steps[key]) for r in requests]
-        buffer = _alloc((sum(counts), *next(iter(shapes)), 3))
+        buffer = _alloc(key, (sum(counts), *next(iter(shapes)), 3))
         view = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
         start = 0
         for out, n in zip(outs, counts):
@@ -158,11 +159,13 @@ def _decode_in_place(source: Source, requests: list, sample_plans: list) -> tupl
     return [replace(r, out=o) for r, o in zip(requests, outs)], buffers
 
 
-def _alloc(shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
-    """A uint8 buffer; in a DataLoader worker a shared-memory tensor, which the training process maps as is."""
+def _alloc(key: str, shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
+    """A uint8 buffer for payload ``key``; in a DataLoader worker a shared-memory tensor, which the training
+    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.shm`)."""
     if torch.utils.data.get_worker_info() is None:
         return np.empty(shape, dtype=np.uint8)
-    return _shared(shape, torch.uint8)
+    pooled = pooled_buffer(key, shape)
+    return pooled if pooled is not None else _shared(shape, torch.uint8)
 
 
 def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """``mmfeed.DataLoader``: torch's DataLoader, wrapped, plus device prefetch, step timing and exact resume.
 
 Given only torch's arguments it yields exactly the batches ``torch.utils.data.DataLoader`` yields (it holds a torch
-loader and lets it do all the loading). Three additions, keyword-only, after torch's:
+loader and lets it do all the loading). These additions, keyword-only, after torch's:
 
 * ``device="cuda", prefetch=2``: batches arrive on the device, copied on a side stream ``prefetch`` batches ahead
   (:class:`~mmfeed.loaders.prefetch.DevicePrefetcher`). ``device="cpu"`` moves nothing but still receives the
@@ -10,6 +10,10 @@ loader and lets it do all the loading). Three additions, keyword-only, after tor
 * ``timer=True`` (or a :class:`~mmfeed.loaders.timing.StepTimer`): per-step wait / copy / compute and worker
   stage times in ``loader.timer``. The collate function is then wrapped in
   :class:`~mmfeed.loaders.timing.TimedCollate`; the loop still receives the collated batch itself, same type.
+* ``recycle_buffers=True`` (default; planned datasets with workers, without ``pin_memory``): workers write the
+  decoded frames of later batches into the shared memory of earlier ones once the loop holds no tensor of them
+  any more (:mod:`mmfeed.loaders.shm`), which spares the page faults of fresh shared memory in both processes.
+  Set it False if batch tensors are handed on to other processes that may still read them.
 * ``state_dict()`` / ``load_state_dict(sd)``: exact mid-epoch resume. For map-style datasets the state is
   self-contained: epoch, batches handed out, and what fixed the epoch's order (the shuffle seed drawn from torch's
   default RNG, or the state of ``generator`` at the moment the sampler drew from it, exactly as torch's
@@ -57,12 +61,25 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.loaders.dataset import PlanSampler
 from mmfeed.loaders.prefetch import DevicePrefetcher, _resolve_device
+from mmfeed.loaders.shm import ReleaseTracker, enable_pool
 from mmfeed.loaders.timing import StepTimer, TimedCollate
 
 __all__ = ["DataLoader"]
 
 _STATE_VERSION = 1
 _TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
+
+
+class _RecyclingInit:
+    """worker_init_fn of a loader that recycles payload buffers: turn the worker's pool on, then the user's."""
+
+    def __init__(self, per_key: int, inner: Any) -> None:
+        self.per_key, self.inner = per_key, inner
+
+    def __call__(self, worker_id: int) -> None:
+        enable_pool(self.per_key)
+        if self.inner is not None:
+            self.inner(worker_id)
 
 
 class _ShuffleSampler(RandomSampler):
@@ -222,6 +239,8 @@ class _LoaderIter:
     def __init__(self, loader: DataLoader, source: Iterator[Any]) -> None:
         self._loader = loader
         self._states: collections.deque[Any] | None = None
+        if loader._recycler is not None:
+            source = self._recycle(source, loader._recycler)
         if loader._tap_dataset_state:
             self._states = collections.deque()
             source = self._tap(source)
@@ -231,6 +250,12 @@ class _LoaderIter:
         elif loader.timer is not None:  # synchronous pass-through: timing and TimedBatch unwrapping only
             self._prefetcher = DevicePrefetcher(source, "cpu", depth=0, timer=loader.timer)
         self._source = self._prefetcher if self._prefetcher is not None else source
+
+    @staticmethod
+    def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
+        for item in source:
+            tracker.watch(item)
+            yield item
 
     def _tap(self, source: Iterator[Any]) -> Iterator[Any]:
         dataset = self._loader.dataset
@@ -320,7 +345,7 @@ class DataLoader:
                  multiprocessing_context: Any = None, generator: torch.Generator | None = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, device: Any = None, prefetch: int = 2,
-                 timer: StepTimer | bool | None = None, packing: Any = None) -> None:
+                 timer: StepTimer | bool | None = None, packing: Any = None, recycle_buffers: bool = True) -> None:
         if packing is not None:
             dataset = _packed_dataset(dataset, packing)
         if _is_planned(dataset):
@@ -364,6 +389,12 @@ class DataLoader:
         torch_args = {**args, **self._make_order(spec, args)}
         if timer is not None:
             torch_args["collate_fn"] = TimedCollate(spec.collate_fn)
+        self._recycler: ReleaseTracker | None = None
+        if recycle_buffers and _is_planned(dataset) and num_workers > 0 and not pin_memory:
+            per_key = (spec.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
+            torch_args["worker_init_fn"] = _RecyclingInit(per_key, worker_init_fn)
+            self._recycler = ReleaseTracker(stale_after=8 * num_workers * per_key)
+        self._persistent = bool(persistent_workers)
         self._loader = TorchDataLoader(**torch_args)
         self._tap_dataset_state = (self._iterable and num_workers == 0
                                    and callable(getattr(dataset, "state_dict", None)))
@@ -419,6 +450,8 @@ class DataLoader:
             if self._index is not None:
                 self._index.begin_epoch()
         self._done = False
+        if self._recycler is not None and not self._persistent:
+            self._recycler.clear()  # new workers, new pools
         it = _LoaderIter(self, iter(self._loader))
         self._active = weakref.ref(it)
         return it

@@ -1,0 +1,105 @@
+"""Recycled shared-memory payload buffers: the pool and tracker alone, then through real worker processes."""
+
+import numpy as np
+import pytest
+import torch
+
+from mmfeed import DataLoader
+from mmfeed.loaders import Packing, PackedEpisodeDataset, PlanConfig, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders.shm import FREE, IN_MAIN, IN_WORKER, BufferPool, ReleaseTracker, _is_pooled, _state
+from mmfeed.testing import make_episodes, write_webdataset
+
+SPEC = WindowSpec(offsets={"frames.cam_high": (-2, 0), "proprio": (0,), "action": tuple(range(5))})
+PACKING = Packing(layout=TokenLayout(tokens_per_frame={"cam_high": 16}), window=SPEC,
+                  plan=PlanConfig(capacity=160, rows_per_batch=2), seed=1)
+KEY = "frames.cam_high"
+
+
+def test_a_buffer_is_taken_again_only_after_the_tracker_saw_it_unreferenced():
+    pool, tracker = BufferPool(per_key=4), ReleaseTracker()
+    a = pool.take(KEY, (3, 8, 8, 3))
+    storage = a.untyped_storage()
+    assert _is_pooled(storage) and _state(storage).value == IN_WORKER
+    a.fill_(7)
+    tracker.watch({KEY: a})
+    assert _state(storage).value == IN_MAIN
+    view = a[1:]  # a view keeps the buffer in use
+    del a
+    tracker.sweep()
+    assert _state(storage).value == IN_MAIN
+    b = pool.take(KEY, (3, 8, 8, 3))
+    assert b.data_ptr() != view.data_ptr() - view.storage_offset() and pool.allocated == 2
+    assert torch.all(view == 7)
+    del view
+    tracker.sweep()
+    assert _state(storage).value == FREE and tracker.released == 1
+    c = pool.take(KEY, (2, 8, 8, 3))  # smaller fits: the freed buffer again, nothing new allocated
+    assert c.untyped_storage().data_ptr() == storage.data_ptr() and pool.reused == 1 and pool.allocated == 2
+    assert _state(storage).value == IN_WORKER
+
+
+def test_a_buffer_that_never_arrived_is_not_freed():
+    pool, tracker = BufferPool(per_key=2), ReleaseTracker()
+    a = pool.take(KEY, (1, 4, 4, 3))
+    tracker.watch({KEY: a})
+    del a
+    tracker.sweep()
+    b = pool.take(KEY, (1, 4, 4, 3))  # taken again: in the worker, on its way to the training process
+    assert pool.reused == 1
+    tracker.sweep()  # unreferenced in this process but not yet arrived: must stay the worker's
+    assert _state(b.untyped_storage()).value == IN_WORKER
+
+
+def test_the_pool_holds_at_most_per_key_buffers_and_the_tracker_lets_stale_ones_go():
+    pool, tracker = BufferPool(per_key=3), ReleaseTracker(stale_after=2)
+    held = [pool.take(KEY, (1, 4, 4, 3)) for _ in range(5)]  # never freed: a plain torch loader
+    assert pool.allocated == 5 and len(pool._buffers[KEY]) == 3
+    tracker.watch(held[:1])
+    del held
+    for _ in range(4):
+        tracker.watch([])
+    assert len(tracker) == 0
+
+
+def test_ordinary_tensors_are_not_taken_for_pooled_ones():
+    tracker = ReleaseTracker()
+    plain = torch.zeros(64, dtype=torch.uint8).share_memory_()
+    tracker.watch({"x": plain, "y": torch.zeros(3)})
+    assert len(tracker) == 0 and not _is_pooled(plain.untyped_storage())
+    with pytest.raises(ValueError, match="at least 1"):
+        BufferPool(per_key=0)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shm")
+    write_webdataset(out, make_episodes(6, seed=5, min_length=10, max_length=18, cameras=("cam_high",)),
+                     episodes_per_shard=3)
+    return out
+
+
+def _reference(shards, epochs):
+    ds = PackedEpisodeDataset(open_dataset(shards), layout=PACKING.layout, window=SPEC, plan=PACKING.plan, seed=1)
+    return [[ds[e, s].data[KEY].clone() for s in range(ds.num_steps(e))] for e in range(epochs)]
+
+
+def test_held_batches_are_never_overwritten_and_dropped_ones_are_reused(shards):
+    want = _reference(shards, 2)
+    loader = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, persistent_workers=True)
+    kept = [b.data[KEY] for b in loader]  # every batch of epoch 0 held to the end
+    assert len(kept) == len(want[0]) and all(torch.equal(k, w) for k, w in zip(kept, want[0]))
+    assert loader._recycler.released == 0
+    del kept
+    got = [b.data[KEY].clone() for b in loader]  # epoch 1: batches dropped as the loop goes on
+    assert len(got) == len(want[1]) and all(torch.equal(g, w) for g, w in zip(got, want[1]))
+    assert loader._recycler.released > 0
+
+
+def test_recycling_off_and_on_yield_the_same_batches(shards):
+    on = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2)
+    off = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, recycle_buffers=False)
+    assert on._recycler is not None and off._recycler is None
+    a, b = [x.data[KEY].clone() for x in on], [x.data[KEY].clone() for x in off]
+    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, pin_memory=True)._recycler is None
+    assert DataLoader(np.arange(4), num_workers=2)._recycler is None  # torch's arguments only: torch's behaviour
