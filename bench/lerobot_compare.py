@@ -53,7 +53,7 @@ import numpy as np
 from mmfeed.testing.video import read_index
 
 __all__ = ["CHILD_SCRIPT", "check_small", "compare_samples", "delta_timestamps_for", "edge_indices", "ground_truth",
-           "lerobot_child", "main", "mmfeed_samples", "run"]
+           "lerobot_child", "main", "mmfeed_samples", "run", "run_child"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,23 @@ def _lib_dirs(python: str | os.PathLike, extra: Sequence[str] = ()) -> list[str]
     return dirs
 
 
+def run_child(python: str, script: str, args: Mapping[str, Any], tmp: str | os.PathLike, *,
+              lib_dirs: Sequence[str] = (), timeout_s: float = 1800.0) -> None:
+    """Run ``python -c script ARGS_JSON`` in ``tmp``, offline (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``,
+    a private ``HF_HOME`` under ``tmp``), without mmfeed or the system site-packages on its path and with the venv's
+    FFmpeg folders on ``LD_LIBRARY_PATH``. Raises RuntimeError with the child's stderr when it fails."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(Path(tmp) / "hf"),
+           "PYTHONNOUSERSITE": "1"}
+    env.pop("PYTHONPATH", None)
+    dirs = _lib_dirs(python, lib_dirs)
+    if dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    proc = subprocess.run([python, "-c", script, json.dumps(args)], env=env, capture_output=True, text=True,
+                          timeout=timeout_s, cwd=tmp)
+    if proc.returncode != 0:
+        raise RuntimeError(f"LeRobot child under {python} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
 def lerobot_child(
     python: str | os.PathLike,
     root: str | os.PathLike,
@@ -162,8 +179,8 @@ def lerobot_child(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Run :data:`CHILD_SCRIPT` under ``python``; return its result record and the dumped arrays by key.
 
-    Offline (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``) with a private ``HF_HOME``, so nothing outside a
-    temporary folder is written. Raises RuntimeError with the child's stderr when it fails.
+    Run by :func:`run_child`, so nothing outside a temporary folder is written. Raises RuntimeError with the
+    child's stderr when it fails.
     """
     python = str(python)
     if not Path(python).exists():
@@ -176,16 +193,7 @@ def lerobot_child(
                 "indices": [int(i) for i in indices], "steps": int(steps), "warmup": int(warmup), "repeats": int(repeats),
                 "batch_size": int(batch_size), "num_workers": int(num_workers), "seed": int(seed),
                 "video_backend": video_backend}
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(Path(tmp) / "hf"),
-               "PYTHONNOUSERSITE": "1"}
-        env.pop("PYTHONPATH", None)  # the child must not see mmfeed or the system site-packages
-        dirs = _lib_dirs(python, lib_dirs)
-        if dirs:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join([*dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
-        proc = subprocess.run([python, "-c", CHILD_SCRIPT, json.dumps(args)], env=env, capture_output=True,
-                              text=True, timeout=timeout_s, cwd=tmp)
-        if proc.returncode != 0:
-            raise RuntimeError(f"LeRobot child under {python} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        run_child(python, CHILD_SCRIPT, args, tmp, lib_dirs=lib_dirs, timeout_s=timeout_s)
         result = json.loads((out / "result.json").read_text())
         arrays = {key: np.load(out / f"{key}.npy") for key in result.get("dumped", [])}
     return result, arrays

@@ -8,7 +8,6 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings

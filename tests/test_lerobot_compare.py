@@ -7,12 +7,11 @@ comparison; otherwise that test skips and says why.
 from __future__ import annotations
 
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
-from mmfeed.bench.lerobot_compare import (_lib_dirs, check_small, compare_samples, delta_timestamps_for,
+from mmfeed.bench.lerobot_compare import (check_small, compare_samples, delta_timestamps_for,
                                           edge_indices, ground_truth, mmfeed_samples)
 from mmfeed.loaders import WindowSpec
 from mmfeed.testing import make_episodes, write_lerobot
@@ -88,27 +87,10 @@ def test_comparison_reports_a_missing_key_and_a_shape_change(small):
     assert any(p.startswith("observation.state_is_pad: missing") for p in problems)
 
 
-def _lerobot_python() -> tuple[str | None, str]:
-    python = os.environ.get("MMFEED_LEROBOT_PYTHON")
-    if not python:
-        return None, "set MMFEED_LEROBOT_PYTHON to a venv python with lerobot installed to compare with real LeRobot"
-    if not os.path.exists(python):
-        return None, f"MMFEED_LEROBOT_PYTHON={python} does not exist"
-    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(_lib_dirs(python))}
-    probe = subprocess.run([python, "-c", "import lerobot.datasets.lerobot_dataset"], env=env, capture_output=True,
-                           text=True, timeout=120)
-    if probe.returncode != 0:
-        return None, f"lerobot does not import under {python}: {probe.stderr.strip().splitlines()[-1:]}"
-    return python, ""
-
-
-def test_real_lerobot_returns_what_mmfeed_returns():
+def test_real_lerobot_returns_what_mmfeed_returns(lerobot_python):
     """Real LeRobotDataset (torchcodec) and mmfeed agree on every sample of a two-camera directory: frames
     (same pattern index, pixels), state, action, every *_is_pad flag, episode and frame index, and task text."""
-    python, reason = _lerobot_python()
-    if python is None:
-        pytest.skip(reason)
-    result = check_small(python, video_backend=os.environ.get("MMFEED_LEROBOT_BACKEND", "torchcodec"), lib_dirs=[])
+    result = check_small(lerobot_python, video_backend=os.environ.get("MMFEED_LEROBOT_BACKEND", "torchcodec"), lib_dirs=[])
     assert result["lerobot_vs_mmfeed"]["ok"], result["lerobot_vs_mmfeed"]["problems"]
     assert result["truth_vs_lerobot"]["ok"], result["truth_vs_lerobot"]["problems"]
     assert result["tasks_equal"]

@@ -1,6 +1,5 @@
 """mmfeed.DataLoader over a planned, packed episode source: real shards, real worker processes, exact resume."""
 
-import numpy as np
 import pytest
 import torch
 
