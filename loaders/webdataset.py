@@ -67,7 +67,7 @@ class WebDatasetSource(EpisodeArrays):
     """Episodes in webdataset shards (DESIGN.md shard format).
 
     path: a directory of shards, a brace pattern, a glob, a URL pattern, a list of them, or an index file.
-    backend: video backend for ``mmfeed.codecs`` ("auto": decord for H.264/HEVC, PyAV otherwise).
+    backend: video backend for ``mmfeed.codecs`` ("auto" is PyAV; "decord" by name).
     cache_episodes: how many episodes' member bytes a worker keeps (consecutive samples of one episode reuse them).
     check_index: refuse an index whose shards changed size or mtime since indexing.
     """

@@ -79,9 +79,10 @@ def test_probe_counts_frames_from_packets_and_flags_keyframes(videos):
     assert probe(videos["av1_gop2"]).codec == "av1"
 
 
-def test_auto_picks_decord_for_h264_and_pyav_for_av1(videos):
+def test_auto_picks_pyav_and_decord_only_by_name(videos):
     assert choose_backend(probe(videos["av1_gop2"])) == "pyav"
-    assert choose_backend(probe(videos["h264_gop30"])) == ("decord" if decord_available() else "pyav")
+    assert choose_backend(probe(videos["h264_gop30"])) == "pyav"
+    assert choose_backend(probe(videos["h264_gop30"]), "decord") == "decord"
     with pytest.raises(ValueError, match="unknown video backend 'opencv'"):
         read_frames(videos["h264_gop30"], [0], backend="opencv")
 
