@@ -124,6 +124,31 @@ def test_pickle_round_trip_keeps_everything():
     assert torch.equal(c.block_mask(2).to_dense(), b.block_mask(2).to_dense())
     assert c.to("meta").block_mask(2).full_kv_num_blocks.device.type == "meta"
 
+def test_between_processes_small_tensors_go_in_the_pickle_and_shared_ones_by_handle():
+    """What a worker sends: ids, masks and metadata inside the pickle (no shared-memory file each), payloads
+    already in shared memory by handle (their memory is not copied), dtypes numpy lacks through torch."""
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions, as a worker has them)
+
+    frames = torch.arange(2 << 20, dtype=torch.uint8).share_memory_()
+    b = PackedBatch.from_segments([[3, 2], [4]], 5, data={"text": torch.arange(9), "frames": frames,
+                                                          "half": torch.ones(4, dtype=torch.bfloat16)},
+                                  metadata={"sample": torch.tensor([7, 8, 9]), "keys": ["a", "b", "c"]})
+    buf = io.BytesIO()
+    ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(b)
+    payload = buf.getvalue()
+    assert b.position_ids.numpy().tobytes() in payload  # by value
+    assert len(payload) < 64 << 10  # and not the 2 MiB of frames
+    c = pickle.loads(payload)
+    assert torch.equal(c.position_ids, b.position_ids) and c.position_ids.dtype == torch.int64
+    assert torch.equal(c.metadata["sample"], b.metadata["sample"]) and c.metadata["keys"] == ["a", "b", "c"]
+    assert c.data["frames"].data_ptr() == frames.data_ptr()  # the same memory, mapped once
+    assert c.data["half"].dtype == torch.bfloat16 and torch.equal(c.data["half"], b.data["half"])
+    assert torch.equal(c.data["text"], b.data["text"]) and not c.data["text"].is_shared()
+
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_pin_memory_then_cuda():
