@@ -4,7 +4,7 @@ Two backends sit behind one small protocol (:class:`VideoReader`) in the :data:`
 (H.264/HEVC, fast single-frame seeks) and ``"pyav"`` (everything FFmpeg decodes, AV1 through libdav1d).
 ``"auto"`` is PyAV for every codec: decord 0.6 cannot open AV1 and seeks open-GOP HEVC wrongly, and where it
 works mmfeed's GOP-coalesced PyAV reader is the faster of the two (``python -m mmfeed.bench.decode``, 640x480
-H.264: 1.2x decord on clips, 1.45x on sparse frames, 1.4x sequentially; 1.45x through the loader). decord stays
+H.264: 1.26x decord on clips, 1.15x on sparse frames, 1.2x sequentially; 1.45x through the loader). decord stays
 available by name.
 
 >>> import tempfile, os
