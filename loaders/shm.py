@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmfeed.loaders.timing import TimedBatch
+
 __all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "pooled_buffer"]
 
 _MAGIC = b"mmfeed/shm/pool\x00"  # 16 bytes
@@ -159,7 +161,10 @@ class ReleaseTracker:
 
 
 def _tensors(batch: Any):
-    """The CPU tensors of a batch: a PackedBatch's payloads, or the values of a dict, list or tuple."""
+    """The CPU tensors of a batch: a PackedBatch's payloads, or the values of a dict, list or tuple (inside a
+    TimedBatch when the loader times its workers)."""
+    if isinstance(batch, TimedBatch):
+        batch = batch.batch
     data = getattr(batch, "data", None)
     items = data.values() if isinstance(data, dict) else \
         batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()

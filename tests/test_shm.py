@@ -95,6 +95,11 @@ def test_held_batches_are_never_overwritten_and_dropped_ones_are_reused(shards):
     assert loader._recycler.released > 0
 
 
+def test_recycling_works_under_the_step_timer(shards):
+    loader = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, timer=True)
+    assert sum(1 for _ in loader) > 3 and loader._recycler.released > 0
+
+
 def test_recycling_off_and_on_yield_the_same_batches(shards):
     on = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2)
     off = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, recycle_buffers=False)
