@@ -64,6 +64,19 @@ def test_batch_equals_one_by_one_decode(videos, backend, data):
         assert indices_of(got) == list(idx)
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(0, N - 1), min_size=1, max_size=8), min_size=1, max_size=16))
+def test_a_batch_decodes_the_least_any_decoder_must(videos, requests):
+    """With one reference chain per GOP (no B-frames), frame k of a GOP needs every frame from the GOP's keyframe
+    to k: a fresh batch decodes exactly, summed over the GOPs it touches, keyframe through last wanted frame."""
+    wanted = np.unique(np.concatenate(requests))
+    minimal = sum(int(wanted[wanted // 30 == g].max()) - 30 * int(g) + 1 for g in np.unique(wanted // 30))
+    with VideoReaderCache(backend="pyav") as cache:
+        out = decode_batch([(videos["h264"], r) for r in requests], cache=cache)
+        assert [indices_of(o) for o in out] == requests
+        assert cache.reader(videos["h264"]).frames_decoded == minimal
+
+
 def test_each_gop_is_decoded_once_for_all_its_wanted_frames(videos):
     """Frames 3 and 10 (GOP 0) and 40, 41 (GOP 1) cost one pass through frames 0..10 and one seek to 30."""
     with VideoReaderCache(backend="pyav") as cache:
