@@ -38,6 +38,20 @@ def test_a_buffer_is_taken_again_only_after_the_tracker_saw_it_unreferenced():
     assert _state(storage).value == IN_WORKER
 
 
+def test_a_numpy_array_of_a_buffer_keeps_it_in_use():
+    pool, tracker = BufferPool(per_key=2), ReleaseTracker()
+    t = pool.take(KEY, (4, 4))
+    storage = t.untyped_storage()
+    tracker.watch({KEY: t})
+    array = t.numpy()[1:]
+    del t
+    tracker.sweep()
+    assert _state(storage).value == IN_MAIN
+    del array
+    tracker.sweep()
+    assert _state(storage).value == FREE
+
+
 def test_a_buffer_that_never_arrived_is_not_freed():
     pool, tracker = BufferPool(per_key=2), ReleaseTracker()
     a = pool.take(KEY, (1, 4, 4, 3))
