@@ -169,12 +169,24 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         self.tokenizer = tokenizer or ByteTokenizer()
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.backend = backend
-        self.epoch = 0
+        # The epoch lives in shared memory, so that set_epoch in the training process reaches persistent
+        # DataLoader workers, which hold copies of this dataset made when they started.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._stream: _Stream | None = None
         self._resume: dict | None = None
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose shard order the next ``iter`` reads (see :meth:`set_epoch`)."""
+        return int(self._epoch[0])
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch[0] = int(epoch)
+
     def set_epoch(self, epoch: int) -> None:
-        """Read the shards in epoch ``epoch``'s order from the next ``iter`` on."""
+        """Read the shards in epoch ``epoch``'s order from the next ``iter`` on, in this process and in the
+        DataLoader's workers, persistent ones included."""
         self.epoch = int(epoch)
 
     @property

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmfeed import DataLoader
 from mmfeed.loaders import TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.dataset import PackedEpisodeDataset
 from mmfeed.loaders.index import INDEX_FILENAME
@@ -206,6 +207,25 @@ def test_shuffled_shard_order_follows_seed_and_epoch_and_covers_every_sample(sha
         orders.append(list(dict.fromkeys(e // EPISODE_STRIDE for e, _ in pairs(batches))))
         assert orders[-1] == shard_order(3, seed=3, epoch=epoch, shuffle=True).tolist()
     assert orders[0] != orders[1]
+
+
+def test_set_epoch_reaches_persistent_workers(shards):
+    """Persistent workers keep the copies of the dataset they started with; set_epoch must still reach them:
+    each epoch's batches, in order, equal those of workers started afresh for that epoch."""
+    config = StreamConfig(capacity=128, window_items=1, shuffle_shards=True)
+
+    def epochs(persistent):
+        ds = stream(shards, window=SPEC, config=config, seed=3)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+        out = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            out.append(pairs(loader))
+        return out
+
+    fresh, persistent = epochs(False), epochs(True)
+    assert len({tuple(order) for order in fresh}) > 1  # the shard order does change with the epoch
+    assert persistent == fresh
 
 
 @pytest.mark.parametrize("cut", [1, 4, 9])
