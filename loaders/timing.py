@@ -188,7 +188,8 @@ class StepTimer:
     """Per-step wait / copy / compute / worker-stage times and their report.
 
     The loader (or prefetcher) calls :meth:`request` when the loop asks for a batch and :meth:`deliver` when it
-    hands one over; :meth:`record` adds a finished step directly. ``log_every=N`` logs one line every N steps
+    hands one over; :meth:`record` adds a finished step directly. A report counts the step in hand (a batch
+    delivered and not yet followed by a request, as after a ``break``) with its compute up to the report. ``log_every=N`` logs one line every N steps
     (logger ``mmfeed.loaders.timing``). ``warmup=N`` leaves the first N steps (worker start-up, the first
     fill of the prefetch queue) out of the report. ``num_workers`` (set by mmfeed's DataLoader) turns worker
     seconds into the pipeline's per-batch load time for the diagnosis.
@@ -294,7 +295,12 @@ class StepTimer:
         """This process's report (no collective)."""
         self._resolve(block=True)
         w = self.warmup
-        waits, computes, stages = self.wait_s[w:], self.compute_s[w:], self.stages[w:]
+        waits, computes, stages = list(self.wait_s), list(self.compute_s), list(self.stages)
+        if self._pending is not None:  # the step in hand (the loop broke out, or reports mid-step) counts up to now
+            waits.append(self._pending["wait"])
+            computes.append(time.perf_counter() - self._pending["delivered_at"])
+            stages.append(dict(self._pending["stages"]))
+        waits, computes, stages = waits[w:], computes[w:], stages[w:]
         total_wait, total_compute = float(sum(waits)), float(sum(computes))
         total = total_wait + total_compute
         stall = total_wait / total if total > 0 else 0.0
@@ -307,7 +313,7 @@ class StepTimer:
         mean_compute = total_compute / len(computes) if computes else 0.0
         report = {
             "steps": len(waits),
-            "warmup_steps": min(w, len(self.wait_s)),
+            "warmup_steps": min(w, len(self.wait_s) + (self._pending is not None)),
             "wait_s": _stats(waits),
             "compute_s": _stats(computes),
             "step_s": _stats(step),

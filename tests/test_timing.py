@@ -79,6 +79,20 @@ def test_delay_injected_into_one_stage_is_attributed_to_it():
     assert rep["stages"]["read"]["share"] > 0.8
 
 
+def test_a_loop_that_breaks_out_still_reports_its_last_step():
+    timer = StepTimer()
+    loader = DataLoader(torch.arange(10), batch_size=1, timer=timer)
+    for i, _ in enumerate(loader):
+        time.sleep(0.02)
+        if i == 2:
+            break
+    rep = timer.report()
+    assert rep["steps"] == 3 and rep["compute_s"]["total"] >= 0.06
+    assert timer.report()["steps"] == 3  # reporting does not end the step: it counts once, however often asked
+    next(iter(loader))
+    assert len(timer.wait_s) == 3
+
+
 def test_record_and_report_statistics():
     """Known steps in, known figures out: means, medians, totals, stall = total wait / total step."""
     t = StepTimer()
