@@ -1,0 +1,170 @@
+"""What makes an mmfeed DataLoader's epoch order resumable: torch's shuffle, remembered, and the index sampler
+torch iterates, restartable from a saved order state with the first items left out.
+
+:class:`ShuffleSampler` draws from the same RNG in the same order as torch's RandomSampler, so a loader given only
+torch's arguments yields torch's batches; :class:`ResumableIndex` wraps whichever sampler or batch sampler the
+loader has and knows how that kind of order source resumes (see :func:`order_kind`).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+
+__all__ = ["ResumableIndex", "ShuffleSampler", "order_kind", "order_target"]
+
+
+class ShuffleSampler(RandomSampler):
+    """torch's RandomSampler (no replacement, one pass), drawing from the same RNG in the same order, but
+    remembering what fixed the order (``epoch_seed``: an int, or the generator's state) and able to restart an
+    epoch from it with the first ``skip`` indices left out."""
+
+    def __init__(self, data_source: Any, generator: torch.Generator | None) -> None:
+        super().__init__(data_source, generator=generator)
+        self.epoch_seed: int | torch.Tensor | None = None
+        self._resume: tuple[int | torch.Tensor, int] | None = None
+
+    def resume(self, seed: int | torch.Tensor, skip: int) -> None:
+        self._resume = (seed, skip)
+
+    def draw_early(self) -> int | torch.Tensor:
+        """The seed this epoch will use, asked for before the sampler started: a generator's state now is the
+        state the sampler will read (torch draws nothing from it in between); without a generator the seed is
+        drawn now from torch's RNG, one draw as usual, and kept for the sampler."""
+        if self._resume is not None:
+            return self._resume[0]
+        if self.generator is not None:
+            return self.generator.get_state()
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        self._resume = (seed, 0)
+        return seed
+
+    def _generator_for(self, seed: int | torch.Tensor) -> torch.Generator:
+        if isinstance(seed, int):
+            g = torch.Generator()
+            g.manual_seed(seed)
+            return g
+        if self.generator is None:  # resumed without the original generator: carry on with our own
+            self.generator = torch.Generator()
+        self.generator.set_state(seed)
+        return self.generator
+
+    def fast_forward(self, seed: int | torch.Tensor) -> None:
+        """Leave the generator as a finished epoch started from ``seed`` leaves it."""
+        g = self._generator_for(seed)
+        n = len(self.data_source)
+        torch.randperm(n, generator=g)
+        torch.randperm(n, generator=g)
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.data_source)
+        resume, self._resume = self._resume, None
+        skip = 0
+        if resume is not None:
+            seed, skip = resume
+        elif self.generator is None:  # the draw torch's RandomSampler makes
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        else:
+            seed = self.generator.get_state()
+        self.epoch_seed = seed
+        g = self._generator_for(seed)
+        yield from torch.randperm(n, generator=g)[skip:].tolist()
+        # torch's RandomSampler draws a second, empty-sliced permutation after a full pass; so do we, so that the
+        # generator's state matches torch's afterwards
+        torch.randperm(n, generator=g)
+
+
+def order_kind(source: Any) -> str:
+    """How an order source resumes: 'shuffle' (ours), 'stateful', 'epoch' (DistributedSampler), 'fixed', or
+    'none' (cannot)."""
+    if isinstance(source, ShuffleSampler):
+        return "shuffle"
+    if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
+        return "stateful"
+    if isinstance(source, DistributedSampler):
+        return "epoch"
+    if type(source) is SequentialSampler or isinstance(source, (range, list, tuple)):
+        return "fixed"
+    if type(source) is BatchSampler:
+        return order_kind(source.sampler)
+    return "none"
+
+
+def order_target(source: Any) -> Any:
+    """The object that holds the order's state (a torch BatchSampler's sampler)."""
+    return order_target(source.sampler) if type(source) is BatchSampler else source
+
+
+class ResumableIndex:
+    """The index sampler torch iterates: ``inner`` (a batch sampler or sampler), restartable from a saved order
+    state with the first items left out. ``samples_per_item`` lets a skip go straight to our shuffle sampler
+    (each item is a batch of that many indices) instead of iterating the skipped items."""
+
+    def __init__(self, inner: Any, samples_per_item: int | None) -> None:
+        self.inner = inner
+        self.kind = order_kind(inner)
+        self.target = order_target(inner)
+        self.samples_per_item = samples_per_item if self.kind == "shuffle" else None
+        self.epoch_state: Any = None
+        self._skip = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def begin_epoch(self, order: dict[str, Any] | None = None, skip: int = 0) -> None:
+        """Called by the loader at ``iter()``: restore ``order`` (if given), note what fixes this epoch's order,
+        and arrange for the first ``skip`` items to be left out."""
+        state = None if order is None else order.get("state")
+        if self.kind == "shuffle":
+            self.target.epoch_seed = None  # drawn lazily, at the first index, exactly when torch draws it
+            if state is not None:
+                per = self.samples_per_item
+                self.target.resume(state, skip * per if per else 0)
+                skip = 0 if per else skip
+        elif self.kind == "stateful":
+            if state is not None:
+                self.target.load_state_dict(copy.deepcopy(state))
+            self.epoch_state = copy.deepcopy(self.target.state_dict())
+        elif self.kind == "epoch":
+            if state is not None:
+                self.target.set_epoch(state)
+            self.epoch_state = self.target.epoch
+        self._skip = skip
+
+    def snapshot(self, in_progress: bool) -> dict[str, Any]:
+        """What fixes the current epoch's order (``in_progress``: an epoch has started and not run out)."""
+        if self.kind == "shuffle":
+            seed = self.target.epoch_seed
+            if seed is None and in_progress:
+                seed = self.target.draw_early()
+            return {"kind": "shuffle", "state": seed.clone() if isinstance(seed, torch.Tensor) else seed}
+        return {"kind": self.kind, "state": copy.deepcopy(self.epoch_state)}
+
+    def end_epoch(self) -> None:
+        """The epoch ran out: a stateful source's state now is where the next epoch starts."""
+        if self.kind == "stateful":
+            self.epoch_state = copy.deepcopy(self.target.state_dict())
+
+    def load_finished(self, order: dict[str, Any]) -> None:
+        """A loaded state whose epoch ran out: leave the order source as that finished epoch left it."""
+        state = order.get("state")
+        if self.kind == "shuffle" and state is not None:
+            self.target.epoch_seed = state
+            if isinstance(state, torch.Tensor):
+                self.target.fast_forward(state)
+        elif self.kind == "stateful" and state is not None:
+            self.target.load_state_dict(copy.deepcopy(state))
+            self.epoch_state = copy.deepcopy(state)
+        elif self.kind == "epoch" and state is not None:
+            self.target.set_epoch(state)
+            self.epoch_state = state
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self._skip = self._skip, 0
+        it = iter(self.inner)
+        yield from (itertools.islice(it, skip, None) if skip else it)
