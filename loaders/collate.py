@@ -27,6 +27,7 @@ from mmfeed.loaders.sources import Source
 from mmfeed.loaders.shm import pooled_buffer
 from mmfeed.loaders.timing import stage
 from mmfeed.packing import PackedBatch
+from mmfeed.packing.batch import BY_VALUE_BYTES
 
 __all__ = ["collate_rows"]
 
@@ -176,9 +177,11 @@ def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
-    """``np.concatenate(parts)``; in a DataLoader worker, written straight into shared memory, so that handing the
-    batch to the training process costs no second copy of the frames (torch would copy it there when pickling)."""
-    if torch.utils.data.get_worker_info() is None or len(parts) == 0:
+    """``np.concatenate(parts)``; in a DataLoader worker a large result is written straight into shared memory, so
+    that handing the batch to the training process costs no second copy (torch would copy it there when
+    pickling). Small ones stay plain: a PackedBatch pickles them by value, which is cheaper than a shared file."""
+    nbytes = sum(p.nbytes for p in parts)
+    if torch.utils.data.get_worker_info() is None or len(parts) == 0 or nbytes <= BY_VALUE_BYTES:
         return np.concatenate(parts)
     shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
     out = _shared(shape, torch.from_numpy(np.ascontiguousarray(parts[0][:0])).dtype)

@@ -45,7 +45,7 @@ def _move(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
-_BY_VALUE_BYTES = 1 << 20  # CPU tensors up to this size are pickled with the batch, larger ones by torch
+BY_VALUE_BYTES = 1 << 20  # CPU tensors up to this size are pickled with the batch, larger ones by torch
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def _by_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _by_value(v) for k, v in value.items()}
     if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.requires_grad \
-            and not value.is_shared() and value.numel() * value.element_size() <= _BY_VALUE_BYTES:
+            and not value.is_shared() and value.numel() * value.element_size() <= BY_VALUE_BYTES:
         try:
             return _Value(value.numpy())
         except TypeError:  # a dtype numpy lacks (bfloat16): torch pickles it
