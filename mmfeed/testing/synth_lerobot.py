@@ -1,0 +1,245 @@
+"""The LeRobot v3.0 writer of :mod:`mmfeed.testing.synth`: :func:`write_lerobot` writes episodes as the directory
+LeRobot's recorder writes (parquet metadata and data, one concatenated video file per camera)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mmfeed.testing.synth_episodes import SyntheticEpisode, _check_ids
+from mmfeed.testing.video import write_video
+
+__all__ = ["write_lerobot"]
+
+
+_VIDEO_CHUNK = "chunk-000/file-000.mp4"
+# The pandas metadata LeRobot's tasks.parquet carries: a frame with column task_index, indexed by the task text.
+_TASKS_PANDAS_META = {
+    "index_columns": ["task"],
+    "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
+                        "metadata": {"encoding": "UTF-8"}}],
+    "columns": [
+        {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
+         "metadata": None},
+        {"name": "task", "field_name": "task", "pandas_type": "unicode", "numpy_type": "object", "metadata": None},
+    ],
+    "creator": {"library": "pyarrow", "version": "unknown"},
+    "pandas_version": "2.2.3",
+}
+
+
+def write_lerobot(
+    out_dir: str | os.PathLike,
+    episodes: Sequence[SyntheticEpisode],
+    *,
+    codec: str = "av1",
+    gop: int = 2,
+    crf: int | None = None,
+    robot_type: str = "synthetic",
+) -> str:
+    """Write ``episodes`` as a LeRobot v3.0 dataset directory at ``out_dir``; return its path.
+
+    The layout is what LeRobot's recorder writes: ``meta/info.json``, ``meta/stats.json``, ``meta/tasks.parquet``
+    (pandas layout: column ``task_index``, index ``task``), ``meta/episodes/chunk-000/file-000.parquet``,
+    ``data/chunk-000/file-000.parquet`` (one row per frame, Hugging Face ``datasets`` schema metadata) and
+    ``videos/observation.images.<camera>/chunk-000/file-000.mp4``: each episode encoded on its own (so it starts
+    on a keyframe) and stream-copied after the previous one, as LeRobot concatenates. ``codec`` is ``"av1"``
+    (libsvtav1, LeRobot's default, with ``gop=2``) or ``"h264"``. Pattern index = the global ``index``.
+    Everything fits one chunk and one file (LeRobot rolls over at 100 MB of data and 200 MB of video). Stats
+    (min, max, mean, std, count) cover the non-video features. All episodes must share fps (an integer, every
+    camera at that rate), cameras, frame size and dimensions.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    episodes = list(episodes)
+    fps = _check_lerobot(episodes)
+    first = episodes[0]
+    root = Path(out_dir)
+    for sub in ("meta/episodes/chunk-000", "data/chunk-000"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    video_keys = [f"observation.images.{camera}" for camera in first.camera_names]
+    tasks = list(dict.fromkeys(ep.task for ep in episodes))
+    task_index = {task: i for i, task in enumerate(tasks)}
+    lengths = np.array([ep.length for ep in episodes], dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    n = len(episodes)
+
+    spans: dict[str, list[tuple[float, float]]] = {}  # video key -> (from, to) seconds of each episode
+    with tempfile.TemporaryDirectory(dir=root, prefix=".mmfeed-tmp-") as tmp:
+        for camera, key in zip(first.camera_names, video_keys):
+            parts = []
+            for e, ep in enumerate(episodes):
+                parts.append(Path(tmp) / f"{key}-{e:06d}.mp4")
+                write_video(parts[-1], ep.frames(camera, start=int(bounds[e])), fps=fps, codec=codec, gop=gop, crf=crf)
+            (root / "videos" / key / _VIDEO_CHUNK).parent.mkdir(parents=True, exist_ok=True)
+            spans[key] = _concatenate(parts, root / "videos" / key / _VIDEO_CHUNK)
+
+    frame_index = np.concatenate([np.arange(length, dtype=np.int64) for length in lengths])
+    columns = {
+        "action": np.concatenate([ep.action for ep in episodes]),
+        "observation.state": np.concatenate([ep.proprio for ep in episodes]),
+        "timestamp": (frame_index / fps).astype(np.float32),
+        "frame_index": frame_index,
+        "episode_index": np.repeat(np.arange(n, dtype=np.int64), lengths),
+        "index": np.arange(bounds[-1], dtype=np.int64),
+        "task_index": np.repeat(np.array([task_index[ep.task] for ep in episodes], dtype=np.int64), lengths),
+    }
+    arrays, hf = [], {}
+    for name, values in columns.items():
+        value = {"dtype": str(values.dtype), "_type": "Value"}
+        if values.ndim == 2:
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1]))
+            hf[name] = {"feature": value, "length": values.shape[1], "_type": "List"}
+        else:
+            arrays.append(pa.array(values))
+            hf[name] = value
+    data = pa.Table.from_arrays(arrays, names=list(columns))
+    data = data.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": hf}})})
+    pq.write_table(data, root / "data/chunk-000/file-000.parquet", compression="snappy", use_dictionary=True)
+
+    table: dict[str, list] = {
+        "episode_index": list(range(n)),
+        "tasks": [[ep.task] for ep in episodes],
+        "length": lengths.tolist(),
+        "data/chunk_index": [0] * n,
+        "data/file_index": [0] * n,
+        "dataset_from_index": bounds[:-1].tolist(),
+        "dataset_to_index": bounds[1:].tolist(),
+    }
+    for key in video_keys:
+        table[f"videos/{key}/chunk_index"] = [0] * n
+        table[f"videos/{key}/file_index"] = [0] * n
+        table[f"videos/{key}/from_timestamp"] = [a for a, _ in spans[key]]
+        table[f"videos/{key}/to_timestamp"] = [b for _, b in spans[key]]
+    for name, values in columns.items():
+        per_episode = [_stats(values[bounds[e] : bounds[e + 1]]) for e in range(n)]
+        for stat in ("min", "max", "mean", "std", "count"):
+            table[f"stats/{name}/{stat}"] = [s[stat] for s in per_episode]
+    table["meta/episodes/chunk_index"] = [0] * n
+    table["meta/episodes/file_index"] = [0] * n
+    pq.write_table(pa.Table.from_pydict(table), root / "meta/episodes/chunk-000/file-000.parquet",
+                   compression="snappy", use_dictionary=True)
+
+    pandas_meta = {**_TASKS_PANDAS_META, "creator": {"library": "pyarrow", "version": pa.__version__}}
+    tasks_table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()), "task": pa.array(tasks)})
+    pq.write_table(tasks_table.replace_schema_metadata({"pandas": json.dumps(pandas_meta)}),
+                   root / "meta/tasks.parquet")
+
+    info = {
+        "codebase_version": "v3.0",
+        "robot_type": robot_type,
+        "total_episodes": n,
+        "total_frames": int(bounds[-1]),
+        "total_tasks": len(tasks),
+        "chunks_size": 1000,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 200,
+        "fps": fps,
+        "splits": {"train": f"0:{n}"},
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+        "features": _lerobot_features(first, root, video_keys, gop, crf, codec),
+    }
+    (root / "meta/info.json").write_text(json.dumps(info, indent=4, ensure_ascii=False))
+    stats = {name: _stats(values) for name, values in columns.items()}
+    (root / "meta/stats.json").write_text(json.dumps(stats, indent=4))
+    return str(root)
+
+
+def _check_lerobot(episodes: Sequence[SyntheticEpisode]) -> int:
+    """Validate that ``episodes`` fit one LeRobot dataset and return its integer fps."""
+    if not episodes:
+        raise ValueError("episodes is empty: a LeRobot dataset needs at least one episode")
+    _check_ids(episodes)
+    first = episodes[0]
+    if first.fps != int(first.fps):
+        raise ValueError(f"LeRobot stores fps as an integer, got fps={first.fps}; make episodes with an integer fps")
+
+    def layout(ep: SyntheticEpisode) -> tuple:
+        return ep.fps, ep.camera_names, ep.height, ep.width, ep.proprio.shape[1], ep.action.shape[1]
+
+    for ep in episodes:
+        if layout(ep) != layout(first):
+            raise ValueError(f"episode {ep.episode_id!r} differs from {first.episode_id!r} in fps, cameras, frame "
+                             "size or dimensions; a LeRobot dataset needs them all equal")
+        own_rate = {c: f for c, f in ep.camera_fps.items() if f != ep.fps}
+        if own_rate:
+            raise ValueError(f"episode {ep.episode_id!r} has cameras at their own rate {own_rate}; LeRobot needs "
+                             f"every camera at the dataset fps {first.fps}")
+    return int(first.fps)
+
+
+def _lerobot_features(first: SyntheticEpisode, root: Path, video_keys: Sequence[str], gop: int, crf: int | None,
+                      codec: str) -> dict[str, dict]:
+    """The ``features`` of info.json, in LeRobot's order: user features, then the five default columns."""
+    features: dict[str, dict] = {}
+    for name, dim in (("action", first.action.shape[1]), ("observation.state", first.proprio.shape[1])):
+        features[name] = {"dtype": "float32", "shape": [dim], "names": [f"motor_{i}" for i in range(dim)]}
+    for key in video_keys:
+        features[key] = {"dtype": "video", "shape": [first.height, first.width, 3],
+                         "names": ["height", "width", "channels"],
+                         "info": _video_info(root / "videos" / key / _VIDEO_CHUNK, gop, crf, codec)}
+    features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
+    for name in ("frame_index", "episode_index", "index", "task_index"):
+        features[name] = {"dtype": "int64", "shape": [1], "names": None}
+    return features
+
+
+def _concatenate(parts: Sequence[Path], target: Path) -> list[tuple[float, float]]:
+    """Stream-copy ``parts`` back to back into ``target``; return each part's ``(from, to)`` seconds in it."""
+    import av
+
+    spans = []
+    with av.open(str(target), mode="w") as out:
+        stream, offset, seconds = None, 0, 0.0
+        for part in parts:
+            with av.open(str(part)) as src:
+                source = src.streams.video[0]
+                if stream is None:
+                    # opaque: copy codec parameters without looking up an encoder (the AV1 decoder is libdav1d)
+                    stream = out.add_stream_from_template(source, opaque=True)
+                    stream.time_base = source.time_base
+                duration = float(source.duration * source.time_base)  # what LeRobot measures per episode
+                for packet in src.demux(source):
+                    if packet.dts is None:  # the demuxer's end-of-stream flush packet
+                        continue
+                    packet.pts += offset
+                    packet.dts += offset
+                    packet.stream = stream
+                    out.mux(packet)
+                offset += source.duration
+            spans.append((seconds, seconds + duration))
+            seconds += duration
+    return spans
+
+
+def _video_info(path: Path, gop: int, crf: int | None, codec: str) -> dict:
+    """The ``info`` of a video feature: probed from the file as LeRobot does, plus the encoder settings."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        info = {
+            "video.height": stream.height,
+            "video.width": stream.width,
+            "video.codec": stream.codec_context.codec.canonical_name,
+            "video.pix_fmt": stream.pix_fmt,
+            "video.fps": int(stream.base_rate),
+            "video.channels": 3,
+            "has_audio": False,
+        }
+    default_crf = 30 if codec == "av1" else 18
+    info.update({"video.g": gop, "video.crf": default_crf if crf is None else crf, "is_depth_map": False})
+    return info
+
+
+def _stats(values: np.ndarray) -> dict[str, list]:
+    values = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+    return {"min": values.min(axis=0).tolist(), "max": values.max(axis=0).tolist(),
+            "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "count": [len(values)]}
