@@ -320,6 +320,8 @@ class DataLoader:
         self._done = True
         if self._index is not None:
             self._index.end_epoch()
+        if self._recycler is not None and not self._persistent:
+            self._recycler.clear()  # the workers are gone: let their buffers go with them
 
     def __len__(self) -> int:
         return len(self._loader)

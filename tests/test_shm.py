@@ -120,5 +120,6 @@ def test_recycling_off_and_on_yield_the_same_batches(shards):
     assert on._recycler is not None and off._recycler is None
     a, b = [x.data[KEY].clone() for x in on], [x.data[KEY].clone() for x in off]
     assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert len(on._recycler) == 0  # workers that do not persist take their buffers with them at the epoch's end
     assert DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, pin_memory=True)._recycler is None
     assert DataLoader(np.arange(4), num_workers=2)._recycler is None  # torch's arguments only: torch's behaviour
