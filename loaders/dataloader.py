@@ -243,7 +243,6 @@ class DataLoader:
             per_key = (spec.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
             torch_args["worker_init_fn"] = _RecyclingInit(per_key, worker_init_fn)
             self._recycler = ReleaseTracker(stale_after=8 * num_workers * per_key)
-        self._persistent = bool(persistent_workers)
         self._loader = TorchDataLoader(**torch_args)
         self._tap_dataset_state = (self._iterable and num_workers == 0
                                    and callable(getattr(dataset, "state_dict", None)))
@@ -299,7 +298,7 @@ class DataLoader:
             if self._index is not None:
                 self._index.begin_epoch()
         self._done = False
-        if self._recycler is not None and not self._persistent:
+        if self._recycler is not None and not self._loader.persistent_workers:
             self._recycler.clear()  # new workers, new pools
         it = _LoaderIter(self, iter(self._loader))
         self._active = weakref.ref(it)
@@ -320,7 +319,7 @@ class DataLoader:
         self._done = True
         if self._index is not None:
             self._index.end_epoch()
-        if self._recycler is not None and not self._persistent:
+        if self._recycler is not None and not self._loader.persistent_workers:
             self._recycler.clear()  # the workers are gone: let their buffers go with them
 
     def __len__(self) -> int:

@@ -37,7 +37,7 @@ def _as_tensor(key: str, value: object) -> torch.Tensor:
     raise TypeError(f"data[{key!r}] must be a torch.Tensor or numpy array, got {type(value).__name__}")
 
 
-def _move(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _move(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, dict):
@@ -55,16 +55,15 @@ class _Value:
     array: np.ndarray
 
 
-def _by_value(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _by_value(v) for k, v in value.items()}
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.requires_grad \
-            and not value.is_shared() and value.numel() * value.element_size() <= BY_VALUE_BYTES:
+def _by_value(tensor: torch.Tensor) -> torch.Tensor | _Value:
+    """A small CPU tensor as a :class:`_Value`; any other tensor as it is (for torch to pickle)."""
+    if tensor.device.type == "cpu" and not tensor.requires_grad and not tensor.is_shared() \
+            and tensor.numel() * tensor.element_size() <= BY_VALUE_BYTES:
         try:
-            return _Value(value.numpy())
+            return _Value(tensor.numpy())
         except TypeError:  # a dtype numpy lacks (bfloat16): torch pickles it
-            return value
-    return value
+            return tensor
+    return tensor
 
 
 def _from_value(value: Any) -> Any:
@@ -272,7 +271,7 @@ class PackedBatch:
         state = dict(self.__dict__)
         if self.device.type == "cpu":
             state["_host"] = None
-        return {k: _by_value(v) for k, v in state.items()}
+        return {k: _move(v, _by_value) for k, v in state.items()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({k: _from_value(v) for k, v in state.items()})
