@@ -51,7 +51,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from mmfeed.bench.common import environment, table
+from mmfeed.bench.common import consecutive_views, environment, table
 from mmfeed.bench.lerobot_compare import run_child
 from mmfeed.codecs import FrameRequest, VideoReaderCache, decode_batch, probe, read_frames
 from mmfeed.codecs._decord import _to_numpy, decord_available
@@ -225,7 +225,7 @@ def _measure(path: str, backend: str, batches: list[list[np.ndarray]]) -> dict[s
     wall: dict[str, list[float]] = {m: [] for m in METHODS}
     cpu: dict[str, list[float]] = {m: [] for m in METHODS}
     for r, batch in enumerate(batches):
-        outs = _slices(buffer, batch)
+        outs = consecutive_views(buffer, [len(x) for x in batch])
         for name in METHODS[r % len(METHODS):] + METHODS[: r % len(METHODS)]:
             t0, c0 = time.perf_counter(), time.process_time()
             methods[name](batch, outs)
@@ -235,12 +235,6 @@ def _measure(path: str, backend: str, batches: list[list[np.ndarray]]) -> dict[s
         cache.close()
     sequential.close()
     return _figures(wall, cpu, batches, info.num_frames)
-
-
-def _slices(buffer: np.ndarray, batch: list[np.ndarray]) -> list[np.ndarray]:
-    """Consecutive ``[len(request), H, W, 3]`` views of ``buffer``, one per request."""
-    ends = np.cumsum([len(x) for x in batch]).tolist()
-    return [buffer[end - len(x) : end] for x, end in zip(batch, ends)]
 
 
 def _figures(wall: dict[str, list[float]], cpu: dict[str, list[float]], batches: list[list[np.ndarray]],

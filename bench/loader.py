@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.bench.common import cache_dir, environment, table
+from mmfeed.bench.common import cache_dir, consecutive_views, environment, table
 from mmfeed.codecs.video import read_frames
 from mmfeed.loaders import (DataLoader, Packing, PackedEpisodeDataset, PlanConfig, TokenLayout, WindowSpec,
                             open_dataset, stage)
@@ -231,18 +231,13 @@ def _decode_steps(args: tuple[str, str, list[tuple[int, int]], LoaderBench]) -> 
         batches.append(requests)
     most = max((sum(len(r.steps[k]) for r in b) for b in batches for k in frame_keys), default=0)
     buffers = {k: np.ones((most, cfg.height, cfg.width, 3), dtype=np.uint8) for k in frame_keys}
-    start, count = time.perf_counter(), 0
+    given = []
     for requests in batches:
-        offsets = dict.fromkeys(frame_keys, 0)
-        given = []
-        for r in requests:
-            out = {}
-            for k in frame_keys:
-                n = len(r.steps[k])
-                out[k] = buffers[k][offsets[k] : offsets[k] + n]
-                offsets[k] += n
-            given.append(replace(r, out=out))
-        for got in ds.source.read_many(given):
+        views = {k: consecutive_views(buffers[k], [len(r.steps[k]) for r in requests]) for k in frame_keys}
+        given.append([replace(r, out={k: views[k][i] for k in frame_keys}) for i, r in enumerate(requests)])
+    start, count = time.perf_counter(), 0
+    for requests in given:
+        for got in ds.source.read_many(requests):
             count += sum(len(got[k]) for k in frame_keys)
     return count, time.perf_counter() - start
 
