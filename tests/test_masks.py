@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.nn.attention.flex_attention as fa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -18,20 +17,10 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 from mmfeed import PackedBatch
 from mmfeed.packing.metadata import block_tables
 from mmfeed.testing.strategies import packed_layouts
+from flex import eager_flex
 from naive import naive_attention_mask, naive_block_tables
 
 LAYOUTS = packed_layouts(max_rows=4, max_capacity=64, max_docs=8)
-
-
-def eager_flex(q, k, v, block_mask):
-    """flex_attention without its dynamo wrapper: the eager math path, milliseconds per call on small inputs
-    (the default eager call compiles with the 'eager' backend once per shape, about a second each)."""
-    saved = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
-    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-    try:
-        return flex_attention(q, k, v, block_mask=block_mask)
-    finally:
-        fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = saved
 
 
 def materialize(block_mask, mask_mod, capacity):

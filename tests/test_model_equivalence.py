@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.attention.flex_attention as fa
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
@@ -27,6 +26,8 @@ from mmfeed import DataLoader, PackedBatch
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
 from mmfeed.testing import make_episodes, read_index, write_webdataset
 from mmfeed.testing.model import TinyModelConfig, TinyWorldModel, rebatch, split_documents, text_targets
+
+from flex import eager_flex
 
 ATOL = 1e-8
 EPISODES = dict(num_episodes=3, seed=5, min_length=8, max_length=12, height=32, width=64)
@@ -42,16 +43,6 @@ CASES = {
     "episode-interleaved": (TokenLayout(tokens_per_frame={"cam_high": 4, "cam_wrist": 1}, causal_actions=True,
                                         interleave_actions=True), None, 5),
 }
-
-
-def eager_flex(q, k, v, block_mask):
-    """flex_attention on its eager math path (no dynamo wrapper), fast on small inputs; forward only on CPU."""
-    saved = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
-    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-    try:
-        return flex_attention(q, k, v, block_mask=block_mask)
-    finally:
-        fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = saved
 
 
 def block_sparse_attention(q, k, v, block_mask):

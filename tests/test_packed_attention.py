@@ -4,25 +4,15 @@ import pickle
 
 import pytest
 import torch
-import torch.nn.attention.flex_attention as fa
 from hypothesis import given, settings
-from torch.nn.attention.flex_attention import flex_attention
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from mmfeed import PackedBatch
 from mmfeed.testing.strategies import packed_layouts
 
+from flex import eager_flex
+
 HEADS, DIM = 2, 8
-
-
-def eager_flex(q, k, v, block_mask):
-    """flex_attention on its eager math path (no dynamo wrapper), fast on small inputs."""
-    saved = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
-    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
-    try:
-        return flex_attention(q, k, v, block_mask=block_mask)
-    finally:
-        fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = saved
 
 
 def unpacked_reference(q, k, v, rows, step_sizes):
@@ -147,7 +137,6 @@ def test_between_processes_small_tensors_go_in_the_pickle_and_shared_ones_by_han
     assert c.data["frames"].data_ptr() == frames.data_ptr()  # the same memory, mapped once
     assert c.data["half"].dtype == torch.bfloat16 and torch.equal(c.data["half"], b.data["half"])
     assert torch.equal(c.data["text"], b.data["text"]) and not c.data["text"].is_shared()
-
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
