@@ -2,7 +2,7 @@
 
 No process is started and nothing is read: an index of synthetic episodes (one sample per episode, robot-like
 token prices: 1-6 frames x 256 tokens + 2 proprio tokens per frame + a 50-token action chunk + 5-40 text tokens)
-is planned with :func:`~mmfeed.loaders.plan.plan_epoch` for each world size. Per world size the table gives the
+is planned with :func:`~mmfeed.packing.plan.plan_epoch` for each world size. Per world size the table gives the
 steps every rank runs, the rows each rank gets over the epoch, the samples dropped so that every rank runs the
 same number of steps, the packing efficiency, and the cost balance across ranks: ``epoch`` = mean / max of the
 ranks' total attention cost over the epoch, ``step`` = the mean over steps of mean / max rank cost in that step
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mmfeed.loaders.plan import PlanConfig, plan_epoch
+from mmfeed.packing.plan import PlanConfig, plan_epoch
 from mmfeed.packing import row_costs
 from mmfeed.packing.balance import step_balance
 

@@ -18,7 +18,7 @@ from mmfeed.loaders.layout import TokenLayout
 from mmfeed.loaders.lerobot import LeRobotSource
 from mmfeed.loaders.mixture import MixtureDataset
 from mmfeed.loaders.packing_config import Packing
-from mmfeed.loaders.plan import Plan, PlanConfig, consumed_samples, plan_epoch, plan_remainder
+from mmfeed.packing.plan import Plan, PlanConfig, consumed_samples, plan_epoch, plan_remainder
 from mmfeed.loaders.remote import RangeCache, read_range
 from mmfeed.loaders.prefetch import DevicePrefetcher
 from mmfeed.loaders.sources import ArraySource, EpisodeRequest, Source, open_dataset

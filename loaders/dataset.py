@@ -8,7 +8,7 @@ and :class:`PlanSampler` resumes mid-epoch by starting at a step instead of repl
 Elastic resume: a loader state saved at one world size continues at another. The samples the job consumed are a
 pure function of ``(seed, epoch, world size, steps done)``, so they are recomputed from the old plan, and the rest
 of the epoch is every other sample planned afresh for the new world size
-(:func:`~mmfeed.loaders.plan.plan_remainder`); such a step is the item ``(epoch, step, done)``, ``done`` the
+(:func:`~mmfeed.packing.plan.plan_remainder`); such a step is the item ``(epoch, step, done)``, ``done`` the
 earlier ``(world_size, steps)`` segments. :meth:`PackedEpisodeDataset.reshard_state` rewrites a saved
 ``mmfeed.DataLoader`` state for this dataset's world size (one state, e.g. rank 0's, serves every new rank).
 
@@ -34,7 +34,7 @@ from mmfeed.codecs.text import ByteTokenizer
 from mmfeed.loaders.collate import collate_rows
 from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
 from mmfeed.loaders.layout import TokenLayout
-from mmfeed.loaders.plan import Plan, PlanConfig, plan_remainder
+from mmfeed.packing.plan import Plan, PlanConfig, plan_remainder
 from mmfeed.loaders.samples import SampleTable, SamplingConfig, build_samples, chunk_step_tokens
 from mmfeed.loaders.sources import Source
 from mmfeed.loaders.windows import WindowSpec
@@ -51,7 +51,7 @@ class PackedEpisodeDataset(torch.utils.data.Dataset):
     source: an episode source (see :func:`mmfeed.loaders.open_dataset`).
     layout: token prices and layout of the modalities.
     window: per-key offsets of windowed samples; None for whole-episode chunks of at most ``max_length`` steps.
-    capacity, rows_per_batch, mode, ...: the plan (see :class:`~mmfeed.loaders.plan.PlanConfig`); or pass ``plan``.
+    capacity, rows_per_batch, mode, ...: the plan (see :class:`~mmfeed.packing.plan.PlanConfig`); or pass ``plan``.
     tokenizer: ``encode(str) -> int32 ids`` for the task text (default: UTF-8 bytes).
     seed, rank, world_size: the plan is a pure function of these and the epoch.
     static_shapes: pad payloads so every batch has the same tensor shapes.

@@ -3,7 +3,7 @@
 From ``torch.distributed`` when it is initialized, else from the ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` /
 ``LOCAL_WORLD_SIZE`` variables that ``torchrun`` sets, else a single process. Inside a torch DataLoader worker
 ``worker`` / ``num_workers`` say which of the rank's workers this is: torch hands a rank's steps to its workers
-round robin (step ``s`` to worker ``s % num_workers``, see :func:`~mmfeed.loaders.plan.worker_steps`), so the
+round robin (step ``s`` to worker ``s % num_workers``, see :func:`~mmfeed.packing.plan.worker_steps`), so the
 batches come back in step order. Planning takes all of these as plain integers, so layouts of any size can be
 simulated without starting processes::
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.loaders.plan import Plan, PlanConfig, plan_epoch
+from mmfeed.packing.plan import Plan, PlanConfig, plan_epoch
 from mmfeed.packing import PackedBatch
 
 __all__ = ["PackedMapDataset"]
@@ -31,7 +31,7 @@ class PackedMapDataset(torch.utils.data.Dataset):
     """Packed batches over ``dataset`` (any object with ``__getitem__`` and ``__len__``).
 
     lengths: tokens of each sample, as an array or a function ``index -> int``.
-    capacity, rows_per_batch, plan: the plan (see :class:`~mmfeed.loaders.plan.PlanConfig`).
+    capacity, rows_per_batch, plan: the plan (see :class:`~mmfeed.packing.plan.PlanConfig`).
     seed, rank, world_size: the plan is a pure function of these and the epoch.
     Samples may be 1-D tensors (token ids, stored as ``data["text"]``, the batch's one modality) or dicts of tensors whose first dimension is the
     sample's length (each key concatenated); anything else goes to ``metadata["samples"]`` unchanged.

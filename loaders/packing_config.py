@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from mmfeed.loaders.errors import ErrorPolicy
 from mmfeed.loaders.layout import TokenLayout
-from mmfeed.loaders.plan import PlanConfig
+from mmfeed.packing.plan import PlanConfig
 from mmfeed.loaders.windows import WindowSpec
 
 __all__ = ["Packing"]
@@ -20,7 +20,7 @@ class Packing:
     window: per-key offsets of windowed samples; None samples whole episodes (split at ``max_length``).
     stride: steps between window anchors.
     max_length: longest whole-episode chunk, in steps.
-    plan: capacity, rows per batch, mode, algorithm, ... (:class:`~mmfeed.loaders.plan.PlanConfig`).
+    plan: capacity, rows per batch, mode, algorithm, ... (:class:`~mmfeed.packing.plan.PlanConfig`).
     seed: the plan's shuffle; rank and world size come from torch.distributed or torchrun's environment.
     static_shapes: pad payloads so every batch has identical tensor shapes.
     tokenizer: ``encode(str) -> int32 ids`` for task text (default: UTF-8 bytes).

@@ -18,6 +18,7 @@ from mmfeed.packing.bins import ALGORITHMS, PackPlan, pack
 from mmfeed.packing.bounds import lower_bound
 from mmfeed.packing.bucketing import OVERSIZE_POLICIES, bucket_batches, bucket_boundaries
 from mmfeed.packing.online import OnlinePacker, pack_stream
+from mmfeed.packing.plan import MODES, Plan, PlanConfig, consumed_samples, plan_epoch, plan_remainder, worker_steps
 
 # public name -> module, imported on first attribute access: PackedBatch lives in packing/batch.py, the only
 # packing module that imports torch, so `import mmfeed.packing` stays torch-free.
@@ -26,19 +27,26 @@ _LAZY: dict[str, str] = {"PackedBatch": "mmfeed.packing.batch"}
 __all__ = sorted(
     [
         "ALGORITHMS",
+        "MODES",
         "OVERSIZE_POLICIES",
         "OnlinePacker",
         "PackPlan",
+        "Plan",
+        "PlanConfig",
         "REMAINDER_POLICIES",
         "RankPlan",
         "balance",
         "bucket_batches",
         "bucket_boundaries",
+        "consumed_samples",
         "lower_bound",
         "pack",
         "pack_stream",
+        "plan_epoch",
+        "plan_remainder",
         "row_costs",
         "step_balance",
+        "worker_steps",
         *_LAZY,
     ]
 )

@@ -24,7 +24,7 @@ from mmfeed.loaders import (ArraySource, Packing, PackedEpisodeDataset, PlanConf
                             open_dataset)
 from mmfeed.loaders.dist import DistInfo, dist_info
 from mmfeed.loaders.index import INDEX_FILENAME, read_shard_index
-from mmfeed.loaders.plan import consumed_samples, plan_epoch, plan_remainder, worker_steps
+from mmfeed.packing.plan import consumed_samples, plan_epoch, plan_remainder, worker_steps
 from mmfeed.loaders.remote import RangeCache, default_cache
 from mmfeed.loaders.sources import EpisodeRequest
 from mmfeed.testing import make_episodes, write_webdataset

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mmfeed.loaders.generic import PackedMapDataset
-from mmfeed.loaders.plan import PlanConfig
+from mmfeed.packing.plan import PlanConfig
 
 
 def make_docs(n, seed=0):

@@ -5,7 +5,7 @@ import pytest
 
 from mmfeed.loaders import TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.dataset import PackedEpisodeDataset, PlanSampler
-from mmfeed.loaders.plan import PlanConfig
+from mmfeed.packing.plan import PlanConfig
 from mmfeed.testing import make_episodes, read_index, write_webdataset
 
 SPEC = WindowSpec(offsets={"frames.cam_high": (-1, 0), "proprio": (0,), "action": tuple(range(4))})

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmfeed.loaders.plan import PlanConfig, plan_epoch, worker_steps
+from mmfeed.packing.plan import PlanConfig, plan_epoch, worker_steps
 
 sizes = st.lists(st.integers(1, 300), min_size=0, max_size=120).map(lambda xs: np.array(xs, dtype=np.int64))
 

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mmfeed.packing import ALGORITHMS, REMAINDER_POLICIES, balance, bucket_batches, bucket_boundaries, pack, row_costs
+from mmfeed.packing.balance import REMAINDER_POLICIES, balance, row_costs
+from mmfeed.packing.bins import ALGORITHMS, pack
+from mmfeed.packing.bucketing import bucket_batches, bucket_boundaries
 
 __all__ = ["MODES", "Plan", "PlanConfig", "consumed_samples", "plan_epoch", "plan_remainder", "worker_steps"]
 
