@@ -18,7 +18,10 @@ import numpy as np
 
 from mmfeed.testing.video import frame_pattern
 
-__all__ = ["DEFAULT_TASKS", "SyntheticEpisode", "make_episodes"]
+__all__ = ["DEFAULT_TASKS", "IMAGE_PREFIX", "SyntheticEpisode", "make_episodes"]
+
+IMAGE_PREFIX = "observation.images."
+"""Feature name prefix of a camera's video: camera ``cam_high`` is feature ``observation.images.cam_high``."""
 
 DEFAULT_TASKS = (
     "pick up the red cube",
@@ -105,6 +108,33 @@ class SyntheticEpisode:
         return frame_pattern(
             self.num_frames(camera), height=self.height, width=self.width, start=start, seed=self.camera_seeds[camera]
         )
+
+    def video_feature(self, camera: str) -> str:
+        """The feature name of a camera's video (LeRobot's convention)."""
+        return IMAGE_PREFIX + self._check_camera(camera)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The array features under their LeRobot names, each ``[T, ...]`` at the control clock:
+        ``observation.state`` (the trajectory), ``action`` (its next-step change), ``observation.velocity``
+        (``action * fps``, float32), ``next.reward`` (float32 ``[T]``, minus the state's distance from 0) and
+        ``next.done`` (bool ``[T]``, True at the last step)."""
+        done = np.zeros(self.length, dtype=bool)
+        done[-1:] = True
+        return {
+            "observation.state": self.proprio,
+            "action": self.action,
+            "observation.velocity": (self.action * np.float32(self.fps)).astype(np.float32),
+            "next.reward": (-np.abs(self.proprio).sum(axis=1)).astype(np.float32),
+            "next.done": done,
+        }
+
+    def features(self) -> dict[str, np.ndarray]:
+        """Every feature under its own name: :meth:`arrays` plus each camera's frames (generated now)."""
+        return {**self.arrays(), **{self.video_feature(c): self.frames(c) for c in self.camera_names}}
+
+    def rates(self) -> dict[str, float]:
+        """Features recorded at a rate other than the control clock's: feature -> fps."""
+        return {self.video_feature(c): float(f) for c, f in self.camera_fps.items() if f != self.fps}
 
     def meta(self) -> dict:
         """The ``<key>.meta.json`` content of this episode in a webdataset shard."""

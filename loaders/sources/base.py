@@ -1,0 +1,186 @@
+"""What every episode source is: features under the dataset's own names, each at its own rate.
+
+A source lists its episodes with the numbers planning needs and no pixels: steps of the control clock and its
+rate (``lengths``, ``fps``), the rate and frame count of every feature in every episode (``rates``, ``frames``),
+the task of every step, and where each episode lives (``describe``, for error messages). Workers then read
+exactly the frames a batch asks for with :meth:`EpisodeSource.read_many`, which takes the requests of a whole
+batch at once so that video sources decode each group of pictures once for every frame wanted from it.
+
+Frame indices in a request count frames of that feature at its own rate (frame ``j`` of a 15 fps camera is at
+``j / 15`` s); which frames a window wants is decided beforehand, from the index alone
+(:mod:`mmfeed.packing.windows`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmfeed.packing.windows import frames_at_rate
+
+__all__ = ["FEATURE_KINDS", "EpisodeRequest", "EpisodeSource", "Feature"]
+
+FEATURE_KINDS = ("video", "array", "text")
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature of a dataset.
+
+    kind: "video" (uint8 frames ``[H, W, 3]``), "array" (a number or vector per step) or "text".
+    dtype: numpy dtype name of one element ("uint8" for video).
+    shape: shape of one step (video: ``(H, W, 3)`` as decoded, after any ``frame_size``).
+    fps: the feature's rate (of the first episode, where episodes differ; see ``EpisodeSource.rates``).
+    """
+
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    fps: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in FEATURE_KINDS:
+            raise ValueError(f"feature kind must be one of {list(FEATURE_KINDS)}, got {self.kind!r}")
+        object.__setattr__(self, "dtype", str(np.dtype(self.dtype)))
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "fps", float(self.fps))
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """Frames of one episode to read: feature -> frame indices at that feature's rate (int64, any order, repeats
+    allowed).
+
+    out: optional feature -> preallocated uint8 ``[n, H, W, 3]`` array for a video feature's frames, which the
+        source decodes into (and returns) instead of allocating; a source may ignore it.
+    """
+
+    episode: int
+    indices: Mapping[str, np.ndarray]
+    out: Mapping[str, np.ndarray] | None = None
+
+
+class EpisodeSource:
+    """The part every source shares. A subclass sets ``name``, ``features``, ``stats``, ``tasks`` and the arrays
+    ``_lengths`` (int64 ``[E]``), ``_fps`` (float64 ``[E]``), ``_episode_tasks`` (int64 ``[E]``: the task id of
+    every step of the episode, or -1 where it changes within the episode) and optionally ``_rates`` / ``_frames``
+    (feature -> per-episode arrays, where a feature's rate or frame count is not the control clock's); it
+    implements :meth:`read_many`, :meth:`describe` and, for episodes of several tasks, :meth:`step_tasks`.
+    """
+
+    name: str
+    features: dict[str, Feature]
+    stats: dict[str, dict[str, np.ndarray]]
+    tasks: list[str]
+    _lengths: np.ndarray
+    _fps: np.ndarray
+    _episode_tasks: np.ndarray
+    _rates: dict[str, np.ndarray]
+    _frames: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Steps of the control clock of each episode, int64 ``[E]``."""
+        return self._lengths
+
+    @property
+    def fps(self) -> np.ndarray:
+        """Control-clock rate of each episode, float64 ``[E]``."""
+        return self._fps
+
+    @property
+    def episode_tasks(self) -> np.ndarray:
+        """int64 ``[E]``: the id (into ``tasks``) of each episode's task, -1 where it changes within the episode."""
+        return self._episode_tasks
+
+    def rates(self, feature: str) -> np.ndarray:
+        """The rate of ``feature`` in each episode, float64 ``[E]``."""
+        self._check_feature(feature)
+        rates = getattr(self, "_rates", {}).get(feature)
+        return rates if rates is not None else self._fps
+
+    def frames(self, feature: str) -> np.ndarray:
+        """Frames of ``feature`` in each episode, int64 ``[E]`` (from the index; nothing is read)."""
+        self._check_feature(feature)
+        frames = getattr(self, "_frames", {}).get(feature)
+        if frames is None:
+            frames = frames_at_rate(self._lengths, self._fps, self.rates(feature))
+        return frames
+
+    def step_tasks(self, episode: int) -> np.ndarray:
+        """The task id of every step of ``episode``, int64 ``[T]``."""
+        task = int(self._episode_tasks[episode])
+        if task < 0:
+            raise NotImplementedError(f"{type(self).__name__} does not give per-step tasks")
+        return np.full(int(self._lengths[episode]), task, dtype=np.int64)
+
+    def task(self, episode: int, step: int = 0) -> str:
+        """The task text of one step of an episode ("" where the dataset has none)."""
+        task = int(self._episode_tasks[episode])
+        if task < 0:
+            task = int(self.step_tasks(episode)[step])
+        return self.tasks[task] if 0 <= task < len(self.tasks) else ""
+
+    def describe(self, episode: int) -> str:
+        """Where an episode lives, for error messages (file and key)."""
+        return f"{self.name} episode {episode}"
+
+    def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
+        """``(height, width)`` of a video feature's decoded frames, or None when not known without decoding."""
+        f = self.features.get(feature)
+        return tuple(f.shape[:2]) if f is not None and f.kind == "video" and len(f.shape) == 3 else None
+
+    def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
+        """The requested frames of each request, in request order: feature -> ``[n, *shape]``."""
+        raise NotImplementedError
+
+    def episode(self, index: int) -> dict:
+        """The whole episode: every feature ``[T_feature, *shape]`` (videos decoded), ``task`` and ``fps``."""
+        index = self._check_episode(index)
+        request = EpisodeRequest(index, {f: np.arange(self.frames(f)[index], dtype=np.int64) for f in self.features})
+        data = self.read_many([request])[0]
+        return {**data, "task": self.task(index), "fps": float(self._fps[index])}
+
+    def _check_feature(self, feature: str) -> None:
+        if feature not in self.features:
+            raise KeyError(f"{self.name}: no feature {feature!r}; the dataset has {sorted(self.features)}")
+
+    def _check_episode(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"{self.name}: episode index must be an int, got {index!r}")
+        if not 0 <= index < len(self):
+            raise IndexError(f"{self.name}: episode {index} out of range ({len(self)} episodes)")
+        return int(index)
+
+    def _check_request(self, request: EpisodeRequest) -> None:
+        """Raise naming the episode and feature when a request asks for an unknown feature or a frame outside
+        the feature's frames."""
+        e = self._check_episode(request.episode)
+        for feature, idx in request.indices.items():
+            self._check_feature(feature)
+            idx = np.asarray(idx)
+            n = int(self.frames(feature)[e])
+            if idx.size and (idx.min() < 0 or idx.max() >= n):
+                raise IndexError(f"{self.describe(e)} feature {feature!r}: frames {int(idx.min())}..{int(idx.max())} "
+                                 f"asked, it has {n}")
+
+
+def check_features_agree(sources: Sequence[EpisodeSource]) -> None:
+    """Raise ValueError when one feature name has different kinds, dtypes or step shapes in two sources."""
+    seen: dict[str, tuple[Feature, str]] = {}
+    for source in sources:
+        for name, feature in source.features.items():
+            if name in seen:
+                other, where = seen[name]
+                if (other.kind, other.dtype, other.shape) != (feature.kind, feature.dtype, feature.shape):
+                    raise ValueError(f"feature {name!r} is {other.kind} {other.dtype} {list(other.shape)} in {where} but "
+                                     f"{feature.kind} {feature.dtype} {list(feature.shape)} in {source.name}; mixed "
+                                     "sources must agree on every feature they share")
+            else:
+                seen[name] = (feature, source.name)
+
