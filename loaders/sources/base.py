@@ -112,6 +112,18 @@ class EpisodeSource:
             frames = frames_at_rate(self._lengths, self._fps, self.rates(feature))
         return frames
 
+    def present(self, feature: str) -> np.ndarray:
+        """bool ``[E]``: which episodes hold ``feature`` (all, except in a mixture of datasets that differ)."""
+        self._check_feature(feature)
+        return np.ones(len(self), dtype=bool)
+
+    def windows(self, spec, **kwargs):
+        """The unpacked, LeRobotDataset-shaped view: one sample per step of every episode (see
+        :class:`mmfeed.loaders.views.WindowsDataset`)."""
+        from mmfeed.loaders.views import WindowsDataset
+
+        return WindowsDataset(self, spec, **kwargs)
+
     def step_tasks(self, episode: int) -> np.ndarray:
         """The task id of every step of ``episode``, int64 ``[T]``."""
         task = int(self._episode_tasks[episode])

@@ -1,0 +1,279 @@
+"""Items: what a planned dataset plans over. Each kind prices its samples from the index and reads them.
+
+- :class:`EpisodeItems`: samples cut from an episode source, either windows (one per ``stride`` steps, each feature
+  at its window times, LeRobot-style) or whole-episode chunks (every frame of every feature the layout prices,
+  split at ``max_length`` steps or where a chunk would not fit a row). A source made of several datasets
+  (``open_dataset([a, b])``) is a mixture: ``weights`` set each dataset's share of an epoch's samples.
+- :class:`RecordItems`: the samples of any map-style dataset, priced by a given length.
+
+An item kind has ``tokens`` (int64 ``[n]``: each sample's price), ``groups`` (each sample's episode, or None),
+``draw(seed, epoch)`` (the samples of an epoch, or None for each once) and ``collate(rows, ...)`` (the
+:class:`~mmfeed.packing.PackedBatch` of one planned batch); the planned dataset
+(:mod:`mmfeed.loaders.planned`) does the rest once for all kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmfeed.codecs.text import ByteTokenizer
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
+from mmfeed.packing import PackedBatch
+from mmfeed.packing.layout import SampleLayout, TokenLayout
+from mmfeed.packing.mixture import weighted_draw
+from mmfeed.packing.windows import WindowSpec, chunk_frames, episode_chunks, episode_windows, window_indices
+
+__all__ = ["LONG_EPISODES", "EpisodeItems", "RecordItems", "chunk_requests", "window_requests"]
+
+LONG_EPISODES = ("split", "truncate")
+
+
+def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray
+                    ) -> list[tuple[EpisodeRequest, dict[str, np.ndarray]]]:
+    """What each window ``(episode, anchor step)`` reads (frame indices per feature at its own rate) and its
+    ``is_pad`` flags per feature; the one place where windows become reads, for the packed loader and
+    ``ds.windows`` alike."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    anchors = np.asarray(anchors, dtype=np.int64)
+    lengths, fps = source.lengths[episodes], source.fps[episodes]
+    idx, pad, present = {}, {}, {}
+    for feature, deltas in spec.deltas.items():
+        idx[feature], pad[feature] = window_indices(
+            deltas, anchor_steps=anchors, fps=fps, length=lengths, rate=source.rates(feature)[episodes],
+            frames=source.frames(feature)[episodes], tolerance_s=spec.tolerance_s)
+        present[feature] = source.present(feature)[episodes]
+    return [(EpisodeRequest(int(e), {f: v[k] for f, v in idx.items() if present[f][k]}),
+             {f: v[k] for f, v in pad.items() if present[f][k]}) for k, e in enumerate(episodes)]
+
+
+def chunk_requests(source: EpisodeSource, features: Sequence[str], episodes: np.ndarray, starts: np.ndarray,
+                   lengths: np.ndarray) -> list[tuple[EpisodeRequest, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """What each chunk of control steps ``[start, start + length)`` reads: every frame of each feature in the
+    chunk's time span, its (all False) ``is_pad`` flags and each frame's time from the chunk's first step."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    fps = source.fps[episodes]
+    spans = {}
+    for feature in features:
+        rate = source.rates(feature)[episodes]
+        first, count = chunk_frames(starts, starts + lengths, length=source.lengths[episodes], fps=fps, rate=rate,
+                                    frames=source.frames(feature)[episodes])
+        spans[feature] = (first, count, rate)
+    out = []
+    for k, e in enumerate(episodes):
+        indices, pads, times = {}, {}, {}
+        for feature, (first, count, rate) in spans.items():
+            if not count[k] and not source.present(feature)[e]:
+                continue
+            j = np.arange(first[k], first[k] + count[k], dtype=np.int64)
+            indices[feature], pads[feature] = j, np.zeros(len(j), dtype=bool)
+            times[feature] = j / rate[k] - starts[k] / fps[k]
+        out.append((EpisodeRequest(int(e), indices), pads, times))
+    return out
+
+
+class EpisodeItems:
+    """Samples of an episode source, priced from its index.
+
+    source: the episodes (:func:`mmfeed.loaders.open_dataset`).
+    layout: token prices by feature name; ``window``: the features and times of windowed samples, or None for
+        whole-episode chunks of the features ``layout.tokens_per_frame`` names.
+    stride: steps between window anchors; max_length: longest chunk in steps (None: whole episodes).
+    capacity: the row size chunks must fit; long_episodes: chunks that do not fit are "split" into consecutive
+        chunks that do (default) or cut after the first ("truncate"), counted in ``stats`` either way.
+    tokenizer: ``encode(str) -> ids`` for task text (default UTF-8 bytes).
+    weights: for a source of several datasets, each one's share of an epoch's samples (None: every sample once).
+    """
+
+    def __init__(self, source: EpisodeSource, *, layout: TokenLayout, window: WindowSpec | None = None,
+                 stride: int = 1, max_length: int | None = None, capacity: int | None = None,
+                 long_episodes: str = "split", tokenizer: Any = None,
+                 weights: Sequence[float] | None = None) -> None:
+        if long_episodes not in LONG_EPISODES:
+            raise ValueError(f"long_episodes must be one of {list(LONG_EPISODES)}, got {long_episodes!r}")
+        self.source, self.layout, self.window = source, layout, window
+        self.features = window.features if window is not None else list(layout.tokens_per_frame)
+        _check_features(source, layout, self.features, chunked=window is None)
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.text = [np.asarray(self.tokenizer.encode(t), dtype=np.int32) for t in source.tasks]
+        self.stats: dict[str, int] = {"split_episodes": 0, "truncated_steps": 0}
+        self._layouts: dict[Any, SampleLayout] = {}
+        lengths = np.asarray(source.lengths, dtype=np.int64)
+        if window is not None:
+            self.episode, self.start = episode_windows(lengths, stride=stride)
+            self.length = np.ones(len(self.episode), dtype=np.int64)
+            self.task = self._sample_tasks()
+            counts = {f: len(d) * source.present(f)[self.episode] for f, d in window.deltas.items()}
+            self.tokens = layout.price(counts, self._text_lengths(self.task))
+        else:
+            self._cut_chunks(lengths, max_length, capacity, long_episodes)
+        self.groups = self.episode
+        self._draw = None
+        if weights is not None:
+            sizes = np.bincount(_dataset_of(source)[self.episode], minlength=len(weights))
+            self._draw = (sizes, np.asarray(weights, dtype=np.float64))
+            weighted_draw(sizes, self._draw[1], seed=0, epoch=0)  # validates the weights
+
+    def __len__(self) -> int:
+        return len(self.episode)
+
+    def draw(self, seed: int, epoch: int) -> np.ndarray | None:
+        """The samples of one epoch (ids, any order; a sample may repeat), or None: every sample once."""
+        if self._draw is None:
+            return None
+        return weighted_draw(*self._draw, seed=seed, epoch=epoch)
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def requests(self, samples: np.ndarray) -> list[tuple[EpisodeRequest, dict, SampleLayout]]:
+        """``(request, is_pad flags, layout)`` of each sample."""
+        samples = np.asarray(samples, dtype=np.int64)
+        if self.window is not None:
+            reads = window_requests(self.source, self.window, self.episode[samples], self.start[samples])
+            out = []
+            for s, (request, pads) in zip(samples, reads):
+                pieces = {f: d for f, d in self.window.deltas.items() if f in request.indices}
+                out.append((request, pads, self.sample_layout(pieces, int(self.task[s]))))
+            return out
+        reads = chunk_requests(self.source, self.features, self.episode[samples], self.start[samples],
+                               self.length[samples])
+        return [(request, pads, self.sample_layout(times, int(self.task[s])))
+                for s, (request, pads, times) in zip(samples, reads)]
+
+    def sample_layout(self, pieces: Mapping[str, Sequence[float]], task: int) -> SampleLayout:
+        """The token layout of a sample with these frame times and task (cached: few distinct ones exist)."""
+        key = (task, tuple((f, tuple(np.round(np.asarray(t, dtype=np.float64) * 1e6).astype(np.int64).tolist()))
+                           for f, t in pieces.items()))
+        cached = self._layouts.get(key)
+        if cached is None:
+            cached = self._layouts[key] = self.layout.sample(pieces, len(self.text[task]) if task >= 0 else 0)
+        return cached
+
+    def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
+        """The PackedBatch of ``rows`` (sample ids per row); see :func:`mmfeed.loaders.assemble.collate`."""
+        from mmfeed.loaders.assemble import collate
+
+        return collate(self, rows, capacity, **kwargs)
+
+    # -- pricing -------------------------------------------------------------------------------------------------
+    def _sample_tasks(self) -> np.ndarray:
+        """The task id of each sample: its episode's, or its anchor step's where the episode changes task."""
+        task = self.source.episode_tasks[self.episode].astype(np.int64)
+        varies = np.flatnonzero(task < 0)
+        if len(varies):
+            for e in np.unique(self.episode[varies]):
+                mine = varies[self.episode[varies] == e]
+                task[mine] = self.source.step_tasks(int(e))[self.start[mine]]
+        return task
+
+    def _text_lengths(self, task: np.ndarray) -> np.ndarray:
+        per_task = np.array([len(t) for t in self.text] + [0], dtype=np.int64)
+        return per_task[np.where(task >= 0, task, len(self.text))]
+
+    def _chunk_counts(self, episode: np.ndarray, start: np.ndarray, length: np.ndarray) -> dict[str, np.ndarray]:
+        src = self.source
+        return {f: chunk_frames(start, start + length, length=src.lengths[episode], fps=src.fps[episode],
+                                rate=src.rates(f)[episode], frames=src.frames(f)[episode] * src.present(f)[episode])[1]
+                for f in self.features}
+
+    def _cut_chunks(self, lengths: np.ndarray, max_length: int | None, capacity: int | None, policy: str) -> None:
+        longest = int(max_length or lengths.max(initial=1))
+        while True:
+            episode, start, length = episode_chunks(lengths, max(longest, 1))
+            self.episode, self.start, self.length = episode, start, length
+            self.task = self._sample_tasks()
+            tokens = self.layout.price(self._chunk_counts(episode, start, length), self._text_lengths(self.task))
+            if capacity is None or not len(tokens) or tokens.max() <= capacity:
+                break
+            if longest <= 1:
+                raise ValueError(f"capacity {capacity} cannot hold one step of a whole-episode chunk "
+                                 f"({int(tokens.max())} tokens with its text); raise the capacity or shrink the layout")
+            # Shrink in proportion to the overshoot, at least one step a round.
+            longest = max(1, min(longest - 1, int(longest * capacity / int(tokens.max()))))
+        self.tokens = tokens
+        self.stats["split_episodes"] = int(np.sum(np.bincount(episode, minlength=len(lengths)) > 1))
+        if policy == "truncate":
+            first = start == 0
+            self.stats["truncated_steps"] = int(length[~first].sum())
+            self.stats["split_episodes"] = 0
+            self.episode, self.start, self.length = episode[first], start[first], length[first]
+            self.task, self.tokens = self.task[first], tokens[first]
+
+
+def _check_features(source: EpisodeSource, layout: TokenLayout, features: Sequence[str], *, chunked: bool) -> None:
+    if not features:
+        raise ValueError("whole-episode chunks read the features TokenLayout.tokens_per_frame prices; it names none"
+                         if chunked else "the window names no feature")
+    for feature in features:
+        if feature not in source.features:
+            raise ValueError(f"{source.name}: the {'layout' if chunked else 'window'} names feature {feature!r}, "
+                             f"which the dataset does not have; its features are {sorted(source.features)}")
+        if source.features[feature].kind == "video" and feature not in layout.tokens_per_frame:
+            raise ValueError(f"video feature {feature!r} has no price: give TokenLayout(tokens_per_frame="
+                             f"{{{feature!r}: n}}), the tokens one frame becomes")
+
+
+def _dataset_of(source: EpisodeSource) -> np.ndarray:
+    """Which dataset of a mixed source each episode comes from (all 0 for a single dataset)."""
+    of = getattr(source, "dataset_of", None)
+    return np.asarray(of, dtype=np.int64) if of is not None else np.zeros(len(source), dtype=np.int64)
+
+
+class RecordItems:
+    """The samples of a map-style dataset, priced ``lengths`` (an array, or a function ``index -> int``).
+
+    Samples may be 1-D tensors (token ids, stored as ``data["text"]``) or dicts of tensors whose first dimension
+    is the sample's length (each key concatenated in token order); anything else goes to
+    ``metadata["samples"]`` unchanged.
+    """
+
+    groups = None
+
+    def __init__(self, dataset: Sequence, lengths: Sequence[int] | np.ndarray | Callable[[int], int]) -> None:
+        n = len(dataset)
+        values = [lengths(i) for i in range(n)] if callable(lengths) else lengths
+        tokens = np.asarray(values)
+        if tokens.shape != (n,) or (n and not np.issubdtype(tokens.dtype, np.integer)):
+            raise ValueError(f"lengths must give one integer per sample ({n}), got shape {tokens.shape}")
+        if n and tokens.min() < 1:
+            raise ValueError(f"sample {int(np.argmin(tokens))} has length {tokens.min()}; lengths must be >= 1")
+        self.dataset, self.tokens = dataset, tokens.astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def draw(self, seed: int, epoch: int) -> None:
+        return None
+
+    def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
+        order = np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
+        fields: dict[str, list[torch.Tensor]] = {}
+        extra = []
+        for i in order:
+            sample = self.dataset[int(i)]
+            items = {"text": sample} if isinstance(sample, (torch.Tensor, np.ndarray)) else sample
+            if not isinstance(items, Mapping):
+                extra.append(sample)
+                continue
+            rest = {}
+            for key, value in items.items():
+                value = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                if isinstance(value, torch.Tensor) and value.dim() >= 1:
+                    if value.shape[0] != self.tokens[i]:
+                        raise ValueError(f"sample {int(i)} field {key!r} has {value.shape[0]} entries but its length "
+                                         f"is {int(self.tokens[i])}; lengths must match the samples")
+                    fields.setdefault(key, []).append(value)
+                else:
+                    rest[key] = value
+            if rest:
+                extra.append(rest)
+        metadata: dict[str, Any] = {"sample": torch.from_numpy(order)}
+        if extra:
+            metadata["samples"] = extra
+        num_rows = kwargs.get("num_rows") or len(rows)
+        lengths = [self.tokens[r].tolist() for r in rows] + [[] for _ in range(num_rows - len(rows))]
+        return PackedBatch.from_segments(lengths, capacity or int(self.tokens[order].max(initial=1)),
+                                         data={k: torch.cat(v) for k, v in fields.items()}, metadata=metadata)

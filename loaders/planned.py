@@ -1,0 +1,236 @@
+"""The one planned dataset: an epoch plan over any kind of items, one item per step of one rank's plan.
+
+:class:`PlannedDataset` is a map-style torch Dataset whose item ``(epoch, step)`` is the PackedBatch of that step
+for this rank. What it plans over is an item kind (:mod:`mmfeed.loaders.items`: episode windows, whole-episode
+chunks, a mixture of datasets, a map-style dataset's records), which prices samples and reads them; everything
+else is written once here: the plan and its cache, rank handling, the error policy, pickling and resume. The
+plan is recomputed from the index in each process that needs it (a pure function of ``(seed, epoch)``), so
+torch's worker processes, persistent or not, need no shared state, and :class:`PlanSampler` resumes mid-epoch by
+starting at a step instead of replaying data.
+
+Elastic resume: a loader state saved at one world size continues at another. The samples the job consumed are a
+pure function of ``(seed, epoch, world size, steps done)``, so they are recomputed from the old plan, and the rest
+of the epoch is every other sample planned afresh for the new world size
+(:func:`~mmfeed.packing.plan.plan_remainder`); such a step is the item ``(epoch, step, done)``, ``done`` the
+earlier ``(world_size, steps)`` segments. :meth:`PlannedDataset.reshard_state` rewrites a saved
+``mmfeed.DataLoader`` state for this dataset's world size (one state, e.g. rank 0's, serves every new rank).
+
+    >>> import numpy as np
+    >>> from mmfeed.loaders.items import RecordItems
+    >>> import torch
+    >>> ds = PlannedDataset(RecordItems([torch.arange(n) for n in (5, 3, 7, 2)], [5, 3, 7, 2]),
+    ...                     plan=PlanConfig(capacity=8))
+    >>> ds[0, 0].capacity, len(ds) >= 2
+    (8, True)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
+from mmfeed.packing import PackedBatch
+from mmfeed.packing.plan import Plan, PlanConfig, plan_remainder
+
+__all__ = ["PLAN_VERSION", "PlanSampler", "PlannedDataset"]
+
+PLAN_VERSION = 2
+"""Counts changes of the plan's order; a saved state of another version is refused (its cursor would point into
+another order)."""
+
+
+class PlannedDataset(torch.utils.data.Dataset):
+    """Packed batches of one rank, planned from ``items`` (see :mod:`mmfeed.loaders.items`).
+
+    plan: capacity, rows per batch, mode, ... (:class:`~mmfeed.packing.plan.PlanConfig`).
+    seed, rank, world_size: the plan is a pure function of these and the epoch.
+    static_shapes: every batch tensor, ``cu_seqlens`` included, has one shape for the whole epoch.
+    errors: what a sample that cannot be loaded does (:class:`~mmfeed.loaders.errors.ErrorPolicy`; default raise).
+    transform: ``fn(sample: dict, generator) -> dict`` run on each sample after decode (episode items).
+    """
+
+    def __init__(self, items: Any, *, plan: PlanConfig | None = None, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, static_shapes: bool = False, errors: ErrorPolicy | None = None,
+                 transform: Callable | None = None) -> None:
+        for name, value in (("seed", seed), ("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in range for world_size {world_size}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable fn(sample, generator) -> dict, got {transform!r}")
+        self.items = items
+        self.config = plan or PlanConfig()
+        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
+        self.static_shapes = bool(static_shapes)
+        self.errors = errors or ErrorPolicy()
+        self.transform = transform
+        self._counter = ErrorCounter(self.errors)  # consecutive failures in this process
+        self._plan: tuple[Any, Plan, np.ndarray | None] | None = None
+        self._num_steps: dict[Any, int] = {}
+        tokens = np.asarray(items.tokens)
+        self._max_documents = None
+        if self.config.capacity and len(tokens):
+            self._max_documents = self.config.rows_per_batch * max(self.config.capacity // int(tokens.min()), 1)
+
+    @property
+    def source(self) -> Any:
+        """The episode source of episode items (None for records)."""
+        return getattr(self.items, "source", None)
+
+    def plan(self, epoch: int, done: tuple[tuple[int, int], ...] = ()) -> Plan:
+        """The whole epoch's plan (all ranks), cached for the last epoch asked; with ``done`` (earlier segments
+        ``(world_size, steps)`` of an elastic resume) the plan of the rest of that epoch. Its sample ids are
+        positions in :meth:`epoch_samples` (the identity unless the items draw samples by weight)."""
+        return self._cached(epoch, done)[0]
+
+    def epoch_samples(self, epoch: int) -> np.ndarray | None:
+        """The sample ids the plan of ``epoch`` positions refer to; None: position = sample id."""
+        return self.items.draw(self.seed, int(epoch))
+
+    def _cached(self, epoch: int, done: tuple) -> tuple[Plan, np.ndarray | None]:
+        key = (int(epoch), tuple((int(w), int(k)) for w, k in done))
+        if self._plan is None or self._plan[0] != key:
+            drawn = self.epoch_samples(key[0])
+            tokens = np.asarray(self.items.tokens)
+            groups = self.items.groups
+            if drawn is not None:
+                tokens = tokens[drawn]
+                groups = None if groups is None else np.asarray(groups)[drawn]
+            plan = plan_remainder(tokens, self.config, seed=self.seed, epoch=key[0], world_size=self.world_size,
+                                  done=key[1], groups=groups)
+            self._plan = (key, plan, drawn)
+        return self._plan[1], self._plan[2]
+
+    def num_steps(self, epoch: int = 0, done: tuple[tuple[int, int], ...] = ()) -> int:
+        """Steps of this epoch (the same on every rank); with ``done``, of the rest of it."""
+        key = (int(epoch), tuple((int(w), int(k)) for w, k in done))
+        if key not in self._num_steps:
+            self._num_steps[key] = self.plan(*key).num_steps
+        return self._num_steps[key]
+
+    def batch_samples(self, epoch: int, step: int, done: tuple = ()) -> list[np.ndarray]:
+        """The sample ids of each row of this rank's batch at ``step``."""
+        plan, drawn = self._cached(epoch, done)
+        if not 0 <= step < plan.num_steps:
+            raise IndexError(f"step {step} out of range: epoch {epoch} has {plan.num_steps} steps"
+                             + (f" after the segments {list(done)}" if done else ""))
+        rows = plan.batch_rows(self.rank, int(step))
+        return rows if drawn is None else [drawn[r] for r in rows]
+
+    def __len__(self) -> int:
+        return self.num_steps(0)
+
+    def __getitem__(self, key: tuple[int, int] | tuple[int, int, tuple] | int) -> PackedBatch:
+        if isinstance(key, tuple):
+            epoch, step, done = key if len(key) == 3 else (*key, ())
+        else:
+            epoch, step, done = 0, key, ()
+        rows = self.batch_samples(int(epoch), int(step), done)
+        plan = self.plan(int(epoch), done)
+        num_rows = plan.steps.shape[2] if self.static_shapes else None
+        return self.items.collate(rows, plan.capacity, num_rows=num_rows, static_shapes=self.static_shapes,
+                                  max_documents=self._max_documents, errors=self._counter, epoch=int(epoch),
+                                  seed=self.seed, transform=self.transform)
+
+    def reshard_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A ``mmfeed.DataLoader`` state saved at any world size, rewritten to resume on this dataset's.
+
+        At the same world size the state comes back unchanged. Otherwise the steps the saved loader ran in its
+        epoch become a done segment ``(old world size, steps)``: the resumed loader runs the plan of the samples
+        not yet consumed, for this world size, from its first step. No sample of the epoch is lost or repeated.
+        The state is the same on every rank, so any rank's saved state resumes every new rank::
+
+            loader.load_state_dict(loader.dataset.reshard_state(torch.load("loader.pt")))
+
+        Raises ValueError when the state was saved with another plan seed or plan version.
+        """
+        order = state.get("order") if isinstance(state, dict) else None
+        if not isinstance(order, dict) or order.get("kind") != "stateful" or not isinstance(order.get("state"), dict):
+            return copy.deepcopy(state)
+        saved = order["state"]
+        version = saved.get("plan_version", 1)
+        if version != PLAN_VERSION:
+            raise ValueError(f"the state was saved by plan version {version}, this mmfeed plans with version "
+                             f"{PLAN_VERSION}: the order of samples changed, so its cursor cannot be resumed; start "
+                             "the epoch afresh (or resume with the mmfeed that saved it)")
+        if int(saved.get("seed", 0)) != self.seed:
+            raise ValueError(f"the state was saved with plan seed {saved.get('seed', 0)}, this dataset has seed "
+                             f"{self.seed}; build it with seed={saved.get('seed', 0)}")
+        old_world = int(saved.get("world_size", 1))
+        if old_world == self.world_size:
+            return copy.deepcopy(state)
+        out = copy.deepcopy(state)
+        sampler = out["order"]["state"]
+        if not out.get("done"):  # mid-epoch: what this epoch ran so far becomes a segment of it
+            sampler["done"] = [*map(list, sampler.get("done", [])), [old_world, int(out["batches"])]]
+            out["batches"] = 0
+        sampler.pop("world_size", None)
+        if self.world_size != 1:
+            sampler["world_size"] = self.world_size
+        out["dataset_len"] = len(self)
+        return out
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_plan"] = None  # workers recompute it: cheaper to send the index than the plan
+        return state
+
+
+class PlanSampler(torch.utils.data.Sampler):
+    """Yields ``(epoch, step)`` for every step of one epoch of a planned dataset, from ``start`` on.
+
+    Each pass runs the next epoch (the first pass runs ``epoch``), so successive ``iter(loader)`` calls walk
+    through epochs 0, 1, 2, ... with fresh plans. ``state_dict()`` is what ``mmfeed.DataLoader`` saves at the
+    start of each epoch (the loader counts the batches handed out and skips them as indices on resume):
+    ``{"epoch", "plan_version"}`` plus ``"world_size"`` and ``"seed"`` of the plan and ``"done"``, the earlier
+    ``[world_size, steps]`` segments of an elastically resumed epoch (each left out at its default: world size 1,
+    seed 0, no segments). In such an epoch the items are ``(epoch, step, done)``.
+    """
+
+    def __init__(self, dataset: PlannedDataset, *, epoch: int = 0, start: int = 0) -> None:
+        self.dataset, self.epoch, self.start = dataset, int(epoch), int(start)
+        self.done: tuple[tuple[int, int], ...] = ()
+
+    def set_epoch(self, epoch: int, start: int = 0, done: tuple[tuple[int, int], ...] = ()) -> None:
+        self.epoch, self.start = int(epoch), int(start)
+        self.done = tuple((int(w), int(k)) for w, k in done)
+
+    def state_dict(self) -> dict:
+        state: dict[str, Any] = {"epoch": self.epoch, "plan_version": PLAN_VERSION}
+        if self.dataset.world_size != 1:
+            state["world_size"] = self.dataset.world_size
+        if self.dataset.seed != 0:
+            state["seed"] = self.dataset.seed
+        if self.done:
+            state["done"] = [list(d) for d in self.done]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        version = state.get("plan_version", 1)
+        if version != PLAN_VERSION:
+            raise ValueError(f"the sampler state was saved by plan version {version}; this mmfeed plans with "
+                             f"version {PLAN_VERSION} (the order changed): start the epoch afresh")
+        world, seed = int(state.get("world_size", 1)), int(state.get("seed", 0))
+        if world != self.dataset.world_size or seed != self.dataset.seed:
+            raise ValueError(f"the sampler state was saved at world size {world} with seed {seed}, this dataset "
+                             f"runs at world size {self.dataset.world_size} with seed {self.dataset.seed}; pass "
+                             "the loader state through dataset.reshard_state(state) before load_state_dict")
+        self.set_epoch(int(state["epoch"]), done=state.get("done", ()))
+
+    def _steps(self) -> int:
+        return self.dataset.num_steps(self.epoch, self.done)
+
+    def __len__(self) -> int:
+        return max(self._steps() - self.start, 0)
+
+    def __iter__(self):
+        epoch, start, done, total = self.epoch, self.start, self.done, self._steps()
+        self.epoch, self.start, self.done = epoch + 1, 0, ()
+        for step in range(start, total):
+            yield (epoch, step, done) if done else (epoch, step)
