@@ -1,75 +1,58 @@
-"""mmfeed.loaders"""
+"""mmfeed.loaders: I/O and processes -- sources, the planned dataset, workers, collation, DataLoader, prefetch, timing.
 
-from mmfeed.loaders.dataloader import DataLoader
-from mmfeed.loaders.dataset import PackedEpisodeDataset, PlanSampler
-from mmfeed.loaders.dist import DistInfo, dist_info
-from mmfeed.loaders.errors import ErrorPolicy, SampleError
-from mmfeed.loaders.generic import PackedMapDataset
-from mmfeed.loaders.index import (
-    INDEX_FILENAME,
-    build_index,
-    read_shard_index,
-    read_member,
-    resolve_shard,
-    stale_shards,
-    write_index,
-)
-from mmfeed.loaders.layout import TokenLayout
-from mmfeed.loaders.lerobot import LeRobotSource
-from mmfeed.loaders.mixture import MixtureDataset
-from mmfeed.loaders.packing_config import Packing
-from mmfeed.packing.plan import Plan, PlanConfig, consumed_samples, plan_epoch, plan_remainder
-from mmfeed.loaders.remote import RangeCache, read_range
-from mmfeed.loaders.prefetch import DevicePrefetcher
-from mmfeed.loaders.sources import ArraySource, EpisodeRequest, Source, open_dataset
-from mmfeed.loaders.samples import SamplingConfig
-from mmfeed.loaders.streaming import StreamConfig, StreamingPackedDataset
-from mmfeed.loaders.timing import StepTimer, TimedBatch, TimedCollate, record_stage, stage
-from mmfeed.loaders.webdataset import WebDatasetSource
-from mmfeed.loaders.windows import WindowSpec
+The path of a batch: a source (:mod:`mmfeed.loaders.sources`: webdataset shards, LeRobot v3 directories, arrays in
+memory, a mixture of them) lists its episodes with every feature under its own name; the planned dataset
+(:mod:`mmfeed.loaders.planned`) plans an epoch over its items (:mod:`mmfeed.loaders.items`: windows, whole-episode
+chunks, records) from the index alone; workers read and decode exactly the frames of their planned batches and
+collate them (:mod:`mmfeed.loaders.assemble`); :class:`DataLoader` hands them out, prefetched to the device and
+timed. Everything decided from the index alone lives in :mod:`mmfeed.packing`; the window, layout and plan types
+are re-exported here because they are what a loader is configured with::
 
-__all__ = sorted(
-    [
-        "ArraySource",
-        "DataLoader",
-        "DevicePrefetcher",
-        "DistInfo",
-        "EpisodeRequest",
-        "ErrorPolicy",
-        "INDEX_FILENAME",
-        "LeRobotSource",
-        "MixtureDataset",
-        "PackedEpisodeDataset",
-        "PackedMapDataset",
-        "Packing",
-        "Plan",
-        "PlanConfig",
-        "PlanSampler",
-        "RangeCache",
-        "SampleError",
-        "SamplingConfig",
-        "Source",
-        "StepTimer",
-        "StreamConfig",
-        "StreamingPackedDataset",
-        "TimedBatch",
-        "TimedCollate",
-        "TokenLayout",
-        "WebDatasetSource",
-        "WindowSpec",
-        "build_index",
-        "consumed_samples",
-        "dist_info",
-        "open_dataset",
-        "plan_epoch",
-        "plan_remainder",
-        "read_member",
-        "read_range",
-        "read_shard_index",
-        "record_stage",
-        "resolve_shard",
-        "stage",
-        "stale_shards",
-        "write_index",
-    ]
-)
+    from mmfeed import DataLoader
+    from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
+
+    ds = open_dataset("shards/")
+    window = WindowSpec.from_delta_timestamps({"observation.images.cam_high": [-1 / 15, 0.0],
+                                               "observation.state": [0.0], "action": [i / 50 for i in range(50)]})
+    loader = DataLoader(ds, packing=Packing(layout=TokenLayout(tokens_per_frame={"observation.images.cam_high": 256}),
+                                            window=window, plan=PlanConfig(capacity=8192, rows_per_batch=4)))
+
+Names are imported on first use, so ``import mmfeed.loaders`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it
+_EXPORTS = {
+    "DataLoader": "mmfeed.loaders.dataloader",
+    "DevicePrefetcher": "mmfeed.loaders.prefetch",
+    "ErrorPolicy": "mmfeed.loaders.errors",
+    "Feature": "mmfeed.loaders.sources.base",
+    "Normalize": "mmfeed.loaders.transforms",
+    "Packing": "mmfeed.loaders.packing_config",
+    "PlanConfig": "mmfeed.packing.plan",
+    "PlannedDataset": "mmfeed.loaders.planned",
+    "SampleError": "mmfeed.loaders.errors",
+    "ShardWriter": "mmfeed.loaders.sources.writer",
+    "StepTimer": "mmfeed.loaders.timing",
+    "StreamConfig": "mmfeed.loaders.streaming",
+    "TokenLayout": "mmfeed.packing.layout",
+    "WindowSpec": "mmfeed.packing.windows",
+    "open_dataset": "mmfeed.loaders.open",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mmfeed.loaders' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

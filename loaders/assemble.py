@@ -75,6 +75,7 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
     if transform is None:
         requests, direct = _decode_in_place(source, requests, sample_plans)
     read, failures = _read(source, requests, samples, errors)
+    _fill_direct(requests, read, direct)
     _check_finite(source, requests, read, pads, samples, policy, errors, failures)
     if transform is not None:
         read = _transform(items, samples, requests, read, pads, transform, epoch, seed)
@@ -184,6 +185,17 @@ def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) 
     if not buffers:
         return requests, {}
     return [dataclasses.replace(r, out=o) for r, o in zip(requests, outs)], buffers
+
+
+def _fill_direct(requests: list, read: list, direct: dict) -> None:
+    """Copy frames a source returned elsewhere (it may ignore ``out``) into their place in the payload."""
+    for request, data in zip(requests, read):
+        if data is None or not request.out:
+            continue
+        for feature, out in request.out.items():
+            if feature in direct and not np.may_share_memory(data[feature], out):
+                out[...] = data[feature]
+                data[feature] = out
 
 
 def _alloc(key: str, shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:

@@ -58,7 +58,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
-from mmfeed.loaders.dataset import PlanSampler
+from mmfeed.loaders.planned import PlannedDataset, PlanSampler
 from mmfeed.loaders.prefetch import DevicePrefetcher, _resolve_device
 from mmfeed.loaders.resume import ResumableIndex, ShuffleSampler
 from mmfeed.loaders.shm import ReleaseTracker, enable_pool
@@ -145,33 +145,28 @@ class _LoaderIter:
 
 
 def _is_planned(dataset: Any) -> bool:
-    """A dataset whose items are ``(epoch, step)`` batches of an epoch plan (packed episode or map datasets)."""
-    from mmfeed.loaders.dataset import PackedEpisodeDataset
-    from mmfeed.loaders.generic import PackedMapDataset
-    from mmfeed.loaders.mixture import MixtureDataset
-
-    return isinstance(dataset, (PackedEpisodeDataset, PackedMapDataset, MixtureDataset))
+    """A dataset whose items are ``(epoch, step)`` batches of an epoch plan."""
+    return isinstance(dataset, PlannedDataset)
 
 
-def _packed_dataset(source: Any, packing: Any) -> Any:
-    """The planned dataset ``packing`` (a :class:`~mmfeed.loaders.packing_config.Packing`) makes of ``source``
-    for this process's rank."""
-    from mmfeed.loaders.dataset import PackedEpisodeDataset
+def _packed_dataset(source: Any, packing: Any) -> PlannedDataset:
+    """The planned dataset ``packing`` (a :class:`~mmfeed.loaders.packing_config.Packing`) makes of ``source`` (an
+    open source, or paths for :func:`~mmfeed.loaders.open.open_dataset`) for this process's rank."""
     from mmfeed.loaders.dist import dist_info
+    from mmfeed.loaders.open import open_dataset
     from mmfeed.loaders.packing_config import Packing
-    from mmfeed.loaders.sources import Source, open_dataset
+    from mmfeed.loaders.sources.base import EpisodeSource
 
     if not isinstance(packing, Packing):
         raise TypeError(f"packing must be an mmfeed.loaders.Packing, got {type(packing).__name__}")
-    if isinstance(source, (str, os.PathLike)):
-        source = open_dataset(source)
-    if not isinstance(source, Source):
-        raise TypeError(f"packing needs an episode source (open_dataset(path)), got {type(source).__name__}")
+    if not isinstance(source, EpisodeSource):
+        try:
+            source = open_dataset(source)
+        except TypeError:
+            raise TypeError(f"packing needs an episode source, a path or a list of them (open_dataset), got "
+                            f"{type(source).__name__}") from None
     where = dist_info()
-    return PackedEpisodeDataset(source, layout=packing.layout, window=packing.window, stride=packing.stride,
-                                max_length=packing.max_length, plan=packing.plan, tokenizer=packing.tokenizer,
-                                seed=packing.seed, rank=where.rank, world_size=where.world_size,
-                                static_shapes=packing.static_shapes, errors=packing.errors)
+    return packing.dataset(source, rank=where.rank, world_size=where.world_size)
 
 
 class DataLoader:
@@ -179,9 +174,9 @@ class DataLoader:
     ``packing``.
 
     ``packing=Packing(layout=..., window=..., plan=PlanConfig(capacity=8192, rows_per_batch=4))`` over an episode
-    source (or a path for :func:`~mmfeed.loaders.open_dataset`) plans the epoch for this rank and yields
-    :class:`~mmfeed.packing.PackedBatch` objects; so does passing a planned dataset (``PackedEpisodeDataset``,
-    ``PackedMapDataset``, ``MixtureDataset``) directly. Each ``iter(loader)`` runs the next epoch of the plan, and
+    source (or a path, or a list of them for a mixture, see :func:`~mmfeed.loaders.open.open_dataset`) plans the
+    epoch for this rank and yields :class:`~mmfeed.packing.PackedBatch` objects; so does passing a
+    :class:`~mmfeed.loaders.planned.PlannedDataset` directly. Each ``iter(loader)`` runs the next epoch of the plan, and
     ``state_dict()`` resumes mid-epoch by step, with any ``num_workers``.
 
     See the module docstring for resume and timing. Attributes not set here (``pin_memory``, ``timeout``,
