@@ -16,6 +16,9 @@ from mmfeed.testing.video import write_video
 
 __all__ = ["write_lerobot"]
 
+QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
+"""The quantiles LeRobot's stats carry beside min, max, mean, std and count."""
+
 
 _VIDEO_CHUNK = "chunk-000/file-000.mp4"
 # The pandas metadata LeRobot's tasks.parquet carries: a frame with column task_index, indexed by the task text.
@@ -41,6 +44,8 @@ def write_lerobot(
     gop: int = 2,
     crf: int | None = None,
     robot_type: str = "synthetic",
+    task_switch: bool = False,
+    use_videos: bool = True,
 ) -> str:
     """Write ``episodes`` as a LeRobot v3.0 dataset directory at ``out_dir``; return its path.
 
@@ -51,8 +56,16 @@ def write_lerobot(
     on a keyframe) and stream-copied after the previous one, as LeRobot concatenates. ``codec`` is ``"av1"``
     (libsvtav1, LeRobot's default, with ``gop=2``) or ``"h264"``. Pattern index = the global ``index``.
     Everything fits one chunk and one file (LeRobot rolls over at 100 MB of data and 200 MB of video). Stats
-    (min, max, mean, std, count) cover the non-video features. All episodes must share fps (an integer, every
-    camera at that rate), cameras, frame size and dimensions.
+    (min, max, mean, std, count and the quantiles q01, q10, q50, q90, q99) cover the non-video features. All
+    episodes must share fps (an integer, every camera at that rate), cameras, frame size and dimensions.
+
+    The data holds every array of :meth:`SyntheticEpisode.arrays` (``observation.state``, ``action``,
+    ``observation.velocity``, ``next.reward``, ``next.done``) beside LeRobot's five default columns.
+    ``task_switch=True`` gives every episode of two steps or more a second task for its second half (steps from
+    ``(T + 1) // 2`` on): ``"<task>, then return to the start"``; the episode's ``tasks`` list names both and
+    ``task_index`` follows per row. ``use_videos=False`` stores the cameras as PNG images in the data parquet
+    (feature dtype ``"image"``, Hugging Face ``Image`` struct of ``bytes`` and ``path``), as LeRobot does without
+    videos, with LeRobot's per-channel image stats (of pixels / 255, shape ``[3, 1, 1]``).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -64,15 +77,17 @@ def write_lerobot(
     for sub in ("meta/episodes/chunk-000", "data/chunk-000"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     video_keys = [f"observation.images.{camera}" for camera in first.camera_names]
-    tasks = list(dict.fromkeys(ep.task for ep in episodes))
-    task_index = {task: i for i, task in enumerate(tasks)}
     lengths = np.array([ep.length for ep in episodes], dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     n = len(episodes)
+    step_tasks = [_step_tasks(ep, task_switch) for ep in episodes]  # the task text of every step
+    episode_tasks = [list(dict.fromkeys(t)) for t in step_tasks]
+    tasks = list(dict.fromkeys(t for names in episode_tasks for t in names))
+    task_index = {task: i for i, task in enumerate(tasks)}
 
     spans: dict[str, list[tuple[float, float]]] = {}  # video key -> (from, to) seconds of each episode
     with tempfile.TemporaryDirectory(dir=root, prefix=".mmfeed-tmp-") as tmp:
-        for camera, key in zip(first.camera_names, video_keys):
+        for camera, key in zip(first.camera_names, video_keys if use_videos else ()):
             parts = []
             for e, ep in enumerate(episodes):
                 parts.append(Path(tmp) / f"{key}-{e:06d}.mp4")
@@ -81,16 +96,26 @@ def write_lerobot(
             spans[key] = _concatenate(parts, root / "videos" / key / _VIDEO_CHUNK)
 
     frame_index = np.concatenate([np.arange(length, dtype=np.int64) for length in lengths])
+    per_episode_arrays = [ep.arrays() for ep in episodes]
     columns = {
         "action": np.concatenate([ep.action for ep in episodes]),
         "observation.state": np.concatenate([ep.proprio for ep in episodes]),
+        **{name: np.concatenate([a[name] for a in per_episode_arrays])
+           for name in per_episode_arrays[0] if name not in ("action", "observation.state")},
         "timestamp": (frame_index / fps).astype(np.float32),
         "frame_index": frame_index,
         "episode_index": np.repeat(np.arange(n, dtype=np.int64), lengths),
         "index": np.arange(bounds[-1], dtype=np.int64),
-        "task_index": np.repeat(np.array([task_index[ep.task] for ep in episodes], dtype=np.int64), lengths),
+        "task_index": np.array([task_index[t] for names in step_tasks for t in names], dtype=np.int64),
     }
+    images = {} if use_videos else {
+        key: np.concatenate([ep.frames(camera, start=int(bounds[e])) for e, ep in enumerate(episodes)])
+        for camera, key in zip(first.camera_names, video_keys)}
     arrays, hf = [], {}
+    for name, values in images.items():
+        png = pa.array([_png(frame) for frame in values], pa.binary())
+        arrays.append(pa.StructArray.from_arrays([png, pa.nulls(len(values), pa.string())], ["bytes", "path"]))
+        hf[name] = {"_type": "Image"}
     for name, values in columns.items():
         value = {"dtype": str(values.dtype), "_type": "Value"}
         if values.ndim == 2:
@@ -99,27 +124,28 @@ def write_lerobot(
         else:
             arrays.append(pa.array(values))
             hf[name] = value
-    data = pa.Table.from_arrays(arrays, names=list(columns))
+    data = pa.Table.from_arrays(arrays, names=[*images, *columns])
     data = data.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": hf}})})
     pq.write_table(data, root / "data/chunk-000/file-000.parquet", compression="snappy", use_dictionary=True)
 
     table: dict[str, list] = {
         "episode_index": list(range(n)),
-        "tasks": [[ep.task] for ep in episodes],
+        "tasks": episode_tasks,
         "length": lengths.tolist(),
         "data/chunk_index": [0] * n,
         "data/file_index": [0] * n,
         "dataset_from_index": bounds[:-1].tolist(),
         "dataset_to_index": bounds[1:].tolist(),
     }
-    for key in video_keys:
+    for key in video_keys if use_videos else ():
         table[f"videos/{key}/chunk_index"] = [0] * n
         table[f"videos/{key}/file_index"] = [0] * n
         table[f"videos/{key}/from_timestamp"] = [a for a, _ in spans[key]]
         table[f"videos/{key}/to_timestamp"] = [b for _, b in spans[key]]
-    for name, values in columns.items():
-        per_episode = [_stats(values[bounds[e] : bounds[e + 1]]) for e in range(n)]
-        for stat in ("min", "max", "mean", "std", "count"):
+    stats_of = {**{name: _image_stats for name in images}, **{name: _stats for name in columns}}
+    for name, values in {**images, **columns}.items():
+        per_episode = [stats_of[name](values[bounds[e] : bounds[e + 1]]) for e in range(n)]
+        for stat in per_episode[0]:
             table[f"stats/{name}/{stat}"] = [s[stat] for s in per_episode]
     table["meta/episodes/chunk_index"] = [0] * n
     table["meta/episodes/file_index"] = [0] * n
@@ -143,11 +169,11 @@ def write_lerobot(
         "fps": fps,
         "splits": {"train": f"0:{n}"},
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
-        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
-        "features": _lerobot_features(first, root, video_keys, gop, crf, codec),
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4" if use_videos else None,
+        "features": _lerobot_features(first, root, video_keys, gop, crf, codec, use_videos),
     }
     (root / "meta/info.json").write_text(json.dumps(info, indent=4, ensure_ascii=False))
-    stats = {name: _stats(values) for name, values in columns.items()}
+    stats = {name: stats_of[name](values) for name, values in {**images, **columns}.items()}
     (root / "meta/stats.json").write_text(json.dumps(stats, indent=4))
     return str(root)
 
@@ -175,16 +201,28 @@ def _check_lerobot(episodes: Sequence[SyntheticEpisode]) -> int:
     return int(first.fps)
 
 
+def _step_tasks(ep: SyntheticEpisode, task_switch: bool) -> list[str]:
+    """The task text of every step of ``ep``: its task, or with ``task_switch`` another one from ``(T + 1) // 2``."""
+    half = (ep.length + 1) // 2 if task_switch else ep.length
+    return [ep.task] * half + [f"{ep.task}, then return to the start"] * (ep.length - half)
+
+
 def _lerobot_features(first: SyntheticEpisode, root: Path, video_keys: Sequence[str], gop: int, crf: int | None,
-                      codec: str) -> dict[str, dict]:
-    """The ``features`` of info.json, in LeRobot's order: user features, then the five default columns."""
+                      codec: str, use_videos: bool) -> dict[str, dict]:
+    """The ``features`` of info.json, in LeRobot's order: user features, then the five default columns. A
+    feature of one number per step is declared shape ``[1]`` and stored as a scalar column, as LeRobot does."""
     features: dict[str, dict] = {}
     for name, dim in (("action", first.action.shape[1]), ("observation.state", first.proprio.shape[1])):
         features[name] = {"dtype": "float32", "shape": [dim], "names": [f"motor_{i}" for i in range(dim)]}
+    for name, values in first.arrays().items():
+        if name not in features:
+            features[name] = {"dtype": str(values.dtype), "shape": list(values.shape[1:]) or [1],
+                              "names": [f"motor_{i}" for i in range(values.shape[1])] if values.ndim == 2 else None}
     for key in video_keys:
-        features[key] = {"dtype": "video", "shape": [first.height, first.width, 3],
-                         "names": ["height", "width", "channels"],
-                         "info": _video_info(root / "videos" / key / _VIDEO_CHUNK, gop, crf, codec)}
+        features[key] = {"dtype": "video" if use_videos else "image", "shape": [first.height, first.width, 3],
+                         "names": ["height", "width", "channels"]}
+        if use_videos:
+            features[key]["info"] = _video_info(root / "videos" / key / _VIDEO_CHUNK, gop, crf, codec)
     features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
     for name in ("frame_index", "episode_index", "index", "task_index"):
         features[name] = {"dtype": "int64", "shape": [1], "names": None}
@@ -239,7 +277,27 @@ def _video_info(path: Path, gop: int, crf: int | None, codec: str) -> dict:
     return info
 
 
+def _png(frame: np.ndarray) -> bytes:
+    """One uint8 ``[H, W, 3]`` frame as PNG bytes (lossless, so the image reads back bit for bit)."""
+    import av
+
+    encoder = av.CodecContext.create("png", "w")
+    encoder.width, encoder.height, encoder.pix_fmt = frame.shape[1], frame.shape[0], "rgb24"
+    packets = encoder.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24"))
+    return b"".join(bytes(p) for p in packets + encoder.encode(None))
+
+
 def _stats(values: np.ndarray) -> dict[str, list]:
     values = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
-    return {"min": values.min(axis=0).tolist(), "max": values.max(axis=0).tolist(),
-            "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "count": [len(values)]}
+    stats = {"min": values.min(axis=0).tolist(), "max": values.max(axis=0).tolist(),
+             "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "count": [len(values)]}
+    for name, q in QUANTILES.items():
+        stats[name] = np.quantile(values, q, axis=0).tolist()
+    return stats
+
+
+def _image_stats(frames: np.ndarray) -> dict[str, list]:
+    """LeRobot's image stats: per channel over every pixel of ``frames`` / 255, each shaped ``[3, 1, 1]``."""
+    pixels = (np.asarray(frames, dtype=np.float64) / 255.0).reshape(-1, 3)
+    stats = {k: np.reshape(v, (3, 1, 1)).tolist() for k, v in _stats(pixels).items() if k != "count"}
+    return {**stats, "count": [len(frames)]}

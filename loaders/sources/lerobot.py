@@ -1,0 +1,333 @@
+"""LeRobot v3 directories as an :class:`EpisodeSource`: every feature of ``meta/info.json`` under its own name.
+
+A LeRobot v3.0 dataset keeps its episode index in ``meta/episodes/chunk-XXX/file-XXX.parquet`` (length, the
+episode's row range in the data files, its tasks and, per camera, which video file holds it and from what
+timestamp), per-frame rows in ``data/chunk-XXX/file-XXX.parquet`` and the episodes of each camera back to back in
+``videos/<key>/chunk-XXX/file-XXX.mp4``: frame ``j`` of an episode is at ``from_timestamp + j / fps`` in its file.
+Planning reads only the metadata (never the per-episode ``stats/...`` columns); workers read the rows and decode
+the frames a batch asks for, one decode pass per video file for all the frames of the batch.
+
+Kinds follow the declared dtypes: ``video`` and ``image`` (PNG or JPEG bytes in the parquet) are uint8
+``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str) and every numeric dtype is an
+array of that dtype. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
+read as shape ``()``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+from mmfeed.codecs.video import DecodeOptions
+from mmfeed.loaders.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.stats import from_json
+from mmfeed.loaders.timing import stage
+
+__all__ = ["LeRobotSource", "is_lerobot_dir"]
+
+_FRAMES = ("video", "image")
+_EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_index", "dataset_from_index",
+                    "dataset_to_index")
+_VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp")
+
+FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
+
+
+def is_lerobot_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` looks like a LeRobot dataset root (it has ``meta/info.json``)."""
+    return (Path(path) / "meta" / "info.json").is_file()
+
+
+class LeRobotSource(EpisodeSource):
+    """The episodes of a LeRobot v3 directory, every feature at the dataset's fps.
+
+    root: the dataset directory (holding ``meta/``, ``data/`` and, with videos, ``videos/``).
+    backend: the video backend of :mod:`mmfeed.codecs` ("auto" sends AV1, LeRobot's default codec, to PyAV).
+    tolerance_s: how far a decoded frame's timestamp may be from the one asked for (LeRobot's default 1e-4 s).
+    frame_size: ``(height, width)`` for every camera, ``{feature: (height, width)}`` for some, or None: frames
+        are resized inside the decoder and the features report that size.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, backend: str = "auto", tolerance_s: float = 1e-4,
+                 frame_size: FrameSize = None) -> None:
+        self.root = Path(root)
+        self.name = str(self.root)
+        self.tolerance_s = float(tolerance_s)
+        self.info = _read_json(self.root / "meta" / "info.json")
+        version = str(self.info.get("codebase_version", ""))
+        if not version.startswith("v3"):
+            raise ValueError(f"{self.root}: meta/info.json has codebase_version {version!r}; mmfeed reads LeRobot v3.x")
+        for field in ("fps", "features", "data_path"):
+            if field not in self.info:
+                raise ValueError(f"{self.root / 'meta' / 'info.json'}: missing field {field!r}")
+        specs: dict[str, dict] = self.info["features"]
+        fps = float(self.info["fps"])
+        self._video_keys = [k for k, s in specs.items() if s.get("dtype") == "video"]
+        if self._video_keys and not self.info.get("video_path"):
+            raise ValueError(f"{self.root / 'meta' / 'info.json'}: video features but no 'video_path'")
+        self._sizes = _frame_sizes(frame_size, specs, self.root)
+        self._options = {size: DecodeOptions(backend=backend, size=size) for size in set(self._sizes.values())}
+        self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root) for k, s in specs.items()}
+        self._meta = _read_episodes(self.root, self._video_keys)
+        self._lengths = self._meta["length"].astype(np.int64)
+        self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
+        self.tasks = _read_tasks(self.root / "meta" / "tasks.parquet")
+        self._episode_tasks = self._task_ids(self._meta.pop("tasks"))
+        stats = self.root / "meta" / "stats.json"
+        self.stats = from_json({k: v for k, v in _read_json(stats).items() if isinstance(v, dict)}) \
+            if stats.is_file() else {}
+        self._data_cache: OrderedDict[Path, dict[str, object]] = OrderedDict()
+        self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
+
+    def step_tasks(self, episode: int) -> np.ndarray:
+        """The task id of every step of ``episode``, int64 ``[T]`` (read from its rows where the task changes)."""
+        e = self._check_episode(episode)
+        if self._episode_tasks[e] >= 0:
+            return super().step_tasks(e)
+        steps = np.arange(self._lengths[e], dtype=np.int64)
+        return self._rows(e, "task_index", steps).astype(np.int64, copy=False)
+
+    def describe(self, episode: int) -> str:
+        """The root and the episode's ``episode_index``, for error messages."""
+        return f"{self.root} episode {int(self._meta['episode_index'][episode])}"
+
+    def episode(self, index: int) -> dict:
+        """The whole episode (see :meth:`EpisodeSource.episode`) plus its ``episode_index`` in the dataset: an int,
+        unless the dataset has a feature of that name (LeRobot writes one), whose per-step array it then stays."""
+        data = super().episode(index)
+        data.setdefault("episode_index", int(self._meta["episode_index"][index]))
+        return data
+
+    def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
+        """The requested frames of each request: rows of the data files, then every video frame of the batch in
+        one decode call per frame size, so that each video file is decoded once per batch."""
+        out: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        videos: dict[tuple[int, int] | None, list[tuple[int, str, FrameRequest, str]]] = {}
+        with stage("read"):
+            for r, request in enumerate(requests):
+                self._check_request(request)
+                e = request.episode
+                for feature, idx in request.indices.items():
+                    idx = np.asarray(idx, dtype=np.int64)
+                    into = request.out.get(feature) if request.out else None
+                    if feature in self._video_keys:
+                        path, times = self._frame_times(e, feature, idx)
+                        where = f"{self.describe(e)} feature {feature!r} ({path})"
+                        frame_request = FrameRequest(path, timestamps=times, tolerance_s=self.tolerance_s, out=into)
+                        videos.setdefault(self._sizes[feature], []).append((r, feature, frame_request, where))
+                    else:
+                        out[r][feature] = self._rows(e, feature, idx)
+        with stage("decode"):
+            for r, request in enumerate(requests):
+                for feature, rows in list(out[r].items()):
+                    if self.info["features"][feature]["dtype"] == "image":
+                        into = request.out.get(feature) if request.out else None
+                        out[r][feature] = self._decode_images(request.episode, feature, rows, into)
+            for size, items in videos.items():
+                cache = self._videos.get(size)
+                if cache is None:
+                    cache = self._videos[size] = VideoReaderCache(max_open=4, options=self._options[size])
+                decoded = decode_with_context(cache, [i[2] for i in items], [i[3] for i in items])
+                for (r, feature, _, _), frames in zip(items, decoded):
+                    out[r][feature] = frames
+        return out
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_data_cache"], state["_videos"] = OrderedDict(), {}  # each worker opens its own files
+        return state
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _task_ids(self, episode_tasks: list[list[str] | None]) -> np.ndarray:
+        """The id of each episode's one task, -1 where it lists several (or none: its rows then say)."""
+        ids = {t: i for i, t in enumerate(self.tasks)}
+        out = np.full(len(episode_tasks), -1, dtype=np.int64)
+        for e, names in enumerate(episode_tasks):
+            for name in names or ():
+                if name not in ids:
+                    raise ValueError(f"{self.describe(e)}: task {name!r} is not in {self.root / 'meta/tasks.parquet'}")
+            if names and len(names) == 1:
+                out[e] = ids[names[0]]
+        return out
+
+    def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[Path, np.ndarray]:
+        chunk = int(self._meta[f"videos/{feature}/chunk_index"][episode])
+        file = int(self._meta[f"videos/{feature}/file_index"][episode])
+        start = float(self._meta[f"videos/{feature}/from_timestamp"][episode])
+        path = self.root / self.info["video_path"].format(video_key=feature, chunk_index=chunk, file_index=file)
+        return path, start + idx.astype(np.float64) / float(self._fps[episode])
+
+    def _rows(self, episode: int, feature: str, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` of ``feature`` in the episode's data file (image features: their encoded bytes)."""
+        chunk = int(self._meta["data/chunk_index"][episode])
+        file = int(self._meta["data/file_index"][episode])
+        path = self.root / self.info["data_path"].format(chunk_index=chunk, file_index=file)
+        where = f"{self.describe(episode)} feature {feature!r}"
+        columns = self._data_file(path, where)
+        if feature not in columns:
+            raise ValueError(f"{where}: data file {path} has no column {feature!r}")
+        index = columns["index"]
+        want = int(self._meta["dataset_from_index"][episode]) + idx
+        rows = np.searchsorted(index, want)
+        if rows.size and not np.array_equal(index[np.minimum(rows, len(index) - 1)], want):
+            raise ValueError(f"{where}: rows {int(want.min())}..{int(want.max())} of the episode are missing from "
+                             f"data file {path}")
+        values = columns[feature]
+        if isinstance(values, Exception):
+            raise ValueError(f"{where}: cannot read column {feature!r} of data file {path}: {values}") from values
+        return values[rows]
+
+    def _data_file(self, path: Path, where: str) -> dict[str, object]:
+        """Every non-video column of one data file, sorted by ``index`` (the last two files stay cached)."""
+        if path in self._data_cache:
+            self._data_cache.move_to_end(path)
+            return self._data_cache[path]
+        if not path.is_file():
+            raise FileNotFoundError(f"{where}: data file {path} named by meta/episodes does not exist")
+        try:
+            schema = pq.read_schema(path)
+            names = [k for k in self.features if k not in self._video_keys and k in schema.names]
+            table = pq.read_table(path, columns=list(dict.fromkeys(["index", *names])))
+        except (OSError, pa.ArrowException) as err:
+            raise ValueError(f"{where}: cannot read data file {path}: {err}") from err
+        order = np.argsort(table["index"].to_numpy(), kind="stable")
+        columns: dict[str, object] = {"index": table["index"].to_numpy()[order]}
+        for name in names:
+            try:
+                columns[name] = self._column(name, table[name].combine_chunks())[order]
+            except (ValueError, pa.ArrowException) as err:
+                columns[name] = err  # raised when the feature is asked for, so other features still read
+        self._data_cache[path] = columns
+        while len(self._data_cache) > 2:
+            self._data_cache.popitem(last=False)
+        return columns
+
+    def _column(self, name: str, array: pa.Array) -> np.ndarray:
+        """One parquet column as numpy ``[rows, *shape]`` in the feature's dtype (images: ``[rows]`` of bytes)."""
+        feature, dtype = self.features[name], self.info["features"][name]["dtype"]
+        if dtype == "image":
+            return (array.field("bytes") if pa.types.is_struct(array.type) else array).to_numpy(zero_copy_only=False)
+        if dtype == "string":
+            return array.to_numpy(zero_copy_only=False).astype(object)
+        values, rows = array, len(array)
+        while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) \
+                or pa.types.is_fixed_size_list(values.type):
+            values = values.flatten()
+        flat = values.to_numpy(zero_copy_only=False)
+        width = int(np.prod(feature.shape))
+        if flat.size != rows * width:
+            raise ValueError(f"{flat.size} values in {rows} rows, not {width} per row as shape "
+                             f"{list(feature.shape)} in meta/info.json says")
+        return flat.astype(feature.dtype, copy=False).reshape(rows, *feature.shape)
+
+    def _decode_images(self, episode: int, feature: str, encoded: np.ndarray, into: np.ndarray | None) -> np.ndarray:
+        """PNG or JPEG bytes as uint8 ``[n, H, W, 3]`` (resized to the feature's shape), with PyAV."""
+        import av
+
+        h, w, _ = self.features[feature].shape
+        out = into if into is not None else np.empty((len(encoded), h, w, 3), dtype=np.uint8)
+        for i, data in enumerate(encoded):
+            try:
+                if data is None:
+                    raise ValueError("the row holds no image bytes")
+                with av.open(io.BytesIO(data)) as container:
+                    frame = next(container.decode(video=0))
+                out[i] = frame.reformat(width=w, height=h, format="rgb24").to_ndarray()
+            except (av.error.FFmpegError, StopIteration, ValueError) as err:
+                raise SampleError(f"{self.describe(episode)} feature {feature!r}: image {i} of the request cannot "
+                                  f"be decoded: {err}") from err
+        return out
+
+
+def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None, root: Path) -> Feature:
+    """The :class:`Feature` that one entry of info.json's ``features`` declares."""
+    dtype, shape = spec.get("dtype"), tuple(int(s) for s in spec.get("shape") or ())
+    if dtype in _FRAMES:
+        if len(shape) != 3:
+            raise ValueError(f"{root}: feature {name!r} ({dtype}) has shape {list(shape)}; expected [H, W, 3]")
+        channels_first = list(spec.get("names") or [])[:1] == ["channels"]
+        h, w = size or (shape[1:3] if channels_first else shape[:2])
+        return Feature("video", "uint8", (h, w, 3), fps)
+    if dtype == "string":
+        return Feature("text", "object", (), fps)
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError as err:
+        raise ValueError(f"{root}: feature {name!r} has dtype {dtype!r}, which mmfeed cannot read") from err
+    if np_dtype.kind not in "biuf":
+        raise ValueError(f"{root}: feature {name!r} has dtype {dtype!r}, which mmfeed cannot read")
+    return Feature("array", np_dtype, () if shape == (1,) else shape, fps)
+
+
+def _frame_sizes(frame_size: FrameSize, specs: Mapping[str, Mapping], root: Path) -> dict[str, tuple[int, int] | None]:
+    """The decode size of every frame feature (None: as stored), validating ``frame_size``."""
+    cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
+    if not isinstance(frame_size, Mapping):
+        size = None if frame_size is None else DecodeOptions(size=tuple(frame_size)).size
+        return {k: size for k in cameras}
+    for k in frame_size:
+        if k not in cameras:
+            what = "is not a video or image feature" if k in specs else "is not a feature"
+            raise ValueError(f"{root}: frame_size names {k!r}, which {what}; cameras are {cameras}")
+    return {k: None if frame_size.get(k) is None else DecodeOptions(size=tuple(frame_size[k])).size for k in cameras}
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: malformed JSON ({err})") from err
+
+
+def _read_episodes(root: Path, video_keys: Sequence[str]) -> dict:
+    """The columns of meta/episodes planning and reads need, sorted by episode_index (``tasks`` as lists)."""
+    files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"{root}: no meta/episodes/chunk-*/file-*.parquet files")
+    wanted = [*_EPISODE_COLUMNS, "tasks", *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
+    tables = []
+    for f in files:
+        present = pq.read_schema(f).names
+        missing = [c for c in wanted if c not in present and c != "tasks"]
+        if missing:
+            raise ValueError(f"{f}: meta/episodes has no columns {missing}")
+        tables.append(pq.read_table(f, columns=[c for c in wanted if c in present]))
+    table = pa.concat_tables(tables, promote_options="default")
+    table = table.take(pa.array(np.argsort(table["episode_index"].to_numpy(), kind="stable")))
+    meta = {c: table[c].to_numpy() for c in table.column_names if c != "tasks"}
+    meta["tasks"] = table["tasks"].to_pylist() if "tasks" in table.column_names else [None] * table.num_rows
+    bad = np.flatnonzero(meta["dataset_to_index"] - meta["dataset_from_index"] != meta["length"])
+    if bad.size:
+        raise ValueError(f"{root} episode {int(meta['episode_index'][bad[0]])}: meta/episodes gives length "
+                         f"{int(meta['length'][bad[0]])} but rows {int(meta['dataset_from_index'][bad[0]])}.."
+                         f"{int(meta['dataset_to_index'][bad[0]])}")
+    return meta
+
+
+def _read_tasks(path: Path) -> list[str]:
+    """Task texts ordered by task_index. LeRobot writes a pandas frame indexed by the text, which parquet keeps as
+    a column named ``task`` (a named index) or ``__index_level_0__`` (an unnamed one)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; a LeRobot v3 dataset lists its tasks there")
+    table = pq.read_table(path)
+    text = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
+    if text is None or "task_index" not in table.column_names:
+        raise ValueError(f"{path}: expected columns task_index and task (or the index __index_level_0__), got "
+                         f"{table.column_names}")
+    ids = table["task_index"].to_numpy()
+    if sorted(ids.tolist()) != list(range(len(ids))):
+        raise ValueError(f"{path}: task_index must number the tasks 0..{len(ids) - 1}, got {sorted(ids.tolist())}")
+    texts = table[text].to_pylist()
+    return [str(texts[i]) for i in np.argsort(ids)]

@@ -1,0 +1,233 @@
+"""The v2 LeRobot reader reads back, under their own names, every feature write_lerobot put in a LeRobot v3 directory."""
+
+import json
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from mmfeed.loaders.sources.base import EpisodeRequest
+from mmfeed.loaders.sources.lerobot import LeRobotSource, is_lerobot_dir
+from mmfeed.testing import make_episodes, read_index, write_lerobot
+
+CAM = "observation.images.cam_high"
+DATA = "data/chunk-000/file-000.parquet"
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    return make_episodes(3, seed=5, min_length=10, max_length=20, height=48, width=64)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory, episodes):
+    return write_lerobot(tmp_path_factory.mktemp("lerobot") / "ds", episodes)  # AV1, LeRobot's default
+
+
+@pytest.fixture(scope="module")
+def ds(root):
+    return LeRobotSource(root)
+
+
+def _parquet_rows(root, episode):
+    """Every non-video column of one episode's rows, as numpy, straight from the data parquet."""
+    table = pq.read_table(f"{root}/{DATA}")
+    rows = table.filter(pa.compute.equal(table["episode_index"], episode))
+    out = {}
+    for name in rows.column_names:
+        column = rows[name].combine_chunks()
+        if pa.types.is_fixed_size_list(column.type):
+            out[name] = column.flatten().to_numpy().reshape(len(column), column.type.list_size)
+        else:
+            out[name] = column.to_numpy(zero_copy_only=False)
+    return out
+
+
+def test_every_feature_of_info_json_is_listed_with_its_kind_dtype_shape_and_rate(root, ds):
+    declared = json.load(open(f"{root}/meta/info.json"))["features"]
+    assert list(ds.features) == list(declared)
+    assert {"observation.velocity", "next.reward", "next.done"} <= set(ds.features)
+    for name, spec in declared.items():
+        f = ds.features[name]
+        assert f.fps == 30.0, name
+        if spec["dtype"] == "video":
+            assert (f.kind, f.dtype, f.shape) == ("video", "uint8", (48, 64, 3)), name
+        else:
+            shape = () if spec["shape"] == [1] else tuple(spec["shape"])
+            assert (f.kind, f.dtype, f.shape) == ("array", spec["dtype"], shape), name
+    assert ds.features["next.done"].dtype == "bool" and ds.features["observation.state"].shape == (14,)
+    assert ds.frame_shape(0, CAM) == (48, 64) and ds.frame_shape(0, "action") is None
+    assert is_lerobot_dir(root) and not is_lerobot_dir(f"{root}/meta")
+
+
+def test_metadata_lengths_tasks_and_stats(root, ds, episodes):
+    assert len(ds) == 3 and ds.lengths.tolist() == [e.length for e in episodes]
+    assert ds.lengths.dtype == np.int64 and ds.fps.tolist() == [30.0] * 3
+    assert ds.tasks == list(dict.fromkeys(e.task for e in episodes))
+    assert [ds.task(e) for e in range(3)] == [ep.task for ep in episodes]
+    assert ds.episode_tasks.tolist() == [ds.tasks.index(ep.task) for ep in episodes]
+    raw = json.load(open(f"{root}/meta/stats.json"))
+    assert set(ds.stats) == set(raw)
+    for feature, stats in raw.items():
+        assert set(ds.stats[feature]) == set(stats) >= {"mean", "std", "min", "max", "count", "q01", "q99"}
+        for name, value in stats.items():
+            assert ds.stats[feature][name].dtype == np.float64
+            np.testing.assert_array_equal(ds.stats[feature][name], np.asarray(value, dtype=np.float64))
+    assert ds.describe(1) == f"{root} episode 1"
+
+
+def test_episode_returns_every_feature_bit_exact(root, ds, episodes):
+    for e, truth in enumerate(episodes):
+        ep = ds.episode(e)
+        rows = _parquet_rows(root, e)
+        assert set(ds.features) <= set(ep) and ep["task"] == truth.task and ep["fps"] == 30.0
+        for name, f in ds.features.items():
+            if f.kind == "video":
+                assert ep[name].dtype == np.uint8 and ep[name].shape == (truth.length, 48, 64, 3)
+                assert read_index(ep[name]).tolist() == rows["index"].tolist(), name  # the global index
+            else:
+                assert ep[name].dtype == np.dtype(f.dtype) and ep[name].shape == (truth.length, *f.shape), name
+                assert np.array_equal(ep[name], rows[name]), name
+        for name, values in truth.arrays().items():
+            assert ep[name].dtype == values.dtype and np.array_equal(ep[name], values), name
+        assert ep["episode_index"].tolist() == [e] * truth.length
+
+
+def test_read_many_returns_exactly_the_frames_asked_in_order(root, ds, episodes):
+    picks = [np.array([3, 0, 3, 9, 1]), np.array([7, 7, 2]), np.array([], dtype=np.int64)]
+    requests = [EpisodeRequest(e, {CAM: idx, "action": idx, "next.reward": idx, "index": idx})
+                for e, idx in enumerate(picks)]
+    out = np.zeros((3, 48, 64, 3), np.uint8)
+    requests[1] = EpisodeRequest(1, requests[1].indices, out={CAM: out})
+    got = ds.read_many(requests)
+    first = np.concatenate([[0], np.cumsum([e.length for e in episodes])])
+    for e, (idx, data) in enumerate(zip(picks, got)):
+        assert read_index(data[CAM]).tolist() == (first[e] + idx).tolist()
+        assert data["index"].tolist() == (first[e] + idx).tolist()
+        assert np.array_equal(data["action"], episodes[e].action[idx]) and data["action"].shape == (len(idx), 14)
+        assert np.array_equal(data["next.reward"], episodes[e].arrays()["next.reward"][idx])
+    assert got[1][CAM] is out
+    assert got[2][CAM].shape == (0, 48, 64, 3) and got[2]["action"].shape == (0, 14)
+
+
+def test_tasks_that_change_within_an_episode_are_read_per_step(tmp_path, episodes):
+    root = write_lerobot(tmp_path / "ds", episodes[:2], task_switch=True)
+    ds = LeRobotSource(root)
+    assert ds.episode_tasks.tolist() == [-1, -1]
+    for e, truth in enumerate(episodes[:2]):
+        written = _parquet_rows(root, e)["task_index"]
+        steps = ds.step_tasks(e)
+        assert steps.dtype == np.int64 and np.array_equal(steps, written) and len(set(steps.tolist())) == 2
+        assert ds.task(e, 0) == truth.task
+        assert ds.task(e, truth.length - 1) == f"{truth.task}, then return to the start"
+
+
+def test_tasks_parquet_with_an_unnamed_index(tmp_path, episodes):
+    """LeRobot's pandas layout may keep the task text as ``__index_level_0__``."""
+    root = write_lerobot(tmp_path / "ds", episodes[:2], task_switch=True)
+    table = pq.read_table(f"{root}/meta/tasks.parquet").replace_schema_metadata(None)
+    reverse = pa.array(np.arange(table.num_rows)[::-1])
+    shuffled = table.rename_columns(["task_index", "__index_level_0__"]).take(reverse)
+    pq.write_table(shuffled, f"{root}/meta/tasks.parquet")
+    assert LeRobotSource(root).tasks == table["task"].to_pylist()
+
+
+def test_frame_size_resizes_in_the_decoder_and_the_features_say_so(root, episodes):
+    ds = LeRobotSource(root, frame_size=(24, 32))
+    assert ds.features[CAM].shape == (24, 32, 3) and ds.frame_shape(0, CAM) == (24, 32)
+    frames = ds.read_many([EpisodeRequest(0, {CAM: np.arange(5)})])[0][CAM]
+    assert frames.shape == (5, 24, 32, 3) and frames.dtype == np.uint8
+    one = LeRobotSource(root, frame_size={CAM: (24, 32)})
+    got = one.read_many([EpisodeRequest(0, {CAM: [0, 1], "observation.images.cam_wrist": [0, 1]})])[0]
+    assert got[CAM].shape == (2, 24, 32, 3) and got["observation.images.cam_wrist"].shape == (2, 48, 64, 3)
+    for bad in ("action", "observation.images.nope"):
+        with pytest.raises(ValueError, match=bad):
+            LeRobotSource(root, frame_size={bad: (24, 32)})
+
+
+def test_images_stored_in_the_parquet_decode_bit_exact(tmp_path, episodes):
+    root = write_lerobot(tmp_path / "ds", episodes[:2], use_videos=False)
+    ds = LeRobotSource(root)
+    assert ds.features[CAM].kind == "video" and ds.features[CAM].shape == (48, 64, 3)
+    assert np.array_equal(ds.episode(1)[CAM], episodes[1].frames("cam_high", start=episodes[0].length))  # PNG
+    small = LeRobotSource(root, frame_size=(24, 32)).read_many([EpisodeRequest(0, {CAM: [4, 2]})])[0][CAM]
+    assert small.shape == (2, 24, 32, 3)
+    assert ds.stats[CAM]["mean"].shape == (3, 1, 1)
+
+
+def test_string_features_read_as_text(tmp_path, episodes):
+    root = write_lerobot(tmp_path / "ds", episodes[:2])
+    table = pq.read_table(f"{root}/{DATA}")
+    notes = [f"step {i}" for i in range(table.num_rows)]
+    pq.write_table(table.append_column("language_instruction", pa.array(notes)), f"{root}/{DATA}")
+    info = json.load(open(f"{root}/meta/info.json"))
+    info["features"]["language_instruction"] = {"dtype": "string", "shape": [1], "names": None}
+    open(f"{root}/meta/info.json", "w").write(json.dumps(info))
+    ds = LeRobotSource(root)
+    assert ds.features["language_instruction"].kind == "text"
+    got = ds.read_many([EpisodeRequest(1, {"language_instruction": [2, 0]})])[0]["language_instruction"]
+    first = episodes[0].length
+    assert got.tolist() == [f"step {first + 2}", f"step {first}"]
+
+
+def test_pickled_source_reopens_its_files(ds, root):
+    ds.read_many([EpisodeRequest(0, {CAM: [0], "action": [0]})])
+    clone = pickle.loads(pickle.dumps(ds))
+    assert not clone._data_cache and not clone._videos
+    assert read_index(clone.read_many([EpisodeRequest(2, {CAM: [1]})])[0][CAM]).tolist() == [int(ds.lengths[:2].sum()) + 1]
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    """A small directory of one camera that a test may break."""
+    eps = make_episodes(2, seed=9, min_length=8, max_length=8, cameras=("cam_high",), height=48, width=64)
+    return tmp_path / "ds", write_lerobot(tmp_path / "ds", eps)
+
+
+def test_bad_requests_name_the_episode_and_the_feature(ds):
+    with pytest.raises(IndexError, match=r"episode 1 feature 'action'.*frames 0\.\.99"):
+        ds.read_many([EpisodeRequest(1, {"action": [0, 99]})])
+    with pytest.raises(IndexError, match="episode 0 feature 'observation.images.cam_high'"):
+        ds.read_many([EpisodeRequest(0, {CAM: [-1]})])
+    with pytest.raises(KeyError, match="no feature 'observation.nope'"):
+        ds.read_many([EpisodeRequest(0, {"observation.nope": [0]})])
+
+
+def test_a_missing_data_file_is_named_with_episode_and_feature(fresh):
+    path, root = fresh
+    (path / DATA).unlink()
+    ds = LeRobotSource(root)
+    with pytest.raises(FileNotFoundError, match=rf"episode 1 feature 'action'.*{DATA}"):
+        ds.read_many([EpisodeRequest(1, {"action": [0]})])
+
+
+def test_rows_missing_from_the_data_file_are_named(fresh):
+    path, root = fresh
+    table = pq.read_table(path / DATA)
+    pq.write_table(table.slice(0, 10), path / DATA)  # episode 1 keeps only its first 2 rows
+    with pytest.raises(ValueError, match=rf"episode 1 feature 'observation.state'.*missing.*{DATA}"):
+        LeRobotSource(root).read_many([EpisodeRequest(1, {"observation.state": [1, 5]})])
+
+
+def test_a_corrupt_video_is_named_with_its_path_and_episode(fresh):
+    path, root = fresh
+    video = path / "videos" / CAM / "chunk-000" / "file-000.mp4"
+    video.write_bytes(b"\x00not a video" * 100)
+    with pytest.raises(ValueError, match=rf"episode 1 feature '{CAM}' \(.*{video.name}\)"):
+        LeRobotSource(root).read_many([EpisodeRequest(1, {CAM: [0]})])
+
+
+def test_a_missing_episode_column_or_a_wrong_version_is_named(fresh):
+    path, root = fresh
+    info = json.load(open(path / "meta/info.json"))
+    episodes_file = path / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(episodes_file)
+    pq.write_table(table.drop_columns(["length"]), episodes_file)
+    with pytest.raises(ValueError, match=r"no columns \['length'\]"):
+        LeRobotSource(root)
+    pq.write_table(table, episodes_file)
+    open(path / "meta/info.json", "w").write(json.dumps({**info, "codebase_version": "v2.1"}))
+    with pytest.raises(ValueError, match="v2.1"):
+        LeRobotSource(root)
