@@ -12,7 +12,7 @@ from naive import naive_metadata
 
 
 def test_contract_example():
-    """The DESIGN.md example: two rows, three documents numbered row-major, padding marked -1 / 0."""
+    """The PackedBatch docstring's example: two rows, three documents numbered row-major, padding marked -1 / 0."""
     b = PackedBatch.from_lengths([[5, 3], [7]], capacity=8)
     assert b.document_ids.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1], [2, 2, 2, 2, 2, 2, 2, -1]]
     assert b.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 0]]
@@ -42,13 +42,16 @@ def test_step_sizes_block_causal_and_bidirectional():
 
 
 def test_segments_set_modality_ids():
-    """Segment runs give every token its modality index, in order; padding is -1."""
-    names = ["text", "frames.cam_high", "proprio", "action"]
+    """Segment runs give every token its modality index, in order; padding is -1. Modalities are feature names
+    (dots and all), payloads keyed by them."""
+    names = ["text", "observation.images.cam_high", "observation.state", "action"]
     b = PackedBatch.from_segments([[7], [2]], 8, segments=[[[(0, 2), (1, 4), (3, 1)]], [[(2, 2)]]],
-                                  modalities=names, data={"proprio": np.zeros((2, 3), np.float32)})
+                                  modalities=names, data={"observation.state": np.zeros((2, 3), np.float32),
+                                                          "observation.state_is_pad": np.zeros(2, bool)})
     assert b.modality_ids.tolist() == [[0, 0, 1, 1, 1, 1, 3, -1], [2, 2] + [-1] * 6]
     assert b.modalities == names
-    assert isinstance(b.data["proprio"], torch.Tensor) and b.data["proprio"].shape == (2, 3)
+    assert isinstance(b.data["observation.state"], torch.Tensor) and b.data["observation.state"].shape == (2, 3)
+    assert b.data["observation.state_is_pad"].dtype == torch.bool
 
 
 @given(packed_layouts(max_rows=4, max_capacity=64, max_docs=8))

@@ -8,11 +8,15 @@ from hypothesis import given, settings
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from mmfeed import PackedBatch
+from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
+from mmfeed.loaders.sources.arrays import ArraySource
+from mmfeed.testing import make_episodes
 from mmfeed.testing.strategies import packed_layouts
 
 from flex import eager_flex
 
 HEADS, DIM = 2, 8
+CAM = "observation.images.cam_high"
 
 
 def unpacked_reference(q, k, v, rows, step_sizes):
@@ -38,8 +42,8 @@ def random_qkv(rows, capacity, seed):
     return [torch.randn(len(rows), HEADS, capacity, DIM, generator=g, dtype=torch.float64) for _ in range(3)]
 
 
-def check_packed_equals_unpacked(rows, capacity, steps, seed=0):
-    b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps)
+def check_packed_equals_unpacked(rows, capacity, steps, seed=0, batch=None):
+    b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps) if batch is None else batch
     q, k, v = random_qkv(rows, capacity, seed)
     ref = unpacked_reference(q, k, v, rows, steps)
     real = (b.document_ids >= 0)[:, None, :, None].expand_as(q)
@@ -77,6 +81,36 @@ def test_packed_pass_equals_per_document_passes_on_random_layouts(layout):
     """The same equality on random layouts: any capacity, empty rows, documents of every attention style."""
     rows, capacity, steps = layout
     check_packed_equals_unpacked(rows, capacity, steps, seed=capacity)
+
+
+def runs(values):
+    """Lengths of the runs of equal consecutive values."""
+    cut = [i for i in range(1, len(values)) if values[i] != values[i - 1]]
+    return [b - a for a, b in zip([0, *cut], [*cut, len(values)])]
+
+
+def test_a_loader_batch_attends_as_its_documents_alone():
+    """A v2 batch as the planned dataset packs it (text, a 15 fps camera beside a 30 Hz clock in 4-token frames,
+    the state, a one-step action chunk): its own attention_mask() and block_mask() give each real token what its
+    document attended alone gives, the document's mask rebuilt from its step sizes alone; and to() moves every
+    feature's payload and is_pad flags, keyed by feature name."""
+    eps = make_episodes(3, seed=1, min_length=6, max_length=9, cameras=("cam_high",), height=16, width=32,
+                        camera_fps={"cam_high": 15.0})
+    src = ArraySource([{**e.features(), "task": e.task, "fps": e.fps, "rates": e.rates()} for e in eps])
+    spec = WindowSpec.from_delta_timestamps({CAM: [-1 / 15, 0.0], "observation.state": [0.0],
+                                             "action": [0.0, 1 / 30, 2 / 30]})
+    packing = Packing(layout=TokenLayout(tokens_per_frame={CAM: 4}), window=spec,
+                      plan=PlanConfig(capacity=96, rows_per_batch=2))
+    b = packing.dataset(src)[0, 0]
+    doc, step = b.document_ids.tolist(), b.step_ids.tolist()
+    rows = [runs([d for d in row if d >= 0]) for row in doc]
+    steps = [[runs([s for s, d in zip(step[r], doc[r]) if d == g]) for g in sorted({d for d in doc[r] if d >= 0})]
+             for r in range(len(doc))]
+    assert max(len(row) for row in rows) > 1 and {4, 5, 3} <= {s for row in steps for d in row for s in d}
+    check_packed_equals_unpacked(rows, b.capacity, steps, seed=5, batch=b)
+    moved = b.to("meta")
+    assert set(moved.data) == set(b.data) >= {CAM, f"{CAM}_is_pad", "action", "action_is_pad", "text"}
+    assert all(v.device.type == "meta" for v in moved.data.values())
 
 
 def test_to_moves_every_tensor_and_keeps_max_seqlen_an_int():
@@ -123,7 +157,7 @@ def test_between_processes_small_tensors_go_in_the_pickle_and_shared_ones_by_han
     import torch.multiprocessing  # noqa: F401  (registers torch's reductions, as a worker has them)
 
     frames = torch.arange(2 << 20, dtype=torch.uint8).share_memory_()
-    b = PackedBatch.from_segments([[3, 2], [4]], 5, data={"text": torch.arange(9), "frames": frames,
+    b = PackedBatch.from_segments([[3, 2], [4]], 5, data={"text": torch.arange(9), CAM: frames,
                                                           "half": torch.ones(4, dtype=torch.bfloat16)},
                                   metadata={"sample": torch.tensor([7, 8, 9]), "keys": ["a", "b", "c"]})
     buf = io.BytesIO()
@@ -134,7 +168,7 @@ def test_between_processes_small_tensors_go_in_the_pickle_and_shared_ones_by_han
     c = pickle.loads(payload)
     assert torch.equal(c.position_ids, b.position_ids) and c.position_ids.dtype == torch.int64
     assert torch.equal(c.metadata["sample"], b.metadata["sample"]) and c.metadata["keys"] == ["a", "b", "c"]
-    assert c.data["frames"].data_ptr() == frames.data_ptr()  # the same memory, mapped once
+    assert c.data[CAM].data_ptr() == frames.data_ptr()  # the same memory, mapped once
     assert c.data["half"].dtype == torch.bfloat16 and torch.equal(c.data["half"], b.data["half"])
     assert torch.equal(c.data["text"], b.data["text"]) and not c.data["text"].is_shared()
 

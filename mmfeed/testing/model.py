@@ -1,36 +1,48 @@
 """A tiny block-causal transformer over :class:`~mmfeed.packing.PackedBatch`, for examples and correctness tests.
 
-It embeds every modality a packed robot batch carries and trains on it, so that the examples show a complete
-loop and the tests can check end to end that packing changes nothing a model computes:
+It embeds every feature a packed batch carries, by the dataset's own feature names, and trains on it, so that the
+examples show a complete loop and the tests can check end to end that packing changes nothing a model computes:
 
-- frames (uint8 ``[n, H, W, 3]``) become ``tokens_per_frame`` patch tokens each: the frame is average-pooled to a
-  ``gh x gw`` grid of ``patch_pixels``-square patches (``gh * gw == tokens_per_frame``) and each patch goes
-  through a linear patch embedding (one per camera);
-- proprio and action vectors become ``tokens_per_*_step`` tokens each through a linear map; an action token's
-  input is a learned query, plus the previous action of its document when the layout has ``causal_actions``
-  (teacher forcing: with one attention step per action the next action is never visible);
+- video features (uint8 ``[n, H, W, 3]`` payloads) become ``layout.tokens(feature)`` patch tokens per frame: the
+  frame is average-pooled to the most nearly square grid of that many ``patch_pixels``-square patches, each
+  through a linear patch embedding (one per feature);
+- array features (a vector or scalar per step) become ``layout.tokens(feature)`` tokens per step through a linear
+  map (one per feature) of the flattened step;
+- chunk features (``layout.chunk_features``, the ones a policy predicts, e.g. ``action``) are never fed: each of
+  their tokens' input is a learned query per feature, plus the previous item of the same feature and document
+  when the layout has ``causal_chunk`` (teacher forcing: with one attention step per chunk frame the next one is
+  never visible); a regression head per feature predicts each item from its tokens;
 - text ids go through an embedding table.
 
-The per-item embeddings are written into the ``[R, C]`` token slots of their modality in row-major order: the
-payload of every modality is flat over the batch in token order (see :mod:`mmfeed.loaders.collate`), so the
-k-th item fills the k-th group of slots whose ``modality_ids`` name that modality. Positions come from
-``position_ids``; attention is SDPA with ``attention_mask()`` or FlexAttention with ``block_mask()``.
+The per-item embeddings are written into the ``[R, C]`` token slots of their feature in row-major order: the
+payload of every feature is flat over the batch in token order (see :mod:`mmfeed.loaders.collate`), so the k-th
+item fills the k-th group of slots whose ``modality_ids`` name that feature. Positions come from
+``position_ids``; a modality embedding over ``["text", *config.features]`` tells features apart whatever subset a
+batch lists; attention is SDPA with ``attention_mask()`` or FlexAttention with ``block_mask()``.
 
-The loss (:meth:`TinyWorldModel.loss`) sums, per document, next-token cross-entropy on text (a text token
-predicts the next token only when both are text of the same document: labels never cross a document boundary)
-and the squared error of each action regressed from its tokens (steps flagged in ``action_is_pad`` left out),
-and divides by the number of those real label terms, never by padding::
+The loss (:meth:`TinyWorldModel.loss`) sums, per document, next-token cross-entropy on text (labels never cross
+a document boundary) and the mean squared error of each chunk item regressed from its tokens (items flagged in
+``<feature>_is_pad`` left out), and divides by the number of those real label terms, never by padding::
 
     >>> import torch
     >>> from mmfeed import PackedBatch
     >>> from mmfeed.loaders import TokenLayout
     >>> b = PackedBatch.from_segments([[4, 3]], 8, segments=[[[(0, 3), (1, 1)], [(0, 2), (1, 1)]]],
     ...                               modalities=["text", "action"], step_sizes=[[[1, 1, 1, 1], [1, 1, 1]]],
-    ...                               data={"text": torch.tensor([5, 6, 7, 8, 9]), "action": torch.zeros(2, 3)})
-    >>> model = TinyWorldModel(TinyModelConfig(layout=TokenLayout(), proprio_dim=1, action_dim=3))
-    >>> out = model.loss(b)
-    >>> out.document_count.tolist()   # (3 - 1) text labels + 1 action, then (2 - 1) + 1
-    [3, 2]
+    ...                               data={"text": torch.tensor([5, 6, 7, 8, 9]), "action": torch.zeros(2, 3),
+    ...                                     "action_is_pad": torch.tensor([False, False])})
+    >>> model = TinyWorldModel(TinyModelConfig(layout=TokenLayout(), features={"action": (3,)}))
+    >>> out = model.loss(b)  # labels: (3 - 1) text + 1 action, then (2 - 1) + 1
+    >>> out.document_count.tolist(), out.chunk_count["action"].item()
+    ([3, 2], 2)
+
+:func:`model_features` gives ``TinyModelConfig.features`` from a source's features::
+
+    >>> import numpy as np
+    >>> from mmfeed.loaders.sources.arrays import ArraySource
+    >>> model_features(ArraySource([{"observation.images.cam": np.zeros((4, 8, 8, 3), np.uint8),
+    ...                              "observation.state": np.zeros((4, 2), np.float32), "next.reward": np.zeros(4)}]))
+    {'observation.images.cam': (8, 8, 3), 'observation.state': (2,), 'next.reward': ()}
 
 :func:`split_documents` and :func:`rebatch` re-pack a batch's documents (one per row, other rows, more padding)
 from its ids and payloads, the references of the equivalence tests.
@@ -39,7 +51,7 @@ from its ids and payloads, the references of the equivalence tests.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,22 +60,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmfeed.loaders.layout import FRAMES_PREFIX, TokenLayout
 from mmfeed.packing import PackedBatch
+from mmfeed.packing.layout import TEXT, TokenLayout
 
-__all__ = ["PackedLoss", "TinyModelConfig", "TinyWorldModel", "rebatch", "split_documents", "text_targets",
-           "tokens_per_item"]
+__all__ = ["PackedLoss", "TinyModelConfig", "TinyWorldModel", "is_video_shape", "model_features", "rebatch",
+           "split_documents", "text_targets", "tokens_per_item"]
 
 ATTENTIONS = ("sdpa", "flex")
+
+
+def is_video_shape(shape: Sequence[int]) -> bool:
+    """Whether a step shape is a video frame's, ``(H, W, 3)``: how :class:`TinyWorldModel` tells video features
+    (patch embedding) from array features (linear map)."""
+    return len(shape) == 3 and shape[-1] == 3
+
+
+def model_features(source: Any, names: Sequence[str] | None = None) -> dict[str, tuple[int, ...]]:
+    """``TinyModelConfig.features`` of a source (or of a mapping of :class:`~mmfeed.loaders.Feature`): feature
+    -> step shape of its video and array features, in the source's order (only ``names``, in that order, if
+    given). Text features are left out: task text reaches the model as ``data["text"]``."""
+    features = getattr(source, "features", source)
+    names = [n for n, f in features.items() if f.kind != "text"] if names is None else list(names)
+    for name in names:
+        if name not in features:
+            raise KeyError(f"no feature {name!r}; the source has {sorted(features)}")
+        if features[name].kind == "text":
+            raise ValueError(f"feature {name!r} is text; the model embeds task text as data['text']")
+    return {name: tuple(features[name].shape) for name in names}
 
 
 @dataclass(frozen=True, kw_only=True)
 class TinyModelConfig:
     """Sizes of :class:`TinyWorldModel`.
 
-    layout: the token layout the batches were packed with (tokens per frame of each camera, per proprio and
-        action step); the model makes exactly that many tokens of each item.
-    proprio_dim, action_dim: lengths of the proprio and action vectors.
+    layout: the token layout the batches were packed with (tokens per frame of each feature, which features are
+        the chunk and whether it is causal); the model makes exactly that many tokens of each item.
+    features: feature -> step shape of every non-text feature the model embeds, e.g.
+        ``{"observation.images.cam_high": (48, 64, 3), "observation.state": (14,), "action": (14,)}`` (a scalar
+        feature has shape ``()``; a shape ``(H, W, 3)`` is a video feature); :func:`model_features` builds it
+        from a source. Chunk features (``layout.chunk_features``) among them are regressed, never fed.
     vocab_size: text ids are in ``[0, vocab_size)`` (256 for mmfeed's default UTF-8 byte tokenizer).
     width, depth, heads: transformer width, number of blocks, attention heads (``width % heads == 0``).
     max_positions: the largest ``position_ids`` value + 1 (the longest document).
@@ -71,8 +106,7 @@ class TinyModelConfig:
     """
 
     layout: TokenLayout
-    proprio_dim: int = 14
-    action_dim: int = 14
+    features: Mapping[str, tuple[int, ...]]
     vocab_size: int = 256
     width: int = 32
     depth: int = 2
@@ -86,13 +120,31 @@ class TinyModelConfig:
         if self.layout.tokens_per_text_token != 1:
             raise ValueError(f"TinyWorldModel embeds one token per text id; got a layout with "
                              f"tokens_per_text_token={self.layout.tokens_per_text_token} (use 1)")
-        for name in ("proprio_dim", "action_dim", "vocab_size", "width", "depth", "heads", "max_positions",
-                     "patch_pixels"):
+        if not isinstance(self.features, Mapping):
+            raise TypeError(f"features must map feature name -> step shape, got {type(self.features).__name__}")
+        clean = {}
+        for name, shape in self.features.items():
+            if not isinstance(name, str) or not name or name == TEXT:
+                raise ValueError(f"feature names must be non-empty strings other than {TEXT!r}, got {name!r}")
+            if not isinstance(shape, (tuple, list)) or not all(
+                    isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1 for s in shape):
+                raise ValueError(f"features[{name!r}] must be a step shape (a tuple of ints >= 1; () for a scalar), "
+                                 f"got {shape!r}")
+            clean[name] = tuple(int(s) for s in shape)
+            if name in self.layout.chunk_features and is_video_shape(clean[name]):
+                raise ValueError(f"chunk feature {name!r} is a video; TinyWorldModel regresses array chunks only")
+        object.__setattr__(self, "features", clean)
+        for name in ("vocab_size", "width", "depth", "heads", "max_positions", "patch_pixels"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TinyModelConfig.{name} must be an int >= 1, got {value!r}")
         if self.width % self.heads:
             raise ValueError(f"width {self.width} must be a multiple of heads {self.heads}")
+
+    @property
+    def modalities(self) -> list[str]:
+        """The modality names the model knows: ``["text", *features]``."""
+        return [TEXT, *self.features]
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,9 +152,11 @@ class PackedLoss:
     """The loss of one batch and its parts, per document.
 
     loss: scalar, ``document_sum.sum() / document_count.sum()`` (0 when the batch has no label).
-    document_sum: ``[n_docs]`` summed loss terms of each document (text cross-entropy + action squared error).
-    document_count: int64 ``[n_docs]`` label terms of each document (text labels + real action steps).
-    text_sum, text_count, action_sum, action_count: the two kinds of terms over the whole batch.
+    document_sum: ``[n_docs]`` summed loss terms of each document (text cross-entropy + chunk squared errors).
+    document_count: int64 ``[n_docs]`` label terms of each document (text labels + real chunk items).
+    text_sum, text_count: the text terms over the whole batch.
+    chunk_sum, chunk_count: chunk feature -> its terms over the whole batch (every chunk feature the model
+        knows, 0 where the batch has none).
     """
 
     loss: torch.Tensor
@@ -110,15 +164,13 @@ class PackedLoss:
     document_count: torch.Tensor
     text_sum: torch.Tensor
     text_count: torch.Tensor
-    action_sum: torch.Tensor
-    action_count: torch.Tensor
+    chunk_sum: dict[str, torch.Tensor]
+    chunk_count: dict[str, torch.Tensor]
 
 
 def tokens_per_item(layout: TokenLayout, modality: str) -> int:
-    """Token slots one payload item of ``modality`` fills (a frame, a proprio or action vector, a text id)."""
-    if modality == "text":
-        return layout.tokens_per_text_token
-    return layout.key_tokens(modality)
+    """Token slots one payload item of ``modality`` fills (a frame or step of a feature, a text id)."""
+    return layout.tokens_per_text_token if modality == TEXT else layout.tokens(modality)
 
 
 def _grid(tokens: int) -> tuple[int, int]:
@@ -162,56 +214,70 @@ class _Block(nn.Module):
 
 
 class TinyWorldModel(nn.Module):
-    """A few pre-norm transformer blocks over a packed robot batch (see the module docstring).
+    """A few pre-norm transformer blocks over a packed batch of any features (see the module docstring).
 
     flex_attention: the FlexAttention function used with ``attention="flex"`` (default torch's
         ``flex_attention``; pass ``torch.compile(flex_attention)`` on a GPU).
+
+    Per-feature modules are keyed ``f0, f1, ...`` in ``config.features`` order (module names hold no dots):
+    ``embed_in`` (patch or linear embedding; a chunk feature's teacher-forcing input), ``chunk_query``, ``chunk_head``.
     """
 
     def __init__(self, config: TinyModelConfig, *, flex_attention: Callable | None = None) -> None:
         super().__init__()
         self.config = config
-        layout, width = config.layout, config.width
+        layout, width, p = config.layout, config.width, config.patch_pixels
         self._flex = flex_attention
+        self._key = {name: f"f{i}" for i, name in enumerate(config.features)}
+        self.chunk_features = [f for f in config.features if f in layout.chunk_features]
         self.text_embed = nn.Embedding(config.vocab_size, width)
-        p = config.patch_pixels
-        self.patch_embed = nn.ModuleDict({c: nn.Linear(3 * p * p, width) for c in layout.cameras})
-        self.proprio_embed = nn.Linear(config.proprio_dim, layout.tokens_per_proprio_step * width)
-        ka = layout.tokens_per_action_step
-        self.action_query = nn.Parameter(torch.randn(ka * width) * 0.02)
-        self.action_embed = nn.Linear(config.action_dim, ka * width)
+        self.embed_in, self.chunk_head = nn.ModuleDict(), nn.ModuleDict()
+        self.chunk_query = nn.ParameterDict()
+        for name, shape in config.features.items():
+            key, k, numel = self._key[name], layout.tokens(name), math.prod(shape)
+            if name in layout.chunk_features:
+                self.chunk_query[key] = nn.Parameter(torch.randn(k * width) * 0.02)
+                self.chunk_head[key] = nn.Linear(k * width, numel)
+                if layout.causal_chunk:
+                    self.embed_in[key] = nn.Linear(numel, k * width)
+            elif is_video_shape(shape):
+                self.embed_in[key] = nn.Linear(3 * p * p, width)
+            else:
+                self.embed_in[key] = nn.Linear(numel, k * width)
         self.position_embed = nn.Embedding(config.max_positions, width)
-        self.modality_embed = nn.Embedding(len(layout.modalities()) + 1, width)  # + 1: padding (id -1)
+        self.modality_embed = nn.Embedding(len(config.modalities) + 1, width)  # + 1: padding (id -1)
         self.blocks = nn.ModuleList(_Block(width, config.heads) for _ in range(config.depth))
         self.norm = nn.LayerNorm(width)
         self.text_head = nn.Linear(width, config.vocab_size)
-        self.action_head = nn.Linear(ka * width, config.action_dim)
 
     # -- embedding ------------------------------------------------------------------------------------------
     def _embed_items(self, name: str, items: torch.Tensor, item_docs: torch.Tensor) -> torch.Tensor:
         """``[n_items, tokens_per_item * width]`` embeddings of one modality's payload items."""
         dtype = self.position_embed.weight.dtype
-        if name == "text":
+        if name == TEXT:
             return self.text_embed(items.long())
-        if name.startswith(FRAMES_PREFIX):
-            camera = name[len(FRAMES_PREFIX):]
-            gh, gw = _grid(self.config.layout.tokens_per_frame[camera])
+        if name not in self._key:
+            raise ValueError(f"TinyWorldModel cannot embed feature {name!r}: TinyModelConfig.features lists "
+                             f"{list(self.config.features)}")
+        key, n = self._key[name], items.shape[0]
+        if name in self.config.layout.chunk_features:
+            out = self.chunk_query[key].expand(n, -1)
+            if self.config.layout.causal_chunk:  # teacher forcing: the previous item of the same document
+                flat = items.reshape(n, -1).to(dtype)
+                prev = torch.cat([torch.zeros_like(flat[:1]), flat[:-1]])
+                same = torch.cat([item_docs.new_zeros(1, dtype=torch.bool), item_docs[1:] == item_docs[:-1]])
+                out = out + self.embed_in[key](prev) * same[:, None].to(dtype)
+            return out
+        if is_video_shape(self.config.features[name]):
+            if items.dim() != 4 or items.shape[-1] != 3:
+                raise ValueError(f"video feature {name!r} needs uint8 [n, H, W, 3] frames, got {list(items.shape)}")
+            gh, gw = _grid(self.config.layout.tokens(name))
             p = self.config.patch_pixels
             x = items.to(dtype).permute(0, 3, 1, 2) / 255.0 - 0.5                       # [n, 3, H, W]
             x = F.adaptive_avg_pool2d(x, (gh * p, gw * p)).view(-1, 3, gh, p, gw, p)
-            x = x.permute(0, 2, 4, 1, 3, 5).reshape(x.shape[0], gh * gw, 3 * p * p)    # patches in raster order
-            return self.patch_embed[camera](x).flatten(1)
-        if name == "proprio":
-            return self.proprio_embed(items.to(dtype))
-        if name == "action":
-            out = self.action_query.expand(items.shape[0], -1)
-            if self.config.layout.causal_actions:  # teacher forcing: the previous action of the same document
-                prev = torch.cat([torch.zeros_like(items[:1]), items[:-1]]).to(dtype)
-                same = torch.cat([item_docs.new_zeros(1, dtype=torch.bool), item_docs[1:] == item_docs[:-1]])
-                out = out + self.action_embed(prev) * same[:, None].to(dtype)
-            return out
-        raise ValueError(f"TinyWorldModel cannot embed modality {name!r}; it knows text, frames.<camera>, "
-                         "proprio and action")
+            x = x.permute(0, 2, 4, 1, 3, 5).reshape(n, gh * gw, 3 * p * p)              # patches in raster order
+            return self.embed_in[key](x).flatten(1)
+        return self.embed_in[key](items.reshape(n, -1).to(dtype))
 
     def embed(self, batch: PackedBatch) -> torch.Tensor:
         """Token embeddings ``[R, C, width]``: each modality's items scattered into its slots, plus position
@@ -223,6 +289,7 @@ class TinyWorldModel(nn.Module):
         weight = self.position_embed.weight
         x = torch.zeros(r * c, width, dtype=weight.dtype, device=weight.device)
         docs = batch.document_ids.reshape(-1)
+        index = self._modality_index(batch)  # checks the names first
         for m, name in enumerate(batch.modalities):
             k = tokens_per_item(self.config.layout, name)
             slots = _slots(batch, m, k, name)
@@ -233,15 +300,16 @@ class TinyWorldModel(nn.Module):
             emb = self._embed_items(name, items, docs[slots[::k]])
             x = x.index_copy(0, slots, emb.reshape(n * k, width))
         x = x.view(r, c, width)
-        return x + self.position_embed(batch.position_ids) + self.modality_embed(self._modality_index(batch))
+        return x + self.position_embed(batch.position_ids) + self.modality_embed(index)
 
     def _modality_index(self, batch: PackedBatch) -> torch.Tensor:
-        """Each slot's modality as an index of the layout's modalities, + 1 (0 is padding), so that a modality
-        means the same embedding whatever subset of modalities a batch lists."""
-        names = self.config.layout.modalities()
+        """Each slot's modality as an index of the model's modalities, + 1 (0 is padding), so that a feature
+        means the same embedding whatever subset of features a batch lists."""
+        names = self.config.modalities
         unknown = [m for m in batch.modalities if m not in names]
         if unknown:
-            raise ValueError(f"batch modalities {unknown} are not in the model's layout {names}")
+            raise ValueError(f"batch modalities {unknown} are not among the model's {names}; add them to "
+                             "TinyModelConfig.features (see model_features)")
         table = torch.tensor([0] + [names.index(m) + 1 for m in batch.modalities], device=batch.device)
         return table[batch.modality_ids.long() + 1]
 
@@ -273,44 +341,43 @@ class TinyWorldModel(nn.Module):
         return self.norm(x)
 
     def loss(self, batch: PackedBatch, *, attention: str = "sdpa", mask: Any = None) -> PackedLoss:
-        """Next-token text loss and action regression, summed per document and divided by the label count."""
+        """Next-token text loss and chunk regression, summed per document and divided by the label count."""
         h = self(batch, attention=attention, mask=mask)
         width, dtype = self.config.width, h.dtype
         flat = h.reshape(-1, width)
         docs = batch.document_ids.reshape(-1).long()
-        n_docs = batch.num_documents
-        zero = flat.new_zeros(())
-        terms, owners = [], []
-        # text: position i predicts the id at i + 1 when both are text of the same document
-        text_sum, text_count = zero, torch.zeros((), dtype=torch.int64, device=h.device)
-        if "text" in batch.modalities:
+        zero, none = flat.new_zeros(()), torch.zeros((), dtype=torch.int64, device=h.device)
+        terms, owners, text_sum, text_count = [], [], zero, none
+        if TEXT in batch.modalities:  # position i predicts the id at i + 1 when both are text of one document
             valid, target = text_targets(batch)
             where = torch.nonzero(valid.reshape(-1)).squeeze(1)
             ce = F.cross_entropy(self.text_head(flat[where]), target.reshape(-1)[where], reduction="none")
             terms.append(ce), owners.append(docs[where])
             text_sum, text_count = ce.sum(), torch.tensor(where.numel(), device=h.device)
-        action_sum, action_count = zero, torch.zeros((), dtype=torch.int64, device=h.device)
-        if "action" in batch.modalities:
-            k = self.config.layout.tokens_per_action_step
-            slots = _slots(batch, batch.modalities.index("action"), k, "action")
+        chunk_sum, chunk_count = {f: zero for f in self.chunk_features}, {f: none for f in self.chunk_features}
+        for name in self.chunk_features:
+            if name not in batch.modalities:
+                continue
+            k = self.config.layout.tokens(name)
+            slots = _slots(batch, batch.modalities.index(name), k, name)
             n = slots.numel() // k
-            if n:
-                target = _payload(batch, "action", n).to(dtype)
-                pred = self.action_head(flat[slots].reshape(n, k * width))
-                err = ((pred - target) ** 2).mean(dim=1)
-                real = torch.ones(n, dtype=torch.bool, device=h.device)
-                if "action_is_pad" in batch.data:
-                    real = ~_payload(batch, "action_is_pad", n).bool()
-                keep = torch.nonzero(real).squeeze(1)
-                terms.append(err[keep]), owners.append(docs[slots[::k]][keep])
-                action_sum, action_count = err[keep].sum(), torch.tensor(keep.numel(), device=h.device)
+            if not n:
+                continue
+            target = _payload(batch, name, n).reshape(n, -1).to(dtype)
+            pred = self.chunk_head[self._key[name]](flat[slots].reshape(n, k * width))
+            err = ((pred - target) ** 2).mean(dim=1)
+            pad = batch.data.get(f"{name}_is_pad")
+            real = torch.ones(n, dtype=torch.bool, device=h.device) if pad is None else ~pad[:n].bool()
+            keep = torch.nonzero(real).squeeze(1)
+            terms.append(err[keep]), owners.append(docs[slots[::k]][keep])
+            chunk_sum[name], chunk_count[name] = err[keep].sum(), torch.tensor(keep.numel(), device=h.device)
         values = torch.cat(terms) if terms else flat.new_zeros(0)
         owner = torch.cat(owners) if owners else docs.new_zeros(0)
-        document_sum = flat.new_zeros(n_docs).index_add(0, owner, values)
-        document_count = torch.zeros(n_docs, dtype=torch.int64, device=h.device).index_add(
+        document_sum = flat.new_zeros(batch.num_documents).index_add(0, owner, values)
+        document_count = torch.zeros(batch.num_documents, dtype=torch.int64, device=h.device).index_add(
             0, owner, torch.ones_like(owner))
         loss = document_sum.sum() / document_count.sum().clamp(min=1).to(dtype)
-        return PackedLoss(loss, document_sum, document_count, text_sum, text_count, action_sum, action_count)
+        return PackedLoss(loss, document_sum, document_count, text_sum, text_count, chunk_sum, chunk_count)
 
 
 def text_targets(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,11 +385,11 @@ def text_targets(batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     and ``target`` int64 ``[R, C]`` (the next text id; 0 where not valid). A label never crosses a document or
     row boundary and padding has none."""
     r, c = batch.num_rows, batch.capacity
-    text = batch.modality_ids == batch.modalities.index("text")
+    text = batch.modality_ids == batch.modalities.index(TEXT)
     ids = torch.zeros(r * c, dtype=torch.int64, device=batch.device)
     slots = torch.nonzero(text.reshape(-1)).squeeze(1)
     if slots.numel():
-        ids[slots] = _payload(batch, "text", slots.numel()).long()
+        ids[slots] = _payload(batch, TEXT, slots.numel()).long()
     ids = ids.view(r, c)
     doc = batch.document_ids
     valid = torch.zeros(r, c, dtype=torch.bool, device=batch.device)
