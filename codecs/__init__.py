@@ -13,6 +13,7 @@ from mmfeed.codecs.arrays import check_array, column_to_numpy, load_npy, load_np
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, decode_batch
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.demux import VideoInfo, probe
+from mmfeed.codecs.encode import encode_video
 from mmfeed.codecs.text import ByteTokenizer, HFTokenizer, Tokenizer
 from mmfeed.codecs.video import BACKENDS, DecodeOptions, VideoReader, choose_backend, open_reader, read_frames
 
@@ -32,6 +33,7 @@ __all__ = sorted(
         "choose_backend",
         "column_to_numpy",
         "decode_batch",
+        "encode_video",
         "load_npy",
         "load_npz",
         "open_reader",

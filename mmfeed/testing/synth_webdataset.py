@@ -1,4 +1,5 @@
-"""The webdataset writer of :mod:`mmfeed.testing.synth`: :func:`write_webdataset` writes episodes as tar shards."""
+"""The webdataset writers of :mod:`mmfeed.testing.synth`: :func:`write_shards` writes episodes as v2 shards
+(every feature under its own name), :func:`write_webdataset` as the first version's (cameras, proprio, action)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,36 @@ import numpy as np
 from mmfeed.testing.synth_episodes import SyntheticEpisode, _check_ids, _check_int
 from mmfeed.testing.video import write_video
 
-__all__ = ["write_webdataset"]
+__all__ = ["write_shards", "write_webdataset"]
+
+
+def write_shards(
+    out_dir: str | os.PathLike,
+    episodes: Sequence[SyntheticEpisode],
+    *,
+    episodes_per_shard: int = 8,
+    codec: str = "h264",
+    gop: int = 30,
+) -> list[str]:
+    """Write ``episodes`` as v2 shards ``shard-000000.tar`` ... and their index in ``out_dir``; return the shard
+    paths. Each episode holds :meth:`SyntheticEpisode.features` (cameras encoded at their own rates, pattern index
+    = frame number within the episode) under key ``ep.episode_id``, through
+    :class:`mmfeed.loaders.sources.writer.ShardWriter`.
+
+        >>> import tempfile
+        >>> from mmfeed.testing import make_episodes
+        >>> len(write_shards(tempfile.mkdtemp(), make_episodes(3), episodes_per_shard=2))
+        2
+    """
+    from mmfeed.loaders.sources.writer import ShardWriter
+
+    _check_int("episodes_per_shard", episodes_per_shard, 1)
+    episodes = list(episodes)
+    _check_ids(episodes)
+    with ShardWriter(out_dir, codec=codec, gop=gop, episodes_per_shard=episodes_per_shard) as writer:
+        for ep in episodes:
+            writer.write(ep.features(), fps=ep.fps, task=ep.task, rates=ep.rates(), key=ep.episode_id)
+    return writer.shards
 
 
 def write_webdataset(

@@ -12,14 +12,13 @@ LeRobot's settings) and tests can check that the frame they got is the frame the
 from __future__ import annotations
 
 import os
-from fractions import Fraction
 
 import numpy as np
 
+from mmfeed.codecs.encode import CODECS, encode_video
+
 INDEX_BITS = 16
 """Bits of frame index drawn into each frame (indices up to 65535)."""
-
-_ENCODERS = {"h264": "libx264", "av1": "libsvtav1", "hevc": "libx265"}
 
 
 def frame_pattern(
@@ -78,40 +77,18 @@ def write_video(
     crf: int | None = None,
     bframes: int = 0,
 ) -> str:
-    """Encode uint8 ``[N, H, W, 3]`` RGB ``frames`` into an mp4 at ``path`` with PyAV and return the path.
+    """Encode uint8 ``[N, H, W, 3]`` RGB ``frames`` into an mp4 at ``path`` and return the path.
 
     ``codec`` is ``"h264"`` (libx264), ``"av1"`` (libsvtav1, LeRobot's default) or ``"hevc"``; ``gop`` is the
-    keyframe interval. ``crf`` defaults to a near-lossless 18 for H.264 and LeRobot's 30 for AV1.
+    keyframe interval. ``crf`` defaults to a near-lossless 18 for H.264 and LeRobot's 30 for AV1. The bytes are
+    :func:`mmfeed.codecs.encode_video`'s (deterministic: equal frames give an equal file).
     """
-    import av
-
-    if codec not in _ENCODERS:
-        raise ValueError(f"unknown codec {codec!r}; choose one of {sorted(_ENCODERS)}")
-    frames = np.ascontiguousarray(frames, dtype=np.uint8)
-    if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
-        raise ValueError(f"frames must be a non-empty uint8 [N, H, W, 3] array, got shape {frames.shape}")
-    if frames.shape[1] % 2 or frames.shape[2] % 2:
-        raise ValueError(f"frame size {frames.shape[1]}x{frames.shape[2]} must be even for yuv420p")
-    rate = Fraction(fps).limit_denominator(1001)
-    options = {"g": str(gop)}
-    if codec == "h264":
-        options.update(crf=str(18 if crf is None else crf), preset="veryfast", bf=str(bframes))
-    elif codec == "av1":
-        options.update(crf=str(30 if crf is None else crf), preset="11")
-        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its whole configuration otherwise
-    else:
-        options.update(crf=str(18 if crf is None else crf), preset="veryfast")
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; choose one of {sorted(CODECS)}")
+    data = encode_video(frames, fps=fps, codec=codec, gop=gop, crf=crf, bframes=bframes)
     path = os.fspath(path)
-    with av.open(path, mode="w") as container:
-        stream = container.add_stream(_ENCODERS[codec], rate=rate, options=options)
-        stream.width = frames.shape[2]
-        stream.height = frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        for image in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    with open(path, "wb") as f:
+        f.write(data)
     return path
 
 

@@ -1,0 +1,521 @@
+"""Index v2 of webdataset episode shards: every feature of every episode, where its bytes lie, and its stats.
+
+An episode is one tar member group with key ``<episode id>``: ``<key>.<feature>.npy`` (any dtype and shape,
+steps first) or ``<key>.<feature>.mp4`` per feature, and ``<key>.meta.json`` (``fps`` of the control clock,
+``length`` in steps, ``task``, optional ``rates`` {feature: fps}; :class:`~mmfeed.loaders.sources.writer.ShardWriter`
+adds ``features`` {name: {kind, dtype, shape, frames, stats}}, so indexing its shards reads only tar headers,
+meta.json and npy headers). Member names split as in :func:`split_member`. First-version shards (meta.json
+``cameras`` / ``camera_fps``; ``<cam>.mp4``, ``proprio.npy``, ``action.npy``) index the same way, as features
+``proprio``, ``action`` and one per camera at its ``camera_fps``; their videos are probed, their arrays read.
+
+    >>> table = read_shard_index("shards/" + INDEX_FILENAME)                                    # doctest: +SKIP
+    >>> state = feature_columns(table)["observation.state"]                                     # doctest: +SKIP
+    >>> shard = resolve_shard("shards/" + INDEX_FILENAME, table["shard"][0].as_py())             # doctest: +SKIP
+    >>> raw = read_member(shard, state["offset"][0], state["size"][0])                           # doctest: +SKIP
+
+Schema: one row per episode, in shard order then tar order (``INDEX_VERSION`` counts incompatible changes).
+
+============== ================================================ ===============================================
+column         type                                             meaning
+============== ================================================ ===============================================
+episode_id     string                                           the webdataset key
+shard          string                                           path relative to the index's directory (posix,
+                                                                ``../`` allowed; remote ones elsewhere: URL)
+length, fps    int64, float64                                   steps and rate of the control clock
+task           string                                           task text ("" where meta.json has none)
+features       list<struct<name, kind, dtype: string, shape:    per feature, in tar order: "video" or "array",
+               list<int64>, fps: float64, frames: int64,        element dtype, step shape (video ``[H, W, 3]``),
+               member: string, offset, size: int64>>            rate, frame count, and its member's data bytes
+members        list<struct<name: string, offset, size: int64>>  every member in tar order, meta.json included
+stats          list<struct<name: string, count: float64, mean,  per numeric array feature, its partials over
+               m2, min, max: list<float64>>>                    the episode (flattened step shape; they merge
+                                                                exactly, :mod:`.stats`), read vectorized
+shard_size     int64                                            bytes of the shard when indexed
+shard_mtime_ns int64 (null when unknown)                        its modification time when indexed
+============== ================================================ ===============================================
+
+The schema metadata key ``b"mmfeed"`` holds ``{"format", "version", "stats"}``, ``stats`` being all episodes'
+partials merged (opening never re-merges; :func:`dataset_stats`). Equal shards (bytes, size, mtime) give a
+byte-identical index file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tarfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mmfeed.codecs.arrays import load_npy
+from mmfeed.codecs.demux import probe
+from mmfeed.codecs.errors import DecodeError
+from mmfeed.loaders.sources import stats as _stats
+from mmfeed.packing.windows import frames_at_rate
+
+__all__ = ["INDEX_FILENAME", "INDEX_SCHEMA", "INDEX_VERSION", "VIDEO_EXTENSIONS", "build_index", "dataset_stats",
+           "default_index_path", "feature_columns", "index_version", "iter_shard", "read_member", "read_shard_index",
+           "resolve_shard", "split_member", "stale_shards", "write_index"]
+
+INDEX_FILENAME = "mmfeed-index.parquet"
+"""Default file name of the index, written beside the shards."""
+
+INDEX_VERSION = 2
+"""Version of the index schema; bumped on incompatible changes (version 1 listed cameras, proprio and action)."""
+
+VIDEO_EXTENSIONS = ("mp4", "mkv", "webm")
+"""Member extensions read as video features (``npy`` members are array features; others are only listed)."""
+
+_FORMAT = "mmfeed-webdataset-index"
+_PARTIAL = ("count", "mean", "m2", "min", "max")
+_INT_LIST = pa.list_(pa.field("element", pa.int64()))  # "element": the list field name parquet round-trips
+_FLOATS = pa.list_(pa.field("element", pa.float64()))
+_STAT = pa.struct([("name", pa.string()), ("count", pa.float64())] + [(k, _FLOATS) for k in _PARTIAL[1:]])
+_MEMBER = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
+_FEATURE = pa.struct([("name", pa.string()), ("kind", pa.string()), ("dtype", pa.string()), ("shape", _INT_LIST),
+                      ("fps", pa.float64()), ("frames", pa.int64()), ("member", pa.string()),
+                      ("offset", pa.int64()), ("size", pa.int64())])
+
+INDEX_SCHEMA = pa.schema(
+    [("episode_id", pa.string()), ("shard", pa.string()), ("length", pa.int64()), ("fps", pa.float64()),
+     ("task", pa.string()), ("features", pa.list_(pa.field("element", _FEATURE))),
+     ("members", pa.list_(pa.field("element", _MEMBER))), ("stats", pa.list_(pa.field("element", _STAT))),
+     ("shard_size", pa.int64()), ("shard_mtime_ns", pa.int64())],
+    metadata={"mmfeed": json.dumps({"format": _FORMAT, "version": INDEX_VERSION})},
+)
+"""The arrow schema of every index table (see the module docstring); built tables add ``stats`` to the metadata."""
+
+
+def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: str | os.PathLike | None = None
+                ) -> pa.Table:
+    """Index ``shards`` (local paths or fsspec URLs of uncompressed ``.tar`` files) into one table.
+
+    ``root`` is the directory the ``shard`` column is relative to (default: the first shard's). Raises ValueError
+    naming the shard, key and member for a missing or malformed meta.json, an unreadable npy or mp4 member, an
+    array at the control clock without one row per step, a stream with fewer frames than the episode's span
+    needs, an episode id seen twice, or a feature whose kind, dtype or shape differs between two episodes.
+    """
+    shards = _paths(shards)
+    root = os.fspath(root) if root is not None else _dirname(shards[0])
+    rows: dict[str, list[Any]] = {name: [] for name in INDEX_SCHEMA.names}
+    partials: list[dict[str, dict[str, np.ndarray]]] = []
+    seen: dict[str, str] = {}
+    for shard in shards:
+        size, mtime_ns = _stat(shard)
+        for key, group, tar in _groups(shard):
+            if key in seen:
+                raise ValueError(f"episode id {key!r} appears twice: in {seen[key]!r} and in {shard!r}; episode ids "
+                                 "must be unique across all shards of one index")
+            seen[key] = shard
+            meta, features, parts = _episode(shard, key, group, tar)
+            row = {"episode_id": key, "shard": shard, "length": meta["length"], "fps": float(meta["fps"]),
+                   "task": meta["task"], "features": features,
+                   "members": [{"name": n, "offset": i.offset_data, "size": i.size} for n, i in group],
+                   "stats": [{"name": f, "count": float(p["count"]),
+                              **{k: np.ravel(p[k]).tolist() for k in _PARTIAL[1:]}} for f, p in parts.items()],
+                   "shard_size": size, "shard_mtime_ns": mtime_ns}
+            for name, value in row.items():
+                rows[name].append(value)
+            partials.append(parts)
+    table = pa.Table.from_pydict(rows, schema=INDEX_SCHEMA)
+    feature_columns(table)  # every episode has every feature, with one kind, dtype and shape (errors name shards)
+    relative = pa.array([_relative(s, root) for s in rows["shard"]], pa.string())
+    table = table.set_column(INDEX_SCHEMA.get_field_index("shard"), INDEX_SCHEMA.field("shard"), relative)
+    merged = {f: _stats.merge(p[f] for p in partials) for f in (partials[0] if partials else {})}
+    info = {"format": _FORMAT, "version": INDEX_VERSION, "stats": _stats.to_json(merged)}
+    return table.replace_schema_metadata({"mmfeed": json.dumps(info, sort_keys=True)})
+
+
+def write_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, path: str | os.PathLike | None = None
+                ) -> str:
+    """Build the index of ``shards`` and write it as parquet at ``path`` (default: :func:`default_index_path`);
+    return the path. The ``shard`` column is relative to the directory of ``path``."""
+    path = os.fspath(path) if path is not None else default_index_path(shards)
+    table = build_index(shards, root=_dirname(path))
+    with _open(path, "wb") as f:
+        pq.write_table(table, f)
+    return path
+
+
+def default_index_path(shards: Sequence[str | os.PathLike] | str | os.PathLike) -> str:
+    """Where the index of ``shards`` lives by default: :data:`INDEX_FILENAME` in the first shard's directory."""
+    return _join(_dirname(_paths(shards)[0]), INDEX_FILENAME)
+
+
+def index_version(path: str | os.PathLike) -> int | None:
+    """The ``INDEX_VERSION`` an index file was written with, or None when it is not an mmfeed index."""
+    with _open(os.fspath(path)) as f:
+        metadata = pq.read_schema(f).metadata or {}
+    try:
+        info = json.loads(metadata[b"mmfeed"])
+        return int(info["version"]) if info.get("format") == _FORMAT else None
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def read_shard_index(path: str | os.PathLike) -> pa.Table:
+    """Read an index written by :func:`write_index`. ValueError for other parquet files and for indexes of
+    another version (version 1 files are refused with the command that rebuilds them)."""
+    path = os.fspath(path)
+    version = index_version(path)
+    if version != INDEX_VERSION:
+        what = "is not an mmfeed shard index" if version is None else f"is an mmfeed index of version {version}"
+        raise ValueError(f"{path!r} {what}; this mmfeed reads version {INDEX_VERSION} (features by name, with "
+                         f"stats): rebuild it with `mmfeed index SHARDS`")
+    with _open(path) as f:
+        table = pq.read_table(f)
+    missing = [name for name in INDEX_SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise ValueError(f"{path!r} lacks index columns {missing}; rebuild it with `mmfeed index SHARDS`")
+    return table.select(INDEX_SCHEMA.names)
+
+
+def feature_columns(table: pa.Table) -> dict[str, dict[str, Any]]:
+    """Each feature of an index table as columns over its episodes, in the order features first appear:
+    ``{name: {"kind", "dtype", "shape" (of the first episode), "fps", "frames", "offset", "size" (numpy [E]),
+    "member" (object [E])}}``. Vectorized, so 1e5 episodes take milliseconds. ValueError naming two episodes
+    (shard and key) when a feature is missing from one or differs in kind, dtype or step shape."""
+    n = table.num_rows
+    if n == 0:
+        return {}
+    flat, row, groups = _by_name(table, "features")
+    (kinds, kind_of), (dtypes, dtype_of) = (_codes(flat[k]) for k in ("kind", "dtype"))
+    ndim = pc.list_value_length(flat["shape"]).to_numpy(zero_copy_only=False)
+    dims = flat["shape"].flatten().to_numpy()
+    starts = np.cumsum(ndim) - ndim
+
+    def where(r) -> str:
+        return f"{table['shard'][int(r)].as_py()} key {table['episode_id'][int(r)].as_py()!r}"
+
+    def desc(i) -> str:
+        return f"{kind_of[kinds[i]]} {dtype_of[dtypes[i]]} {dims[starts[i]:starts[i] + ndim[i]].tolist()}"
+
+    out = {}
+    for name, idx in groups:
+        counts = np.bincount(row[idx], minlength=n)
+        if (counts != 1).any():
+            bad = int(np.flatnonzero(counts != 1)[0])
+            how = "does not have" if counts[bad] == 0 else "has twice"
+            raise ValueError(f"{where(bad)} {how} feature {name!r}, which {where(row[idx[0]])} has once; every "
+                             "episode needs every feature")
+        d = int(ndim[idx[0]])
+        same = (kinds[idx] == kinds[idx[0]]) & (dtypes[idx] == dtypes[idx[0]]) & (ndim[idx] == d)
+        shapes = dims[np.minimum(starts[idx][:, None] + np.arange(d), max(len(dims) - 1, 0))] if d else None
+        if d:
+            same &= (shapes == shapes[0]).all(axis=1)
+        if not same.all():
+            a, b = idx[0], idx[int(np.flatnonzero(~same)[0])]
+            raise ValueError(f"feature {name!r} is {desc(a)} in {where(row[a])} but {desc(b)} in {where(row[b])}")
+        out[name] = {"kind": kind_of[kinds[idx[0]]], "dtype": dtype_of[dtypes[idx[0]]],
+                     "shape": tuple(int(s) for s in (shapes[0] if d else ())),
+                     **{k: flat[k].take(pa.array(idx)).to_numpy(zero_copy_only=False)
+                        for k in ("fps", "frames", "offset", "size", "member")}}
+    return out
+
+
+def dataset_stats(table: pa.Table, *, from_rows: bool = False) -> dict[str, dict[str, np.ndarray]]:
+    """``{feature: {mean, std, min, max, count}}`` of the numeric array features over the table's episodes.
+
+    By default the partials merged at build time, from the schema metadata (no per-row work); ``from_rows``
+    merges the ``stats`` column instead (vectorized over rows), for a table whose rows were selected since: the
+    metadata describes every episode the index was built from."""
+    info = json.loads((table.schema.metadata or {}).get(b"mmfeed", b"{}"))
+    if not from_rows and "stats" in info:
+        return {f: _stats.finish(p) for f, p in _stats.from_json(info["stats"]).items()}
+    shapes = {f: c["shape"] or (1,) for f, c in feature_columns(table).items()}  # a scalar per step: shape (1,)
+    flat, _, groups = _by_name(table, "stats")
+    out = {}
+    for name, idx in groups:  # all rows at once: n-weighted means, M2 = sum of M2 + n * (mean - total)^2
+        take = pa.array(idx)
+        n = flat["count"].take(take).to_numpy()
+        mean, m2, low, high = (flat[k].take(take).flatten().to_numpy().reshape(len(idx), -1) for k in _PARTIAL[1:])
+        total = (n[:, None] * mean).sum(axis=0) / max(n.sum(), 1.0)
+        merged = {"mean": total, "m2": (m2 + n[:, None] * (mean - total) ** 2).sum(axis=0),
+                  "min": np.fmin.reduce(low, axis=0), "max": np.fmax.reduce(high, axis=0)}
+        out[name] = _stats.finish({"count": n.sum(), **{k: v.reshape(shapes[name]) for k, v in merged.items()}})
+    return out
+
+
+def resolve_shard(index_path: str | os.PathLike, shard: str) -> str:
+    """The path or URL of ``shard`` (a value of the ``shard`` column) for the index stored at ``index_path``."""
+    if "://" in shard or os.path.isabs(shard):
+        return shard
+    return _join(_dirname(os.fspath(index_path)), shard)
+
+
+def stale_shards(index_path: str | os.PathLike, table: pa.Table | None = None) -> list[str]:
+    """Shards (resolved paths) whose size or mtime differ from what the index recorded, or that are gone;
+    ``table``: the index already read from ``index_path`` (else it is read)."""
+    table = read_shard_index(index_path) if table is None else table
+    recorded = zip(*(table[c].to_pylist() for c in ("shard", "shard_size", "shard_mtime_ns")))
+    stale = []
+    for shard, size, mtime in dict.fromkeys(recorded):
+        path = resolve_shard(index_path, shard)
+        try:
+            now_size, now_mtime = _stat(path)
+        except FileNotFoundError:
+            now_size, now_mtime = None, None
+        if now_size != size or (None not in (mtime, now_mtime) and now_mtime != mtime):
+            stale.append(path)
+    return stale
+
+
+def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
+    """The ``size`` bytes at ``offset`` of a shard (one member's data): a seek and a read, a range request for URLs.
+    ValueError when offset or size is negative or the shard ends before ``offset + size``."""
+    shard_path = os.fspath(shard_path)
+    offset, size = int(offset), int(size)
+    if offset < 0 or size < 0:
+        raise ValueError(f"offset {offset} and size {size} must be >= 0 (reading {shard_path!r})")
+    if "://" in shard_path and not shard_path.startswith("file://"):
+        from mmfeed.loaders.sources.remote import read_range  # range requests through a bounded block cache
+
+        data = read_range(shard_path, offset, size)
+    else:
+        with open(shard_path.removeprefix("file://"), "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    if len(data) != size:
+        raise ValueError(f"{shard_path!r} ends before byte {offset + size} (got {len(data)} of {size} bytes at offset "
+                         f"{offset}): the shard is truncated or the index is out of date; rebuild it with "
+                         "`mmfeed index`")
+    return data
+
+
+def iter_shard(shard: str | os.PathLike) -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
+    """Every episode of one shard in tar order, read front to back (for streaming readers): ``(key, {member name
+    after the key: bytes}, meta)``; ``meta`` is the parsed meta.json with ``task`` and ``rates`` filled in."""
+    shard = os.fspath(shard)
+    for key, group, tar in _groups(shard):
+        data = {name: _extract(tar, info).read() for name, info in group}
+        if "meta.json" not in data:
+            raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member")
+        yield key, data, parse_meta(shard, key, data["meta.json"])
+
+
+def split_member(name: str) -> tuple[str | None, str, str]:
+    """``(key, feature, extension)`` of a tar member name; key None for names webdataset skips (no extension).
+
+    >>> split_member("ep_7.observation.state.npy"), split_member("ep_7.meta.json")
+    (('ep_7', 'observation.state', 'npy'), ('ep_7', 'meta', 'json'))
+    """
+    head, base = posixpath.split(name)
+    if "." not in base or base.startswith("."):
+        return None, "", ""
+    stem, rest = base.split(".", 1)
+    feature, _, ext = rest.rpartition(".")
+    return (posixpath.join(head, stem) if head else stem), feature, ext
+
+
+def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
+    """A meta.json checked (``length`` int >= 0, ``fps`` > 0, ``task`` str, rates > 0) with ``task`` defaulted to
+    "" and ``rates`` = v1's ``camera_fps`` updated by ``rates``; ValueError naming the shard and key."""
+    where = f"{key}.meta.json in shard {shard!r}"
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not valid UTF-8 JSON: {exc}") from exc
+    missing = [k for k in ("fps", "length") if k not in meta] if isinstance(meta, dict) else ["a JSON object"]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}; it needs fps, length and (optionally) task and rates")
+    length, fps, task = meta["length"], meta["fps"], meta.get("task", "")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"{where}: length must be an integer >= 0, got {length!r}")
+    rates: dict[str, float] = {}
+    for field in ("camera_fps", "rates"):  # v1's per-camera rates, then v2's per-feature ones
+        if not isinstance(meta.get(field) or {}, dict):
+            raise ValueError(f"{where}: {field} must map feature -> fps, got {meta[field]!r}")
+        rates.update(meta.get(field) or {})
+    for name, rate in {"fps": fps, **{f"rates[{k!r}]": v for k, v in rates.items()}}.items():
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+            raise ValueError(f"{where}: {name} must be a number > 0, got {rate!r}")
+    if not isinstance(task, str) or not isinstance(meta.get("features", {}), dict):
+        raise ValueError(f"{where}: task must be a string and features a dict, got {task!r} and "
+                         f"{meta.get('features')!r}")
+    return {**meta, "task": task, "rates": {k: float(v) for k, v in rates.items()}}
+
+
+def _groups(shard: str) -> Iterator[tuple[str, list[tuple[str, tarfile.TarInfo]], tarfile.TarFile]]:
+    """``(key, [(member name after the key, info)], tar)`` per episode in tar order; a key's members must be
+    consecutive, as webdataset reads them. The tar stays open while the caller reads members of the group."""
+    size = _stat(shard)[0]
+    with _open(shard) as f:
+        try:
+            tar = tarfile.open(fileobj=f, mode="r:")
+        except tarfile.TarError as exc:
+            raise ValueError(f"{shard!r} is not a readable uncompressed tar file: {exc}") from exc
+        with tar:
+            key, group, done = None, [], set()
+            try:
+                for info in tar:
+                    if not info.isfile():
+                        continue
+                    if info.offset_data + info.size > size:
+                        raise ValueError(f"{shard!r} is truncated: member {info.name!r} needs bytes up to "
+                                         f"{info.offset_data + info.size} but the file has {size}")
+                    k, feature, ext = split_member(info.name)
+                    if k is None:
+                        continue  # webdataset skips names without an extension too
+                    if k != key:
+                        if group:
+                            yield key, group, tar
+                        if k in done:
+                            raise ValueError(f"{shard!r}: the members of key {k!r} are not consecutive (member "
+                                             f"{info.name!r} follows other keys); webdataset would split the episode")
+                        done.add(k)
+                        key, group = k, []
+                    group.append((f"{feature}.{ext}" if feature else ext, info))
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise ValueError(f"{shard!r} is not a readable uncompressed tar file (truncated or corrupt): "
+                                 f"{exc}") from exc
+            if group:
+                yield key, group, tar
+
+
+def _episode(shard: str, key: str, group: list[tuple[str, tarfile.TarInfo]], tar: tarfile.TarFile
+             ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, dict[str, np.ndarray]]]:
+    """meta, feature rows and stats partials of one episode, from meta.json ``features`` where it has them."""
+    infos = dict(group)
+    if "meta.json" not in infos:
+        raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member; every episode needs one "
+                         "with fps, length and task")
+    meta = parse_meta(shard, key, _extract(tar, infos["meta.json"]).read())
+    described, length, fps = meta.get("features", {}), meta["length"], float(meta["fps"])
+    features, parts = [], {}
+    for member, info in group:
+        feature, _, ext = member.rpartition(".")
+        if not feature or ext != "npy" and ext not in VIDEO_EXTENSIONS:
+            continue
+        where = f"{shard!r} key {key!r} member {key}.{member}"
+        if any(f["name"] == feature for f in features):
+            raise ValueError(f"{where}: feature {feature!r} has two members in this episode")
+        kind, dtype, shape, frames, part = _member_feature(_extract(tar, info), ext, described.get(feature), where)
+        if part is not None:
+            parts[feature] = part
+        rate = meta["rates"].get(feature, fps)
+        want = int(frames_at_rate(length, fps, rate))
+        if ext == "npy" and feature not in meta["rates"] and frames != length:
+            raise ValueError(f"{where}: {frames} rows, but meta.json length is {length}: an array at the control "
+                             "clock has one row per step (name its own rate in meta.json rates otherwise)")
+        if frames < want:
+            raise ValueError(f"{where}: {frames} frames, but {length} steps at {fps:g} fps need {want} at {rate:g} fps")
+        features.append({"name": feature, "kind": kind, "dtype": dtype, "shape": list(shape), "fps": rate,
+                         "frames": frames, "member": member, "offset": info.offset_data, "size": info.size})
+    named = set(meta["rates"]) | set(described) | set(meta.get("cameras") or [])
+    unbacked = sorted(named - {f["name"] for f in features})
+    if unbacked:
+        raise ValueError(f"{key}.meta.json in shard {shard!r} names features {unbacked} that have no member "
+                         f"{key}.<feature>.npy or .mp4 in the shard")
+    return meta, features, parts
+
+
+def _member_feature(f: IO[bytes], ext: str, entry: Mapping | None, where: str):
+    """``(kind, dtype, step shape, frames, stats partial or None)`` of a member: from its meta.json ``features``
+    entry where there is one (an npy header is always read and must agree), else probed or read."""
+    said = part = None
+    if entry is not None:
+        try:
+            said = (entry.get("kind", "video" if ext in VIDEO_EXTENSIONS else "array"), str(np.dtype(entry["dtype"])),
+                    tuple(int(s) for s in entry["shape"]), int(entry["frames"]), entry.get("stats"))
+            part = None if said[4] is None else {k: np.asarray(said[4][k], np.float64) for k in _PARTIAL}
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: meta.json features entry {entry!r} is malformed ({exc!r})") from exc
+    if ext in VIDEO_EXTENSIONS:
+        if said is None:
+            try:
+                info = probe(f.read())
+            except DecodeError as err:
+                raise ValueError(f"{where}: {err}") from err
+            return "video", "uint8", (info.height, info.width, 3), info.num_frames, None
+        if said[:2] != ("video", "uint8") or len(said[2]) != 3 or said[2][2] != 3:
+            raise ValueError(f"{where}: meta.json describes {entry!r}; a video is kind video, uint8 [H, W, 3]")
+        return "video", "uint8", said[2], said[3], None
+    try:
+        read = {(1, 0): np.lib.format.read_array_header_1_0}.get(np.lib.format.read_magic(f),
+                                                                  np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read(f)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{where}: not .npy bytes: {exc}") from exc
+    if dtype.hasobject or not shape:
+        raise ValueError(f"{where}: an array feature holds numbers per step [T, ...], got {dtype} {list(shape)}"
+                         + (" (object arrays need pickle, which mmfeed never loads)" if dtype.hasobject else ""))
+    held = ("array", str(dtype), tuple(shape[1:]), int(shape[0]))
+    if said is not None and said[:4] != held:
+        raise ValueError(f"{where}: meta.json describes {list(said[:4])} but the member holds {list(held)}")
+    if dtype.kind not in "biuf":
+        return (*held, None)
+    if part is None:
+        f.seek(0)
+        part = _stats.partial(load_npy(f.read(), key=where))
+    return (*held, part)
+
+
+def _by_name(table: pa.Table, column: str) -> tuple[dict[str, pa.Array], np.ndarray, list[tuple[str, np.ndarray]]]:
+    """A ``list<struct<name, ...>>`` column flattened: its fields over all entries, the row of each entry, and
+    ``(name, entry indices)`` per name in order of first appearance."""
+    chunks = table.column(column)
+    values = chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks()
+    row = np.repeat(np.arange(table.num_rows), pc.list_value_length(values).to_numpy(zero_copy_only=False))
+    flat = dict(zip([f.name for f in values.type.value_type], values.flatten().flatten()))
+    codes, names = _codes(flat["name"])
+    return flat, row, [(name, np.flatnonzero(codes == u)) for u, name in enumerate(names)]
+
+
+def _codes(strings: pa.Array) -> tuple[np.ndarray, list[str]]:
+    """Strings as dictionary codes (compared as integers) and the dictionary, in order of first appearance."""
+    encoded = pc.dictionary_encode(strings)
+    return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
+
+
+def _extract(tar: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
+    extracted = tar.extractfile(info)
+    assert extracted is not None  # a regular file always extracts
+    return extracted
+
+
+def _paths(shards: Iterable[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    shards = [os.fspath(s) for s in ([shards] if isinstance(shards, (str, os.PathLike)) else shards)]
+    if not shards:
+        raise ValueError("shards is empty: pass at least one .tar path or URL")
+    return shards
+
+
+def _open(path: str, mode: str = "rb") -> IO[bytes]:
+    if "://" in path:
+        import fsspec
+
+        return fsspec.open(path, mode).open()
+    return open(path, mode)
+
+
+def _stat(path: str) -> tuple[int, int | None]:
+    if "://" in path:
+        import fsspec
+
+        fs, inner = fsspec.core.url_to_fs(path)
+        info = fs.info(inner)
+        mtime = info.get("mtime")
+        return int(info["size"]), (int(float(mtime) * 1e9) if isinstance(mtime, (int, float)) else None)
+    st = os.stat(path)
+    return int(st.st_size), int(st.st_mtime_ns)
+
+
+def _join(directory: str, name: str) -> str:
+    return posixpath.join(directory, name) if "://" in directory else os.path.join(directory, name)
+
+
+def _dirname(path: str) -> str:
+    return posixpath.dirname(path) if "://" in path else os.path.dirname(os.path.abspath(path))
+
+
+def _relative(shard: str, root: str) -> str:
+    if "://" in shard or "://" in root:
+        prefix = root.rstrip("/") + "/"
+        return shard[len(prefix):] if shard.startswith(prefix) else shard
+    return os.path.relpath(os.path.abspath(shard), os.path.abspath(root)).replace(os.sep, "/")

@@ -1,0 +1,258 @@
+"""Webdataset shards (format v2, and v1 shards) as an :class:`~mmfeed.loaders.sources.base.EpisodeSource`.
+
+The index (:mod:`mmfeed.loaders.sources.index`) gives every episode's length, rates, frame counts, task and
+stats, and where each feature's member lies in its shard. Planning uses the index alone; a worker reads exactly
+the members a batch needs (one seek and read each, a range request for URLs), keeps the last few episodes'
+bytes, loads npy members whole and decodes each needed group of pictures once for every frame the batch wants::
+
+    >>> src = WebDatasetSource("shards/")                                      # doctest: +SKIP
+    >>> [out] = src.read_many([EpisodeRequest(0, {"observation.state": np.arange(4),
+    ...                                           "observation.images.cam_high": np.array([0, 15])})])  # doctest: +SKIP
+
+Shards without an index (or beside a version 1 index) are indexed in memory when opened, with a log line
+suggesting ``mmfeed index`` to make that a one-time cost.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from mmfeed.codecs.arrays import load_npy
+from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+from mmfeed.codecs.errors import DecodeError
+from mmfeed.codecs.video import DecodeOptions
+from mmfeed.loaders.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats,
+                                          default_index_path, feature_columns, index_version, read_member,
+                                          read_shard_index, resolve_shard, stale_shards)
+from mmfeed.loaders.timing import stage
+
+__all__ = ["WebDatasetSource", "expand_shards"]
+
+log = logging.getLogger(__name__)
+
+FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
+
+
+def expand_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Shard paths from a directory (its ``*.tar``), a brace pattern (``shard-{000000..000009}.tar``), a glob,
+    a URL or a list of any of these, in sorted order within each pattern.
+
+    >>> expand_shards("s3://bucket/shard-{000000..000002}.tar")[-1]
+    's3://bucket/shard-000002.tar'
+    """
+    import braceexpand
+
+    if isinstance(spec, (list, tuple)):
+        return [s for item in spec for s in expand_shards(item)]
+    spec = os.fspath(spec)
+    if "://" in spec and not spec.startswith("file://"):
+        return list(braceexpand.braceexpand(spec))
+    spec = spec.removeprefix("file://")
+    if os.path.isdir(spec):
+        shards = sorted(glob.glob(os.path.join(spec, "*.tar")))
+        if not shards:
+            raise FileNotFoundError(f"{spec}: directory holds no .tar shards")
+        return shards
+    shards = []
+    for pattern in braceexpand.braceexpand(spec):
+        shards.extend(sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern])
+    missing = [s for s in shards if not os.path.exists(s)]
+    if missing or not shards:
+        raise FileNotFoundError(f"{spec}: no such shard(s): {missing[:3] or [spec]}")
+    return shards
+
+
+class WebDatasetSource(EpisodeSource):
+    """Episodes in webdataset shards, every member a feature under its own name.
+
+    path: a directory of shards, a brace pattern, a glob, a URL pattern, a list of them, or an index file.
+    backend: video backend for ``mmfeed.codecs`` ("auto" is PyAV).
+    frame_size: ``(H, W)`` for every video feature, or ``{feature: (H, W)}``, resized inside the decoder;
+        ``features`` then report the resized shape.
+    cache_episodes: how many episodes' member bytes a worker keeps (consecutive samples of one episode reuse them).
+    check_index: refuse an index whose shards changed size or mtime since indexing.
+    """
+
+    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *, backend: str = "auto",
+                 frame_size: FrameSize = None, cache_episodes: int = 8, check_index: bool = True) -> None:
+        if isinstance(cache_episodes, bool) or not isinstance(cache_episodes, int) or cache_episodes < 1:
+            raise ValueError(f"cache_episodes must be an int >= 1, got {cache_episodes!r}")
+        DecodeOptions(backend=backend)  # an unknown backend fails now, not at the first read
+        self.backend, self.cache_episodes = backend, cache_episodes
+        table, index_path, indexed = _open_index(path, check_index)
+        self.name = str(index_path if indexed else path)
+        if table.num_rows == 0:
+            raise ValueError(f"{self.name}: the shards hold no episodes")
+        shards = table["shard"].to_pylist()
+        relative = list(dict.fromkeys(shards))
+        self._shards = [resolve_shard(index_path, s) for s in relative]
+        self._shard_of = _codes(shards, relative)
+        self._ids = table["episode_id"].to_pylist()
+        self._lengths = table["length"].to_numpy().astype(np.int64)
+        self._fps = table["fps"].to_numpy().astype(np.float64)
+        task_names = table["task"].to_pylist()
+        self.tasks = list(dict.fromkeys(task_names))
+        self._episode_tasks = _codes(task_names, self.tasks)
+        full = table.set_column(table.schema.get_field_index("shard"), "shard",
+                                pa.array([self._shards[i] for i in self._shard_of], pa.string()))
+        columns = feature_columns(full)  # errors name full shard paths
+        self._sizes = _frame_sizes(frame_size, {f: c["kind"] for f, c in columns.items()})
+        self._stored_shape = {f: c["shape"] for f, c in columns.items()}
+        self.features = {f: Feature(c["kind"], c["dtype"], self._sizes[f] + (3,) if self._sizes.get(f) else c["shape"],
+                                    float(c["fps"][0])) for f, c in columns.items()}
+        self._rates = {f: c["fps"].astype(np.float64) for f, c in columns.items()}
+        self._frames = {f: c["frames"].astype(np.int64) for f, c in columns.items()}
+        self._members = {f: (c["offset"].astype(np.int64), c["size"].astype(np.int64)) for f, c in columns.items()}
+        self.stats = dataset_stats(table)
+        self._bytes: OrderedDict[tuple[int, str], bytes] = OrderedDict()
+        self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
+        self._checked: set[tuple[int, str]] = set()
+
+    def episode_id(self, episode: int) -> str:
+        """The webdataset key of ``episode``."""
+        return self._ids[self._check_episode(episode)]
+
+    def describe(self, episode: int) -> str:
+        """Where an episode lives, for error messages: its shard and key."""
+        return f"{self._shards[self._shard_of[episode]]} key {self._ids[episode]!r}"
+
+    def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
+        """The requested frames of each request: npy members loaded whole (per episode) and indexed, every video
+        request of the batch decoded in one pass per frame size (each GOP once)."""
+        out: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        videos: dict[tuple[int, int] | None, list[tuple[FrameRequest, int, str, str]]] = {}
+        for r, request in enumerate(requests):
+            self._check_request(request)
+            e = request.episode
+            for feature, idx in request.indices.items():
+                idx = np.asarray(idx, dtype=np.int64)
+                if self.features[feature].kind != "video":
+                    out[r][feature] = self._array(e, feature)[idx]
+                    continue
+                data = self._member(e, feature)
+                where = f"{self.describe(e)} feature {feature!r}"
+                self._check_video(e, feature, data, where)
+                given = request.out.get(feature) if request.out else None
+                videos.setdefault(self._sizes.get(feature), []).append(
+                    (FrameRequest(data, indices=idx, out=given), r, feature, where))
+        for size, batch in videos.items():
+            with stage("decode"):
+                decoded = decode_with_context(self._cache(size), [b[0] for b in batch], [b[3] for b in batch])
+            for (_, r, feature, _), frames in zip(batch, decoded):
+                out[r][feature] = frames
+        return out
+
+    def episode(self, index: int) -> dict:
+        """The whole episode (every feature, videos decoded), ``task``, ``fps`` and ``episode_id``."""
+        return {**super().episode(index), "episode_id": self._ids[index]}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_bytes"], state["_videos"] = OrderedDict(), {}  # each worker reads and decodes its own bytes
+        return state
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _member(self, episode: int, feature: str) -> bytes:
+        key = (episode, feature)
+        if key in self._bytes:
+            self._bytes.move_to_end(key)
+            return self._bytes[key]
+        offsets, sizes = self._members[feature]
+        with stage("read"):
+            data = read_member(self._shards[self._shard_of[episode]], offsets[episode], sizes[episode])
+        self._bytes[key] = data
+        while len(self._bytes) > self.cache_episodes * len(self.features):
+            self._bytes.popitem(last=False)
+        return data
+
+    def _array(self, episode: int, feature: str) -> np.ndarray:
+        f = self.features[feature]
+        return load_npy(self._member(episode, feature), key=f"{self.describe(episode)} feature {feature!r}",
+                        expect_dtype=f.dtype, expect_shape=(int(self._frames[feature][episode]), *f.shape))
+
+    def _cache(self, size: tuple[int, int] | None) -> VideoReaderCache:
+        if size not in self._videos:
+            self._videos[size] = VideoReaderCache(max_open=max(2, self.cache_episodes), backend=self.backend,
+                                                  size=size)
+        return self._videos[size]
+
+    def _check_video(self, episode: int, feature: str, data: bytes, where: str) -> None:
+        """Once per video: it opens, has the frame size and at least the frames the index promises. Its reader
+        stays open in the cache, so the batch decode does not probe it again."""
+        if (episode, feature) in self._checked:
+            return
+        cache = self._cache(self._sizes.get(feature))
+        with stage("decode"):
+            try:
+                info = cache.info(data)
+                cache.reader(data, info)
+            except DecodeError as err:
+                raise SampleError(f"{where}: {err}") from err
+        promised, stored = int(self._frames[feature][episode]), self._stored_shape[feature]
+        if info.num_frames < promised or (info.height, info.width) != stored[:2]:
+            raise SampleError(f"{where}: the video holds {info.num_frames} frames of {info.height}x{info.width} but "
+                              f"the index promises {promised} of {stored[0]}x{stored[1]}; rebuild it with "
+                              "`mmfeed index`")
+        self._checked.add((episode, feature))
+
+
+def _open_index(path, check_index: bool) -> tuple[pa.Table, str, bool]:
+    """The index table of ``path``, the path it is (or would be) stored at, and whether it was read from there."""
+    index_path = _index_path(path)
+    if index_path is not None and os.path.isdir(os.fspath(path)) and index_version(index_path) == 1:
+        log.warning("%s is a version 1 index: indexing the shards in memory instead; rebuild it with `mmfeed index`",
+                    index_path)
+        index_path = None
+    if index_path is not None:
+        table = read_shard_index(index_path)
+        stale = stale_shards(index_path, table) if check_index else []
+        if stale:
+            raise ValueError(f"{index_path} is out of date with its shards (changed or missing: {stale[:5]}); "
+                             "rebuild it with `mmfeed index`")
+        return table, index_path, True
+    shards = expand_shards(path)
+    log.info("indexing %d shard(s) in memory (no version %d %s beside them); `mmfeed index` makes this a one-time "
+             "cost", len(shards), INDEX_VERSION, INDEX_FILENAME)
+    return build_index(shards), default_index_path(shards), False
+
+
+def _index_path(path) -> str | None:
+    """The index file for ``path``: the path itself if it is one, else ``<dir>/mmfeed-index.parquet`` if present."""
+    if isinstance(path, (list, tuple)):
+        return None
+    path = os.fspath(path)
+    if path.endswith(".parquet") and ("://" in path or os.path.isfile(path)):
+        return path
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, INDEX_FILENAME)):
+        return os.path.join(path, INDEX_FILENAME)
+    return None
+
+
+def _frame_sizes(frame_size: FrameSize, kinds: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    """feature -> (H, W) to resize to, for the video features ``frame_size`` covers."""
+    if frame_size is None:
+        return {}
+    videos = [f for f, kind in kinds.items() if kind == "video"]
+    sizes = dict(frame_size) if isinstance(frame_size, Mapping) else dict.fromkeys(videos, frame_size)
+    unknown = sorted(set(sizes) - set(videos))
+    if unknown:
+        raise ValueError(f"frame_size names {unknown}, which are not video features; the videos are {videos}")
+    for feature, size in sizes.items():
+        if not (isinstance(size, (tuple, list)) and len(size) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in size)):
+            raise ValueError(f"frame_size for {feature!r} must be (height, width) with ints >= 2, got {size!r}")
+    return {f: (int(s[0]), int(s[1])) for f, s in sizes.items()}
+
+
+def _codes(values: list[str], uniques: list[str]) -> np.ndarray:
+    code = {v: i for i, v in enumerate(uniques)}
+    return np.asarray([code[v] for v in values], dtype=np.int64)

@@ -1,0 +1,226 @@
+"""Write your own episodes as webdataset shards (format v2) that :class:`WebDatasetSource` reads.
+
+Every feature of an episode becomes one tar member under its own name: arrays of any dtype and shape as
+``<key>.<feature>.npy``, uint8 ``[T, H, W, 3]`` frames encoded as ``<key>.<feature>.mp4`` at the feature's rate,
+and mp4 bytes kept as they are. ``<key>.meta.json`` records the control clock, the length, the task, the rates
+and every feature's kind, dtype, shape, frame count and stats partial, so indexing the shards reads no pixels::
+
+    >>> import numpy as np, tempfile
+    >>> with ShardWriter(tempfile.mkdtemp(), episodes_per_shard=2) as w:
+    ...     for i in range(3):
+    ...         _ = w.write({"observation.state": np.zeros((50, 6), np.float32), "next.done": np.zeros(50, bool),
+    ...                      "observation.images.top": np.zeros((15, 32, 32, 3), np.uint8)},
+    ...                     fps=50.0, rates={"observation.images.top": 15.0}, task="pick")
+    >>> [os.path.basename(p) for p in w.shards], os.path.basename(w.index_path)
+    (['shard-000000.tar', 'shard-000001.tar'], 'mmfeed-index.parquet')
+
+Shards are ``shard-000000.tar``, ... written through ``webdataset.TarWriter`` with a fixed member mtime and a
+deterministic encoder, so equal inputs give byte-identical shards; each is written under a temporary name and
+renamed when complete, and the index (:mod:`mmfeed.loaders.sources.index`) is written beside them on close.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import logging
+import os
+from collections.abc import Mapping
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from mmfeed.codecs.demux import probe
+from mmfeed.codecs.encode import encode_video, encoder_name
+from mmfeed.codecs.errors import DecodeError
+from mmfeed.loaders.sources import stats as _stats
+from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+from mmfeed.packing.windows import frames_at_rate
+
+__all__ = ["ShardWriter"]
+
+log = logging.getLogger(__name__)
+
+_MTIME = 0
+"""Member mtime of every tar header (a fixed value: equal inputs give equal bytes)."""
+
+
+class ShardWriter:
+    """Episodes to ``out_dir/shard-000000.tar``, ... (``episodes_per_shard`` each) and their index, on close.
+
+    codec, gop, crf: how frame arrays are encoded (:func:`mmfeed.codecs.encode_video`).
+    Attributes: ``shards`` (the paths of the complete shards) and ``index_path`` (set by :meth:`close`).
+    Leaving the ``with`` block by an exception discards the unfinished shard and writes no index.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, *, codec: str = "h264", gop: int = 30, crf: int | None = None,
+                 episodes_per_shard: int = 8) -> None:
+        if isinstance(episodes_per_shard, bool) or not isinstance(episodes_per_shard, int) or episodes_per_shard < 1:
+            raise ValueError(f"episodes_per_shard must be an int >= 1, got {episodes_per_shard!r}")
+        encoder_name(codec)  # an unknown codec fails now, not at the first video
+        self.out_dir = os.fspath(out_dir)
+        os.makedirs(self.out_dir, exist_ok=True)
+        existing = sorted(glob.glob(os.path.join(self.out_dir, "shard-*.tar")))
+        if existing or os.path.exists(os.path.join(self.out_dir, INDEX_FILENAME)):
+            raise FileExistsError(f"{self.out_dir} already holds shards or an index ({existing[:3]}); remove them or "
+                                  "write to another directory")
+        self.codec, self.gop, self.crf, self.episodes_per_shard = codec, gop, crf, episodes_per_shard
+        self.shards: list[str] = []
+        self.index_path: str | None = None
+        self._keys: set[str] = set()
+        self._file: Any = None
+        self._tar: Any = None
+        self._in_shard = 0
+        self._closed = False
+
+    def write(self, features: Mapping[str, Any], *, fps: float, task: str = "",
+              rates: Mapping[str, float] | None = None, key: str | None = None) -> str:
+        """Add one episode; return its key (default ``episode_{n:06d}``, n counting episodes written).
+
+        features: name -> array ``[T_feature, ...]`` of any dtype (stored as npy), uint8 ``[T, H, W, 3]`` frames
+            (encoded at the feature's rate) or the bytes of an mp4 (kept as is). Names may hold dots
+            (``observation.state``) but not "/", must not start with "_" and must not be "meta".
+        fps: the control clock; features not in ``rates`` have one entry per step, and their common count is the
+            episode's length. rates: feature -> fps for features recorded at another rate; each needs at least
+            the frames that cover the episode's span (:func:`mmfeed.packing.windows.frames_at_rate`).
+        Raises ValueError naming the feature (and both lengths where two disagree) before anything is written.
+        """
+        if self._closed:
+            raise ValueError(f"ShardWriter({self.out_dir!r}) is closed")
+        sample = self._sample(features, fps, task, dict(rates or {}), key)
+        if self._tar is None:
+            import webdataset
+
+            self._file = open(self._partial_path(), "wb")
+            self._tar = webdataset.TarWriter(self._file, encoder=False, mtime=_MTIME)
+        self._tar.write(sample)
+        self._keys.add(sample["__key__"])
+        self._in_shard += 1
+        if self._in_shard == self.episodes_per_shard:
+            self._finish_shard()
+        return sample["__key__"]
+
+    def close(self) -> str | None:
+        """Finish the last shard and write the index beside the shards; return its path (None: no episodes)."""
+        if not self._closed:
+            self._closed = True
+            self._finish_shard()
+            if self.shards:
+                self.index_path = write_index(self.shards, os.path.join(self.out_dir, INDEX_FILENAME))
+            else:
+                log.warning("ShardWriter(%r) closed without episodes: no shards, no index", self.out_dir)
+        return self.index_path
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        self._closed = True
+        if self._tar is not None:
+            self._tar.close()
+            self._file.close()
+            os.unlink(self._partial_path())
+            self._tar = self._file = None
+        log.warning("ShardWriter(%r) stopped by %s: kept %d complete shard(s), wrote no index", self.out_dir,
+                    exc_type.__name__, len(self.shards))
+
+    # -- internals -------------------------------------------------------------------------------------------
+    def _partial_path(self) -> str:
+        return os.path.join(self.out_dir, f".shard-{len(self.shards):06d}.tar.partial")
+
+    def _finish_shard(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        self._file.close()
+        path = os.path.join(self.out_dir, f"shard-{len(self.shards):06d}.tar")
+        os.replace(self._partial_path(), path)
+        self.shards.append(path)
+        self._tar = self._file = None
+        self._in_shard = 0
+
+    def _sample(self, features: Mapping[str, Any], fps: float, task: str, rates: dict[str, float],
+                key: str | None) -> dict[str, Any]:
+        """The tar members of one episode, checked before any video is encoded."""
+        key = f"episode_{len(self._keys):06d}" if key is None else key
+        if not isinstance(key, str) or not key or "." in key or "/" in key or key.startswith("_"):
+            raise ValueError(f"episode key {key!r} must be a non-empty string without '.' or '/', not starting with "
+                             "'_' (webdataset splits member names at the first dot)")
+        if key in self._keys:
+            raise ValueError(f"episode key {key!r} was already written; keys must be unique")
+        if isinstance(fps, bool) or not isinstance(fps, Real) or not fps > 0:
+            raise ValueError(f"fps must be a number > 0 (the control clock), got {fps!r}")
+        if not isinstance(task, str):
+            raise ValueError(f"task must be a string, got {task!r}")
+        if not isinstance(features, Mapping) or not features:
+            raise ValueError("features must be a non-empty dict of name -> array or mp4 bytes")
+        unknown = sorted(set(rates) - set(features))
+        if unknown:
+            raise ValueError(f"rates name {unknown}, which are not among the features {sorted(features)}")
+        values, described = {}, {}
+        for name, value in features.items():
+            if not isinstance(name, str) or not name or "/" in name or name.startswith("_") or name == "meta":
+                raise ValueError(f"feature name {name!r} must be a non-empty string without '/', not starting with "
+                                 "'_' and not 'meta'")
+            rate = rates.get(name, fps)
+            if isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0:
+                raise ValueError(f"rates[{name!r}] must be a number > 0, got {rate!r}")
+            values[name], described[name] = _describe(name, value)
+        clock = {n: d["frames"] for n, d in described.items() if n not in rates}
+        if not clock:
+            raise ValueError("every feature is in rates: at least one feature must run at the control clock (fps), "
+                             "its entries counting the episode's steps")
+        first, length = next(iter(clock.items()))
+        for name, frames in clock.items():
+            if frames != length:
+                raise ValueError(f"feature {name!r} has {frames} steps but feature {first!r} has {length}: features at "
+                                 f"the control clock ({fps:g} fps) have one entry per step; give the rate of a feature "
+                                 "recorded at another rate in rates=")
+        for name, rate in rates.items():
+            need = int(frames_at_rate(length, fps, rate))
+            if described[name]["frames"] < need:
+                raise ValueError(f"feature {name!r} has {described[name]['frames']} frames but {length} steps at "
+                                 f"{fps:g} fps need {need} at its rate {rate:g}")
+        sample: dict[str, Any] = {"__key__": key}
+        for name, value in values.items():
+            if isinstance(value, np.ndarray):  # frames to encode
+                value = encode_video(value, fps=float(rates.get(name, fps)), codec=self.codec, gop=self.gop,
+                                     crf=self.crf)
+            sample[f"{name}.{'npy' if described[name]['kind'] == 'array' else 'mp4'}"] = value
+        meta = {"fps": float(fps), "length": length, "task": task, "features": described}
+        if rates:
+            meta["rates"] = {k: float(v) for k, v in rates.items()}
+        sample["meta.json"] = json.dumps(meta, sort_keys=True).encode("utf-8")
+        return sample
+
+
+def _describe(name: str, value: Any) -> tuple[Any, dict[str, Any]]:
+    """``(npy bytes | mp4 bytes | frames to encode, meta.json features entry)`` of one feature value."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        try:
+            info = probe(data)
+        except DecodeError as err:
+            raise ValueError(f"feature {name!r}: the bytes are not a readable video: {err}") from err
+        return data, {"kind": "video", "dtype": "uint8", "shape": [info.height, info.width, 3],
+                      "frames": info.num_frames}
+    array = np.asarray(value)
+    if array.ndim == 0 or array.dtype.hasobject:
+        raise ValueError(f"feature {name!r} must be an array [T, ...] of numbers (one entry per step) or mp4 bytes, "
+                         f"got {array.dtype} of shape {list(array.shape)}")
+    entry = {"dtype": str(array.dtype), "shape": list(array.shape[1:]), "frames": int(len(array))}
+    if array.dtype == np.uint8 and array.ndim == 4 and array.shape[-1] == 3:
+        if len(array) == 0 or array.shape[1] % 2 or array.shape[2] % 2:
+            raise ValueError(f"feature {name!r}: frames {list(array.shape)} must be non-empty with an even height and "
+                             "width (yuv420p video)")
+        return array, {"kind": "video", **entry}
+    if array.dtype.kind in "biuf":
+        entry["stats"] = _stats.to_json({name: _stats.partial(array)})[name]
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue(), {"kind": "array", **entry}
