@@ -4,7 +4,7 @@ The path of a batch: a source (:mod:`mmfeed.loaders.sources`: webdataset shards,
 memory, a mixture of them) lists its episodes with every feature under its own name; the planned dataset
 (:mod:`mmfeed.loaders.planned`) plans an epoch over its items (:mod:`mmfeed.loaders.items`: windows, whole-episode
 chunks, records) from the index alone; workers read and decode exactly the frames of their planned batches and
-collate them (:mod:`mmfeed.loaders.assemble`); :class:`DataLoader` hands them out, prefetched to the device and
+collate them (:mod:`mmfeed.loaders.collate`); :class:`DataLoader` hands them out, prefetched to the device and
 timed. Everything decided from the index alone lives in :mod:`mmfeed.packing`; the window, layout and plan types
 are re-exported here because they are what a loader is configured with::
 

@@ -1,106 +1,119 @@
-"""Collation: the samples of one planned batch read, decoded and laid out as a :class:`PackedBatch`.
+"""Collation: the samples of one planned batch read, decoded, transformed and laid out as a PackedBatch.
 
-Each sample becomes one document; its pieces follow the token layout (text, then the frames and proprio of each
-observed time, then the action chunk), and each modality's payload is flat over the batch in token order:
-``data["frames.<camera>"]`` uint8 ``[n_frames, H, W, 3]`` (frames stay uint8 all the way to the device),
-``data["proprio"]`` float32 ``[n, Dp]``, ``data["action"]`` float32 ``[n, Da]``, ``data["text"]`` int32 ``[n]``,
-and ``data["<key>_is_pad"]`` bool beside each windowed key (LeRobot's convention for clamped steps).
-``metadata`` holds per-document ``sample``, ``episode``, ``start_step`` and ``start_time`` (seconds).
+Each sample becomes one document; its pieces follow the token layout (:mod:`mmfeed.packing.layout`) and each
+feature's payload is flat over the batch in the order its tokens appear: ``data[feature]`` ``[n, *shape]``
+(video frames stay uint8 ``[n, H, W, 3]`` all the way to the device), ``data["text"]`` int32 ``[n]`` and
+``data[f"{feature}_is_pad"]`` bool ``[n]`` beside each feature (LeRobot's convention for clamped times).
+``metadata`` holds per-document ``sample``, ``episode``, ``start_step``, ``start_time`` (seconds) and, for a
+mixture, ``dataset``.
 
-With ``static_shapes`` every payload is padded to the most the batch could ever hold (derived from the rows,
-the capacity and the layout), padded entries flagged in ``_is_pad``, so every batch has identical tensor shapes
-and torch.compile or CUDA graphs never recompile.
+In a DataLoader worker the frames of a batch are decoded straight into one shared-memory buffer per feature
+(recycled between batches, :mod:`mmfeed.loaders.shm`), so handing the batch to the training process copies
+nothing. A transform (``Packing(transform=fn)``) runs on each sample after decode, with a generator seeded from
+``(seed, epoch, sample id)``: the same augmentation for any number of workers, replayed exactly after a resume.
+
+With ``static_shapes`` every payload is padded to the most the batch could ever hold (from the rows, the
+capacity and the layout; padded entries flagged in ``_is_pad``) and ``cu_seqlens`` to the most documents a batch
+can hold (repeating its last value), so every batch of the epoch has the same tensor shapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy, SampleError
-from mmfeed.loaders.layout import FRAMES_PREFIX
-from mmfeed.loaders.samples import SampleTable
-from mmfeed.loaders.sources import Source
 from mmfeed.loaders.shm import pooled_buffer
+from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.timing import stage
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
+from mmfeed.packing.layout import TEXT, SampleLayout
 
-__all__ = ["collate_rows"]
+__all__ = ["collate", "sample_generator"]
+
+_IN_ORDER = object()  # marker: a feature's payload items are its read array in order
 
 
-def collate_rows(
-    table: SampleTable,
-    source: Source,
-    rows: Sequence[np.ndarray],
-    capacity: int,
-    *,
-    num_rows: int | None = None,
-    static_shapes: bool = False,
-    errors: ErrorCounter | None = None,
-) -> PackedBatch:
-    """Read the samples of ``rows`` (sample ids per row) from ``source`` and pack them into a PackedBatch.
+def sample_generator(seed: int, epoch: int, sample: int) -> torch.Generator:
+    """The generator a transform gets for one sample: a pure function of ``(seed, epoch, sample id)``."""
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(epoch), int(sample)]).generate_state(2, np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: int | None = None,
+            static_shapes: bool = False, max_documents: int | None = None, errors: ErrorCounter | None = None,
+            epoch: int = 0, seed: int = 0, transform: Callable | None = None) -> PackedBatch:
+    """Read the samples of ``rows`` (sample ids of :class:`~mmfeed.loaders.items.EpisodeItems` per row) and pack
+    them into a PackedBatch.
 
     capacity: tokens per row; 0 pads to the longest document of the batch (bucket and fixed modes).
     num_rows: rows of the batch (empty rows appended as padding); default ``len(rows)``.
+    max_documents: with ``static_shapes``, the length ``cu_seqlens`` is padded to, minus one.
     errors: the error policy's running counter; None raises on the first failure. Samples that fail under
         "skip"/"warn" are left out of their rows (the batch still goes out) and listed in ``metadata["errors"]``.
     """
+    source: EpisodeSource = items.source
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
-    requests, pads = zip(*table.requests(samples, source.lengths)) if len(samples) else ((), ())
-    index = {m: i for i, m in enumerate(table.layout.modalities())}
-    plans: dict[int, tuple] = {}  # per sample layout: payload positions per key, segments, steps
-    sample_plans = []
-    for s in samples:
-        sample_layout = table.sample_layout(int(s))
-        if id(sample_layout) not in plans:
-            plans[id(sample_layout)] = _payload_plan(sample_layout, table.layout, index)
-        sample_plans.append(plans[id(sample_layout)])
-    requests, direct = _decode_in_place(source, list(requests), sample_plans)
+    reads = items.requests(samples)
+    requests = [r for r, _, _ in reads]
+    pads = [p for _, p, _ in reads]
+    layouts = [lay for _, _, lay in reads]
+    modalities = [TEXT, *items.features]
+    index = {m: i for i, m in enumerate(modalities)}
+    plans: dict[int, tuple] = {}
+    for lay in layouts:
+        if id(lay) not in plans:
+            plans[id(lay)] = _payload_plan(lay, items.layout, index)
+    sample_plans = [plans[id(lay)] for lay in layouts]
+    direct: dict[str, Any] = {}
+    if transform is None:
+        requests, direct = _decode_in_place(source, requests, sample_plans)
     read, failures = _read(source, requests, samples, errors)
+    _fill_direct(requests, read, direct)
     _check_finite(source, requests, read, pads, samples, policy, errors, failures)
+    if transform is not None:
+        read = _transform(items, samples, requests, read, pads, transform, epoch, seed)
     if failures:
         bad = {f["sample"] for f in failures}
         keep = [i for i, s in enumerate(samples) if int(s) not in bad]
         rows = [np.asarray([s for s in row if int(s) not in bad], dtype=np.int64) for row in rows]
         samples = samples[keep]
         read, pads = [read[i] for i in keep], [pads[i] for i in keep]
-        sample_plans = [sample_plans[i] for i in keep]
+        layouts, sample_plans = [layouts[i] for i in keep], [sample_plans[i] for i in keep]
         direct = {}  # the decoded-in-place buffers now have holes: gather the kept pieces instead
     with stage("collate"):
-        layout = table.layout
-        modalities = layout.modalities()
         pieces: dict[str, list[np.ndarray]] = {}
         pad_pieces: dict[str, list[np.ndarray]] = {}
         segments, steps, doc_tokens = [], [], []
-        for s, data, pad, plan in zip(samples, read, pads, sample_plans):
-            sample_layout = table.sample_layout(int(s))
-            order, doc_segments, doc_steps = plan
-            text = table.text[table.episode[s]]
-            if len(text):
-                pieces.setdefault("text", []).append(text)
-            for key, positions in order.items():
-                if key in direct:  # already decoded into its place in the payload
-                    pad_pieces.setdefault(key, []).append(pad[key])
+        for s, data, pad, lay, (order, doc_segments, doc_steps) in zip(samples, read, pads, layouts, sample_plans):
+            text = items.text[items.task[s]] if items.task[s] >= 0 else None
+            if text is not None and len(text):
+                pieces.setdefault(TEXT, []).append(text)
+            for feature, positions in order.items():
+                if feature in direct:  # already decoded into its place in the payload
+                    pad_pieces.setdefault(feature, []).append(pad[feature])
                     continue
-                values = data[key]
-                # Positions in window order (the usual case) take the array as it is: no copy before the concat.
-                pieces.setdefault(key, []).append(values if positions is _IN_ORDER else values[positions])
-                pad_pieces.setdefault(key, []).append(pad[key] if positions is _IN_ORDER else pad[key][positions])
+                values = data[feature]
+                # Positions in read order (the usual case) take the array as it is: no copy before the concat.
+                pieces.setdefault(feature, []).append(values if positions is _IN_ORDER else values[positions])
+                pad_pieces.setdefault(feature, []).append(
+                    pad[feature] if positions is _IN_ORDER else pad[feature][positions])
             segments.append(doc_segments)
             steps.append(doc_steps)
-            doc_tokens.append(sample_layout.num_tokens)
+            doc_tokens.append(lay.num_tokens)
         payload = {key: _concat(parts) for key, parts in pieces.items()}
         payload.update(direct)
         payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
         if static_shapes:
-            _pad_static(payload, layout, nrows * row_capacity, read)
+            _pad_static(payload, items, nrows * row_capacity, read)
         row_lengths, row_segments, row_steps, d = [], [], [], 0
         for row in rows:
             n = len(row)
@@ -110,54 +123,79 @@ def collate_rows(
             d += n
         for _ in range(nrows - len(rows)):
             row_lengths.append([]), row_segments.append([]), row_steps.append([])
-        fps = source.fps[table.episode[samples]] if len(samples) else np.zeros(0)
-        metadata = {
+        episode = items.episode[samples]
+        metadata: dict[str, Any] = {
             "sample": torch.from_numpy(samples),
-            "episode": torch.from_numpy(table.episode[samples].copy()),
-            "start_step": torch.from_numpy(table.start[samples].copy()),
-            "start_time": torch.from_numpy(table.start[samples] / np.maximum(fps, 1e-12)),
+            "episode": torch.from_numpy(episode.copy()),
+            "start_step": torch.from_numpy(items.start[samples].copy()),
+            "start_time": torch.from_numpy(items.start[samples] / np.maximum(source.fps[episode], 1e-12)),
             "source": source.name,
         }
+        dataset_of = getattr(source, "dataset_of", None)
+        if dataset_of is not None:
+            metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))
         if failures:
             metadata["errors"] = failures
-        return PackedBatch.from_segments(row_lengths, row_capacity, step_sizes=row_steps, segments=row_segments,
-                                         modalities=modalities, data=payload, metadata=metadata)
+        batch = PackedBatch.from_segments(row_lengths, row_capacity, step_sizes=row_steps, segments=row_segments,
+                                          modalities=modalities, data=payload, metadata=metadata)
+        if static_shapes and max_documents is not None:
+            batch = _pad_cu_seqlens(batch, max_documents)
+        return batch
 
 
-_IN_ORDER = object()  # marker: a key's payload items are its read array in order
+def _payload_plan(lay: SampleLayout, layout, index: dict[str, int]) -> tuple[dict[str, Any], list, list]:
+    """Where a sample's payload items come from, in token order (positions among each feature's read frames),
+    its segments ``(modality index, tokens)`` and its step sizes."""
+    order: dict[str, list[int]] = {}
+    for feature, position, tokens in lay.runs:
+        if feature != TEXT:
+            order.setdefault(feature, []).extend(range(position, position + tokens // layout.tokens(feature)))
+    segments = [(index[feature], tokens) for feature, _, tokens in lay.runs]
+    # Every read position of a feature appears once, so 0, 1, 2, ... means "the read array as it is".
+    positions = {k: _IN_ORDER if v == list(range(len(v))) else np.asarray(v, dtype=np.int64) for k, v in order.items()}
+    return positions, segments, list(lay.step_sizes)
 
 
-def _decode_in_place(source: Source, requests: list, sample_plans: list) -> tuple[list, dict]:
-    """Give each request's frames a slice of one payload buffer per camera (in shared memory in a worker), so
+def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:
+    """Give each request's frames a slice of one payload buffer per video feature (shared memory in a worker), so
     the decoder writes every frame straight to where the batch holds it: no gather, no concatenation. Only for
-    cameras whose frames every sample takes in window order, from sources that know their frame size."""
-    frame_shape = getattr(source, "frame_shape", None)
-    if not requests or not callable(frame_shape):
+    features whose frames every sample takes in read order, from sources that know their frame size."""
+    if not requests:
         return requests, {}
-    keys = [k for k in requests[0].steps if k.startswith(FRAMES_PREFIX)]
-    keys = [k for k in keys if all(k in r.steps and p[0].get(k) is _IN_ORDER for r, p in zip(requests, sample_plans))]
+    videos = [f for f, feat in source.features.items() if feat.kind == "video"]
+    keys = [f for f in videos if all(f in r.indices and p[0].get(f) is _IN_ORDER for r, p in zip(requests, sample_plans))]
     buffers, outs = {}, [{} for _ in requests]
-    for key in keys:
-        camera = key[len(FRAMES_PREFIX):]
+    for feature in keys:
         try:
-            shapes = {frame_shape(r.episode, camera) for r in requests}
+            shapes = {source.frame_shape(r.episode, feature) for r in requests}
         except MemoryError:
             raise
         except Exception:  # an unreadable video: the read below meets it again, under the error policy
             continue
         if len(shapes) != 1 or None in shapes:
             continue
-        counts = [len(r.steps[key]) for r in requests]
-        buffer = _alloc(key, (sum(counts), *next(iter(shapes)), 3))
+        counts = [len(r.indices[feature]) for r in requests]
+        buffer = _alloc(feature, (sum(counts), *next(iter(shapes)), 3))
         view = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
         start = 0
         for out, n in zip(outs, counts):
-            out[key] = view[start : start + n]
+            out[feature] = view[start : start + n]
             start += n
-        buffers[key] = buffer
+        buffers[feature] = buffer
     if not buffers:
         return requests, {}
-    return [replace(r, out=o) for r, o in zip(requests, outs)], buffers
+    return [dataclasses.replace(r, out=o) for r, o in zip(requests, outs)], buffers
+
+
+def _fill_direct(requests: list, read: list, direct: dict) -> None:
+    """Copy frames a source returned elsewhere (it may ignore ``out``) into their place in the payload."""
+    for request, data in zip(requests, read):
+        if data is None or not request.out:
+            continue
+        for feature, out in request.out.items():
+            if feature in direct and not np.may_share_memory(data[feature], out):
+                out[...] = data[feature]
+                data[feature] = out
 
 
 def _alloc(key: str, shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
@@ -181,7 +219,8 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
     that handing the batch to the training process costs no second copy (torch would copy it there when
     pickling). Small ones stay plain: a PackedBatch pickles them by value, which is cheaper than a shared file."""
     nbytes = sum(p.nbytes for p in parts)
-    if torch.utils.data.get_worker_info() is None or len(parts) == 0 or nbytes <= BY_VALUE_BYTES:
+    if torch.utils.data.get_worker_info() is None or len(parts) == 0 or nbytes <= BY_VALUE_BYTES \
+            or parts[0].dtype == object:
         return np.concatenate(parts)
     shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
     out = _shared(shape, torch.from_numpy(np.ascontiguousarray(parts[0][:0])).dtype)
@@ -189,12 +228,7 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
     return out
 
 
-def _describe(source: Source, episode: int) -> str:
-    describe = getattr(source, "describe", None)
-    return describe(episode) if callable(describe) else f"{source.name} episode {episode}"
-
-
-def _read(source: Source, requests: list, samples: np.ndarray, errors: ErrorCounter | None):
+def _read(source: EpisodeSource, requests: list, samples: np.ndarray, errors: ErrorCounter | None):
     """``source.read_many(requests)``; under skip/warn a failing batch is read again sample by sample and the
     failing samples come back as None with a record each."""
     try:
@@ -216,7 +250,7 @@ def _read(source: Source, requests: list, samples: np.ndarray, errors: ErrorCoun
         except MemoryError:
             raise
         except Exception as err:
-            record = {"sample": int(s), "episode": int(request.episode), "source": source.name,
+            record = {"sample": int(s), "episode": int(request.episode), "source": source.describe(request.episode),
                       "reason": f"{type(err).__name__}: {err}"}
             failures.append(record)
             read.append(None)
@@ -225,61 +259,89 @@ def _read(source: Source, requests: list, samples: np.ndarray, errors: ErrorCoun
 
 
 def _check_finite(source, requests, read, pads, samples, policy: ErrorPolicy, errors, failures: list) -> None:
-    """NaN or inf in proprio or actions: raise (through the error policy), or mask (0, flagged as padding)."""
+    """NaN or inf in a float array feature: raise (through the error policy), or mask (0, flagged as padding)."""
+    floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
     for i, data in enumerate(read):
         if data is None:
             continue
-        for key in ("proprio", "action"):
-            values = data.get(key)
+        for feature in floats:
+            values = data.get(feature)
             if values is None or np.isfinite(values).all():
                 continue
             bad = ~np.isfinite(values).reshape(len(values), -1).all(axis=1)
-            steps = np.asarray(requests[i].steps[key])[bad].tolist()
+            frames = np.asarray(requests[i].indices[feature])[bad].tolist()
             if policy.nonfinite == "mask":
-                data[key] = np.where(np.isfinite(values), values, 0).astype(values.dtype)
-                pads[i][key] = pads[i][key] | bad
+                data[feature] = np.where(np.isfinite(values), values, 0).astype(values.dtype)
+                pads[i][feature] = pads[i][feature] | bad
                 continue
-            reason = f"{_describe(source, requests[i].episode)} key {key!r}: NaN or inf at steps {steps}"
+            reason = f"{source.describe(requests[i].episode)} feature {feature!r}: NaN or inf at frames {frames}"
             if errors is None or policy.on_error == "raise":
                 raise SampleError(reason + "; fix the data or use ErrorPolicy(nonfinite='mask')")
-            record = {"sample": int(samples[i]), "episode": int(requests[i].episode), "source": source.name,
-                      "reason": f"SampleError: {reason}"}
+            record = {"sample": int(samples[i]), "episode": int(requests[i].episode),
+                      "source": source.describe(requests[i].episode), "reason": f"SampleError: {reason}"}
             failures.append(record)
             read[i] = None
             errors.failed(record)
             break
 
 
-def _payload_plan(sample_layout, layout, index: dict[str, int]) -> tuple[dict[str, np.ndarray], list, list]:
-    """Where a sample's payload items come from, in token order (window positions per key), its segments
-    ``(modality index, tokens)`` and its step sizes."""
-    order: dict[str, list[int]] = {}
-    for key, position, tokens in sample_layout.runs:
-        if key == "action":
-            order.setdefault(key, []).extend(range(position, position + tokens // layout.tokens_per_action_step))
-        elif key != "text":
-            order.setdefault(key, []).append(position)
-    segments = [(index[key], tokens) for key, _, tokens in sample_layout.runs]
-    # Every window position of a key appears once, so positions 0, 1, 2, ... mean "the read array as it is".
-    positions = {k: _IN_ORDER if v == list(range(len(v))) else np.asarray(v, dtype=np.int64) for k, v in order.items()}
-    return positions, segments, list(sample_layout.step_sizes)
+def _transform(items, samples, requests, read, pads, transform: Callable, epoch: int, seed: int) -> list:
+    """Run the user's transform on each sample (tensors in, tensors out), with its own seeded generator; the
+    number of frames of every feature must stay (tokens were planned before anything was read)."""
+    out = []
+    for s, request, data, pad in zip(samples, requests, read, pads):
+        if data is None:
+            out.append(None)
+            continue
+        sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
+        sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in pad.items()})
+        task = int(items.task[s])
+        sample.update(task=items.source.tasks[task] if task >= 0 else "", episode_index=int(request.episode),
+                      frame_index=int(items.start[s]))
+        result = transform(sample, sample_generator(seed, epoch, int(s)))
+        if not isinstance(result, dict):
+            raise TypeError(f"the transform must return a dict of tensors, got {type(result).__name__}")
+        new = {}
+        for f, before in data.items():
+            after = result.get(f)
+            if after is None:
+                raise ValueError(f"the transform dropped feature {f!r}; it may change values and frame sizes only")
+            after = after.numpy() if isinstance(after, torch.Tensor) else np.asarray(after)
+            if len(after) != len(before):
+                raise ValueError(f"the transform changed the number of frames of {f!r} from {len(before)} to "
+                                 f"{len(after)}; tokens are planned before reading, so counts must stay")
+            new[f] = after
+        out.append(new)
+    return out
 
 
-def _pad_static(payload: dict[str, np.ndarray], layout, slots: int, read: list[dict]) -> None:
+def _pad_static(payload: dict[str, Any], items, slots: int, read: list) -> None:
     """Pad every payload to the most ``slots`` tokens could hold; padded entries are flagged as padding."""
-    for key in ["text", *(FRAMES_PREFIX + c for c in layout.cameras), "proprio", "action"]:
-        per_item = layout.tokens_per_text_token if key == "text" else layout.key_tokens(key)
+    layout, features = items.layout, items.source.features
+    for key in [TEXT, *items.features]:
+        per_item = layout.tokens_per_text_token if key == TEXT else layout.tokens(key)
         most = slots // per_item
         have = payload.get(key)
         if isinstance(have, torch.Tensor):
             have = have.numpy()
         if have is None:
-            example = next((d[key] for d in read if key in d), None)
-            if example is None and key != "text":
-                continue
-            have = np.zeros((0, *example.shape[1:]), example.dtype) if example is not None else np.zeros(0, np.int32)
+            example = next((d[key] for d in read if d is not None and key in d), None)
+            if example is not None:
+                have = example[:0]
+            elif key == TEXT:
+                have = np.zeros(0, np.int32)
+            else:
+                have = np.zeros((0, *features[key].shape), np.dtype(features[key].dtype))
         extra = most - len(have)
         payload[key] = np.concatenate([have, np.zeros((extra, *have.shape[1:]), have.dtype)])
-        if key != "text":
+        if key != TEXT:
             flags = payload.get(f"{key}_is_pad", np.zeros(0, bool))
             payload[f"{key}_is_pad"] = np.concatenate([flags, np.ones(extra, bool)])
+
+
+def _pad_cu_seqlens(batch: PackedBatch, max_documents: int) -> PackedBatch:
+    cu = batch.cu_seqlens
+    extra = max_documents + 1 - len(cu)
+    if extra < 0:
+        raise AssertionError(f"a static batch holds {len(cu) - 1} documents, more than the {max_documents} planned")
+    return dataclasses.replace(batch, cu_seqlens=torch.cat([cu, cu[-1:].expand(extra)]))

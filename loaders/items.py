@@ -153,8 +153,8 @@ class EpisodeItems:
         return cached
 
     def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
-        """The PackedBatch of ``rows`` (sample ids per row); see :func:`mmfeed.loaders.assemble.collate`."""
-        from mmfeed.loaders.assemble import collate
+        """The PackedBatch of ``rows`` (sample ids per row); see :func:`mmfeed.loaders.collate.collate`."""
+        from mmfeed.loaders.collate import collate
 
         return collate(self, rows, capacity, **kwargs)
 

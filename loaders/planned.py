@@ -15,12 +15,11 @@ of the epoch is every other sample planned afresh for the new world size
 earlier ``(world_size, steps)`` segments. :meth:`PlannedDataset.reshard_state` rewrites a saved
 ``mmfeed.DataLoader`` state for this dataset's world size (one state, e.g. rank 0's, serves every new rank).
 
-    >>> import numpy as np
-    >>> from mmfeed.loaders.items import RecordItems
     >>> import torch
-    >>> ds = PlannedDataset(RecordItems([torch.arange(n) for n in (5, 3, 7, 2)], [5, 3, 7, 2]),
-    ...                     plan=PlanConfig(capacity=8))
-    >>> ds[0, 0].capacity, len(ds) >= 2
+    >>> docs = [torch.arange(n) for n in (5, 3, 7, 2)]
+    >>> ds = PlannedDataset.records(docs, lengths=[5, 3, 7, 2], plan=PlanConfig(capacity=8))
+    >>> b = ds[0, 0]
+    >>> b.capacity, int(b.cu_seqlens[-1]) == len(b.data["text"])
     (8, True)
 """
 
@@ -77,6 +76,15 @@ class PlannedDataset(torch.utils.data.Dataset):
         self._max_documents = None
         if self.config.capacity and len(tokens):
             self._max_documents = self.config.rows_per_batch * max(self.config.capacity // int(tokens.min()), 1)
+
+    @classmethod
+    def records(cls, dataset: Any, lengths: Any, **kwargs: Any) -> PlannedDataset:
+        """Packed batches of a map-style dataset's samples priced ``lengths`` (an array, or a function
+        ``index -> int``), e.g. token sequences for language-model packing; ``kwargs`` as for the constructor.
+        See :class:`~mmfeed.loaders.items.RecordItems` for what a sample may be."""
+        from mmfeed.loaders.items import RecordItems
+
+        return cls(RecordItems(dataset, lengths), **kwargs)
 
     @property
     def source(self) -> Any:

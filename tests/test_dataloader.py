@@ -20,7 +20,8 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampl
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed import DataLoader
-from mmfeed.loaders import StepTimer, TimedCollate
+from mmfeed.loaders import StepTimer
+from mmfeed.loaders.timing import TimedCollate
 
 
 class Squares(Dataset):

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmfeed.loaders.generic import PackedMapDataset
-from mmfeed.packing.plan import PlanConfig
+from mmfeed.loaders import PlanConfig, PlannedDataset
 
 
 def make_docs(n, seed=0):
@@ -17,7 +16,8 @@ def make_docs(n, seed=0):
 
 def test_every_token_lands_in_its_document_in_order():
     docs, lengths = make_docs(60)
-    ds = PackedMapDataset(docs, lengths=lambda i: len(docs[i]["input_ids"]), capacity=64, rows_per_batch=2, seed=4)
+    ds = PlannedDataset.records(docs, lambda i: len(docs[i]["input_ids"]), plan=PlanConfig(capacity=64, rows_per_batch=2),
+                                seed=4)
     seen = []
     for step in range(ds.num_steps(0)):
         b = ds[0, step]
@@ -33,7 +33,7 @@ def test_every_token_lands_in_its_document_in_order():
 
 def test_ranks_split_the_epoch_disjointly_with_equal_steps():
     docs, lengths = make_docs(80, seed=1)
-    per_rank = [PackedMapDataset(docs, lengths=lengths, capacity=48, seed=2, rank=r, world_size=3) for r in range(3)]
+    per_rank = [PlannedDataset.records(docs, lengths, plan=PlanConfig(capacity=48), seed=2, rank=r, world_size=3) for r in range(3)]
     steps = {d.num_steps(1) for d in per_rank}
     assert len(steps) == 1
     samples = [s for d in per_rank for t in range(d.num_steps(1)) for s in d[1, t].metadata["sample"].tolist()]
@@ -43,7 +43,7 @@ def test_ranks_split_the_epoch_disjointly_with_equal_steps():
 
 def test_plain_tensors_and_fixed_batches_pad_to_the_longest():
     docs = [torch.full((n,), n) for n in (3, 9, 4, 2)]
-    ds = PackedMapDataset(docs, lengths=[3, 9, 4, 2], plan=PlanConfig(mode="fixed", batch_size=2, shuffle=False))
+    ds = PlannedDataset.records(docs, [3, 9, 4, 2], plan=PlanConfig(mode="fixed", batch_size=2, shuffle=False))
     b = ds[0, 0]
     assert b.capacity == 9 and b.num_rows == 2 and b.data["text"].tolist() == [3] * 3 + [9] * 9
 
@@ -52,8 +52,8 @@ def test_lengths_that_disagree_with_samples_are_named():
     docs, lengths = make_docs(4)
     lengths = lengths.copy()
     lengths[0] += 1
-    ds = PackedMapDataset(docs, lengths=lengths, plan=PlanConfig(capacity=100, shuffle=False))
+    ds = PlannedDataset.records(docs, lengths, plan=PlanConfig(capacity=100, shuffle=False))
     with pytest.raises(ValueError, match="sample 0 field 'input_ids'"):
         ds[0, 0]
     with pytest.raises(ValueError, match="one integer per sample"):
-        PackedMapDataset(docs, lengths=[1, 2])
+        PlannedDataset.records(docs, [1, 2])

@@ -30,11 +30,10 @@ from torch.nn.attention.flex_attention import flex_attention
 from mmfeed import DataLoader, PackedBatch
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.sources.arrays import ArraySource
-from mmfeed.testing import make_episodes, read_index
+from mmfeed.testing import make_episodes, read_index, write_webdataset
 from mmfeed.testing.model import (TinyModelConfig, TinyWorldModel, model_features, rebatch, split_documents,
                                   text_targets)
 from mmfeed.testing.synth_episodes import IMAGE_PREFIX
-from mmfeed.testing.synth_webdataset import write_shards
 
 from flex import eager_flex
 
@@ -82,7 +81,7 @@ def block_sparse_attention(q, k, v, block_mask):
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     out = tmp_path_factory.mktemp("equivalence")
-    write_shards(out, make_episodes(**EPISODES), episodes_per_shard=2)
+    write_webdataset(out, make_episodes(**EPISODES), episodes_per_shard=2)
     return open_dataset(out)
 
 

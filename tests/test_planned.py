@@ -10,7 +10,7 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Normalize, Packing, PlanConfig, TokenLayout, WindowSpec
-from mmfeed.loaders.assemble import sample_generator
+from mmfeed.loaders.collate import sample_generator
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.testing import make_episodes, read_index

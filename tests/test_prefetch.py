@@ -13,7 +13,8 @@ from collections import namedtuple
 import pytest
 import torch
 
-from mmfeed.loaders import DevicePrefetcher, StepTimer, TimedBatch
+from mmfeed.loaders import DevicePrefetcher, StepTimer
+from mmfeed.loaders.timing import TimedBatch
 from mmfeed.loaders.prefetch import move_to, pin, walk_tensors
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -7,6 +7,7 @@ import pickle
 
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import webdataset
@@ -19,8 +20,7 @@ from mmfeed.loaders.sources.index import (INDEX_FILENAME, build_index, dataset_s
 from mmfeed.loaders.sources.webdataset import WebDatasetSource
 from mmfeed.loaders.sources.writer import ShardWriter
 from mmfeed.packing.windows import frames_at_rate
-from mmfeed.testing import frame_pattern, make_episodes, read_index, write_webdataset
-from mmfeed.testing.synth_webdataset import write_shards
+from mmfeed.testing import frame_pattern, make_episodes, read_index, write_webdataset, write_webdataset_v1
 
 FPS, CAM_FPS = 50.0, 15.0
 LENGTHS = (40, 31, 52)
@@ -210,8 +210,8 @@ def test_shards_read_through_fsspec_urls(written):
 def test_v1_shards_read_as_features(tmp_path):
     eps = make_episodes(3, seed=1, cameras=("cam_high", "cam_wrist"), camera_fps={"cam_wrist": 15.0},
                         min_length=20, max_length=30)
-    write_webdataset(tmp_path, eps, episodes_per_shard=2, gop=10)
-    src = WebDatasetSource(tmp_path)  # beside a version 1 index: indexed again in memory
+    write_webdataset_v1(tmp_path, eps, episodes_per_shard=2, gop=10, index=False)
+    src = WebDatasetSource(tmp_path)  # no index: the tar headers are indexed in memory
     assert sorted(src.features) == ["action", "cam_high", "cam_wrist", "proprio"]
     assert src.features["cam_wrist"].fps == 15.0 and src.features["cam_high"].kind == "video"
     for e, ep in enumerate(eps):
@@ -220,13 +220,19 @@ def test_v1_shards_read_as_features(tmp_path):
         assert read_index(got["cam_wrist"]).tolist() == list(range(ep.num_frames("cam_wrist")))
     np.testing.assert_allclose(src.stats["proprio"]["mean"], np.concatenate([ep.proprio for ep in eps]).mean(0),
                                rtol=1e-6)
+    # an index file of the first version is refused with the command that rebuilds it
+    old = tmp_path / "old-index.parquet"
+    pq.write_table(pa.table({"episode_id": ["a"]}).replace_schema_metadata(
+        {"mmfeed": json.dumps({"format": "mmfeed-webdataset-index", "version": 1})}), old)
     with pytest.raises(ValueError, match="version 1.*mmfeed index"):
-        WebDatasetSource(tmp_path / INDEX_FILENAME)
+        WebDatasetSource(old)
+    write_index(sorted(map(str, tmp_path.glob("*.tar"))))  # rebuilt: the v1 shards get a current index
+    assert sorted(WebDatasetSource(tmp_path).features) == sorted(src.features)
 
 
-def test_write_shards_of_synthetic_episodes(tmp_path):
+def test_write_webdataset_of_synthetic_episodes(tmp_path):
     eps = make_episodes(3, fps=50.0, camera_fps={"cam_wrist": 15.0}, min_length=20, max_length=30)
-    shards = write_shards(tmp_path, eps, episodes_per_shard=2, gop=10)
+    shards = write_webdataset(tmp_path, eps, episodes_per_shard=2, gop=10)
     src = WebDatasetSource(tmp_path)
     assert len(shards) == 2 and sorted(src.features) == sorted(eps[0].features())
     got = src.episode(1)

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from mmfeed import DataLoader
-from mmfeed.loaders import StepTimer, TimedCollate, record_stage, stage
+from mmfeed.loaders import StepTimer
+from mmfeed.loaders.timing import TimedCollate, record_stage, stage
 from mmfeed.loaders.timing import diagnose, drain_stages
 
 TOL = 0.1

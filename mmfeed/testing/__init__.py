@@ -4,7 +4,8 @@ Everything here is seeded and writes only where it is told to, so users can buil
 research tests (``from mmfeed.testing import write_video``).
 """
 
-from mmfeed.testing.synth import DEFAULT_TASKS, SyntheticEpisode, make_episodes, write_lerobot, write_webdataset
+from mmfeed.testing.synth import (DEFAULT_TASKS, SyntheticEpisode, make_episodes, write_lerobot, write_webdataset,
+                                  write_webdataset_v1)
 from mmfeed.testing.video import INDEX_BITS, frame_pattern, read_index, write_video
 
 __all__ = sorted(
@@ -18,5 +19,6 @@ __all__ = sorted(
         "write_lerobot",
         "write_video",
         "write_webdataset",
+        "write_webdataset_v1",
     ]
 )

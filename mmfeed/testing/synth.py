@@ -12,7 +12,8 @@ can check from decoded pixels alone that the frame it got is the frame it asked 
 
 What the pattern index means, per format:
 
-- In memory (``ep.cameras[camera]``, ``ep.frames(camera)``) and in webdataset shards (``<key>.<camera>.mp4``):
+- In memory (``ep.cameras[camera]``, ``ep.frames(camera)``) and in webdataset shards
+  (``<key>.observation.images.<camera>.mp4``):
   the frame number within the episode's stream for that camera, ``0 .. ep.num_frames(camera) - 1``.
 - In a LeRobot directory: the GLOBAL frame number within the concatenated video file, which is also the
   dataset-wide ``index`` column: frame ``i`` of episode ``e`` reads ``dataset_from_index[e] + i``
@@ -26,6 +27,7 @@ This module gathers three parts: the episodes (:mod:`mmfeed.testing.synth_episod
 
 from mmfeed.testing.synth_episodes import DEFAULT_TASKS, SyntheticEpisode, make_episodes
 from mmfeed.testing.synth_lerobot import write_lerobot
-from mmfeed.testing.synth_webdataset import write_webdataset
+from mmfeed.testing.synth_webdataset import write_webdataset, write_webdataset_v1
 
-__all__ = ["DEFAULT_TASKS", "SyntheticEpisode", "make_episodes", "write_lerobot", "write_webdataset"]
+__all__ = ["DEFAULT_TASKS", "SyntheticEpisode", "make_episodes", "write_lerobot", "write_webdataset",
+           "write_webdataset_v1"]

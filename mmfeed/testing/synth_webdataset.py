@@ -1,5 +1,6 @@
-"""The webdataset writers of :mod:`mmfeed.testing.synth`: :func:`write_shards` writes episodes as v2 shards
-(every feature under its own name), :func:`write_webdataset` as the first version's (cameras, proprio, action)."""
+"""The webdataset writers of :mod:`mmfeed.testing.synth`: :func:`write_webdataset` writes episodes as shards
+(every feature under its own name, through :class:`~mmfeed.loaders.sources.writer.ShardWriter`);
+:func:`write_webdataset_v1` writes the first version's layout (cameras, proprio, action), which mmfeed still reads."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import numpy as np
 from mmfeed.testing.synth_episodes import SyntheticEpisode, _check_ids, _check_int
 from mmfeed.testing.video import write_video
 
-__all__ = ["write_shards", "write_webdataset"]
+__all__ = ["write_webdataset", "write_webdataset_v1"]
 
 
-def write_shards(
+def write_webdataset(
     out_dir: str | os.PathLike,
     episodes: Sequence[SyntheticEpisode],
     *,
@@ -26,14 +27,14 @@ def write_shards(
     codec: str = "h264",
     gop: int = 30,
 ) -> list[str]:
-    """Write ``episodes`` as v2 shards ``shard-000000.tar`` ... and their index in ``out_dir``; return the shard
+    """Write ``episodes`` as shards ``shard-000000.tar`` ... and their index in ``out_dir``; return the shard
     paths. Each episode holds :meth:`SyntheticEpisode.features` (cameras encoded at their own rates, pattern index
     = frame number within the episode) under key ``ep.episode_id``, through
     :class:`mmfeed.loaders.sources.writer.ShardWriter`.
 
         >>> import tempfile
         >>> from mmfeed.testing import make_episodes
-        >>> len(write_shards(tempfile.mkdtemp(), make_episodes(3), episodes_per_shard=2))
+        >>> len(write_webdataset(tempfile.mkdtemp(), make_episodes(3), episodes_per_shard=2))
         2
     """
     from mmfeed.loaders.sources.writer import ShardWriter
@@ -47,7 +48,7 @@ def write_shards(
     return writer.shards
 
 
-def write_webdataset(
+def write_webdataset_v1(
     out_dir: str | os.PathLike,
     episodes: Sequence[SyntheticEpisode],
     *,
@@ -61,7 +62,7 @@ def write_webdataset(
     Each episode is one sample with key ``ep.episode_id``: ``<key>.<camera>.mp4`` (pattern index = frame number
     within the episode), ``<key>.proprio.npy``, ``<key>.action.npy`` and ``<key>.meta.json`` (:meth:`meta`).
     Written through ``webdataset.TarWriter`` with a fixed member mtime, so equal inputs give equal tar headers.
-    With ``index`` the parquet index is written beside them (``mmfeed.loaders.index.INDEX_FILENAME``).
+    With ``index`` the parquet index is written beside them (``mmfeed.loaders.sources.index.INDEX_FILENAME``).
     """
     import webdataset
 
@@ -88,7 +89,7 @@ def write_webdataset(
                     writer.write(sample)
             shards.append(str(path))
     if index and shards:
-        from mmfeed.loaders.index import INDEX_FILENAME, write_index
+        from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
 
         write_index(shards, out_dir / INDEX_FILENAME)
     return shards
