@@ -95,20 +95,10 @@ class EpisodeItems:
                  weights: Sequence[float] | None = None) -> None:
         if long_episodes not in LONG_EPISODES:
             raise ValueError(f"long_episodes must be one of {list(LONG_EPISODES)}, got {long_episodes!r}")
-        self.source, self.layout, self.window = source, layout, window
-        self.features = window.features if window is not None else list(layout.tokens_per_frame)
-        _check_features(source, layout, self.features, chunked=window is None)
-        self.tokenizer = tokenizer or ByteTokenizer()
-        self.text = [np.asarray(self.tokenizer.encode(t), dtype=np.int32) for t in source.tasks]
-        self.stats: dict[str, int] = {"split_episodes": 0, "truncated_steps": 0}
-        self._layouts: dict[Any, SampleLayout] = {}
+        self._setup(source, layout, window, tokenizer)
         lengths = np.asarray(source.lengths, dtype=np.int64)
         if window is not None:
-            self.episode, self.start = episode_windows(lengths, stride=stride)
-            self.length = np.ones(len(self.episode), dtype=np.int64)
-            self.task = self._sample_tasks()
-            counts = {f: len(d) * source.present(f)[self.episode] for f, d in window.deltas.items()}
-            self.tokens = layout.price(counts, self._text_lengths(self.task))
+            self._set_samples(*episode_windows(lengths, stride=stride))
         else:
             self._cut_chunks(lengths, max_length, capacity, long_episodes)
         self.groups = self.episode
@@ -117,6 +107,38 @@ class EpisodeItems:
             sizes = np.bincount(_dataset_of(source)[self.episode], minlength=len(weights))
             self._draw = (sizes, np.asarray(weights, dtype=np.float64))
             weighted_draw(sizes, self._draw[1], seed=0, epoch=0)  # validates the weights
+
+    @classmethod
+    def of_samples(cls, source: EpisodeSource, episode: np.ndarray, start: np.ndarray, length: np.ndarray | None,
+                   *, layout: TokenLayout, window: WindowSpec | None = None, tokenizer: Any = None) -> EpisodeItems:
+        """Items of samples already cut, ``(episode, start[, length])`` (length for chunks): how a stream collates
+        the samples it holds with the very code that collates planned ones."""
+        items = cls.__new__(cls)
+        items._setup(source, layout, window, tokenizer)
+        items._set_samples(np.asarray(episode, dtype=np.int64), np.asarray(start, dtype=np.int64),
+                           None if length is None else np.asarray(length, dtype=np.int64))
+        items.groups, items._draw = items.episode, None
+        return items
+
+    def _setup(self, source: EpisodeSource, layout: TokenLayout, window: WindowSpec | None, tokenizer: Any) -> None:
+        self.source, self.layout, self.window = source, layout, window
+        self.features = window.features if window is not None else list(layout.tokens_per_frame)
+        _check_features(source, layout, self.features, chunked=window is None)
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.text = [np.asarray(self.tokenizer.encode(t), dtype=np.int32) for t in source.tasks]
+        self.stats: dict[str, int] = {"split_episodes": 0, "truncated_steps": 0}
+        self._layouts: dict[Any, SampleLayout] = {}
+
+    def _set_samples(self, episode: np.ndarray, start: np.ndarray, length: np.ndarray | None = None) -> None:
+        """Take these samples and price them: windows (``length`` None) or chunks of ``length`` steps."""
+        self.episode, self.start = episode, start
+        self.length = np.ones(len(episode), dtype=np.int64) if length is None else length
+        self.task = self._sample_tasks()
+        if self.window is not None:
+            counts = {f: len(d) * self.source.present(f)[episode] for f, d in self.window.deltas.items()}
+        else:
+            counts = self._chunk_counts(episode, start, self.length)
+        self.tokens = self.layout.price(counts, self._text_lengths(self.task))
 
     def __len__(self) -> int:
         return len(self.episode)
@@ -183,9 +205,8 @@ class EpisodeItems:
         longest = int(max_length or lengths.max(initial=1))
         while True:
             episode, start, length = episode_chunks(lengths, max(longest, 1))
-            self.episode, self.start, self.length = episode, start, length
-            self.task = self._sample_tasks()
-            tokens = self.layout.price(self._chunk_counts(episode, start, length), self._text_lengths(self.task))
+            self._set_samples(episode, start, length)
+            tokens = self.tokens
             if capacity is None or not len(tokens) or tokens.max() <= capacity:
                 break
             if longest <= 1:
@@ -193,7 +214,6 @@ class EpisodeItems:
                                  f"({int(tokens.max())} tokens with its text); raise the capacity or shrink the layout")
             # Shrink in proportion to the overshoot, at least one step a round.
             longest = max(1, min(longest - 1, int(longest * capacity / int(tokens.max()))))
-        self.tokens = tokens
         self.stats["split_episodes"] = int(np.sum(np.bincount(episode, minlength=len(lengths)) > 1))
         if policy == "truncate":
             first = start == 0

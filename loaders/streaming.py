@@ -1,40 +1,38 @@
-"""Streaming mode: webdataset tars read in order without an index, packed with the bounded online packer.
+"""Streaming mode: webdataset tars read front to back without an index, packed with the bounded online packer.
 
-For data that cannot be indexed ahead of time. Each worker reads its shards front to back as tar streams
-(webdataset's tar reader; local paths or any URL ``webdataset.gopen`` opens), decodes one episode at a time, cuts
-it into samples exactly as :func:`~mmfeed.loaders.samples.build_samples` does, prices them with the token layout
-and pushes them into an :class:`~mmfeed.packing.OnlinePacker`. Rows the packer emits are collated with
-:func:`~mmfeed.loaders.collate.collate_rows`, so every :class:`PackedBatch` has the structure of the planned
-:class:`~mmfeed.loaders.dataset.PackedEpisodeDataset`'s: same modalities, data keys and metadata keys.
+For data that cannot be indexed ahead of time (shards still being written, a store too large to index). It is a
+chain of small stages, each a plain generator over the one before, over the same reader and the same
+read/lay-out split as the planned loader:
 
-- **Memory is bounded.** Only the frames some sample needs are decoded (the union over an episode's samples, one
-  batch decode per video), and an episode's arrays are dropped once all of its samples were emitted: held are
-  only the episodes of the packer's buffered samples (fewer than ``window_items``), of the rows waiting for a
-  batch (fewer than ``rows_per_batch``) and the one being pushed.
-- **Nothing is lost silently.** At the end of the stream the packer is flushed and the last under-filled rows go
-  out in a final, possibly smaller, batch. Samples longer than ``capacity`` are skipped, counted in ``stats``
-  and logged.
+1. :func:`read_shards`: a worker's shards in order, episode by episode, through the one tar reader
+   (:func:`~mmfeed.loaders.sources.index.iter_shard`);
+2. each episode becomes an in-memory source (:meth:`WebDatasetSource.from_memory`, the reader indexed shards
+   use) and is cut into samples exactly as the planned loader cuts them
+   (:class:`~mmfeed.loaders.items.EpisodeItems`: windows, or whole-episode chunks);
+3. the samples' prices go into an :class:`~mmfeed.packing.OnlinePacker`, which emits full rows;
+4. rows are collated by :func:`mmfeed.loaders.collate.collate` over the episodes they hold, under the same
+   ``Packing`` (layout, static shapes, error policy, transform) as a planned dataset.
+
+- **Memory is bounded.** An episode's member bytes (compressed video, arrays) are held while some sample of it is
+  buffered by the packer (fewer than ``window_items``) or waits in a row for its batch, and dropped after.
+- **Nothing is lost silently.** At the end of the stream the packer is flushed and the last rows go out in a
+  final, possibly smaller, batch. Samples longer than the capacity are skipped, counted in ``stats`` and logged;
+  an episode that cannot be read is raised (naming shard, key and member) or, under ``ErrorPolicy(on_error=
+  "skip")``, skipped, counted and listed in the next batch's ``metadata["errors"]``.
 - **Who reads what.** Shard ``i`` of the (optionally per-epoch shuffled) shard list goes to global worker
-  ``i % (world_size * num_workers)``, global worker ``rank * num_workers + worker``. With uneven shards, ranks may
+  ``i % (world_size * num_workers)``, global worker ``rank * num_workers + worker``. With uneven shards ranks may
   run different numbers of steps, which stalls a synchronous job at the epoch's end: that is why the indexed plan
-  is the default. ``StreamConfig(steps_per_epoch=N)`` caps every rank at N steps (choose N no larger than the
-  smallest rank's count; samples after the cap are not read that epoch).
+  is the default. ``StreamConfig(steps_per_epoch=N)`` caps every rank at N steps.
 - **Identity.** ``metadata["episode"]`` is ``shard * EPISODE_STRIDE + position`` (shard index in the expanded,
   unshuffled shard list; position of the episode in its tar), the same in every worker layout; with
   ``(episode, start_step)`` it names a sample globally. ``metadata["sample"]`` is the sample's push number in its
   worker's packer (unique within one worker's epoch).
 - **Resume.** ``state_dict()`` / ``load_state_dict()`` capture the iteration running in this process (use
   ``num_workers=0``): shard cursor, packer state and buffered samples; the batches after a resume equal those of
-  an uninterrupted run. With worker processes the state lives in the workers and cannot be taken from the main
-  process; resume there needs the indexed plan.
+  an uninterrupted run. With worker processes the state lives in the workers; resume there needs the indexed plan.
 
-This module holds the settings, the shard assignment and the dataset; one worker's stream (tar reading, episode
-decode, sample assembly, packing into batches, its snapshot) lives in :mod:`mmfeed.loaders.streaming_worker`.
-
->>> ds = StreamingPackedDataset("shards/", layout=TokenLayout(tokens_per_frame={"cam_high": 64}),  # doctest: +SKIP
-...                             window=WindowSpec(offsets={"frames.cam_high": (0,), "action": (0, 1)}),
-...                             capacity=4096, rows_per_batch=2)
->>> batch = next(iter(ds))                                                                        # doctest: +SKIP
+>>> ds = StreamingPackedDataset("shards/", packing=Packing(layout=layout, window=window))   # doctest: +SKIP
+>>> batch = next(iter(DataLoader(ds, batch_size=None)))                                   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -47,44 +45,40 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from mmfeed.codecs.text import ByteTokenizer
-from mmfeed.loaders.layout import TokenLayout
-from mmfeed.loaders.samples import SamplingConfig
-from mmfeed.loaders.streaming_worker import _STATE_VERSION, EPISODE_STRIDE, _new_stats, _Stream
-from mmfeed.loaders.webdataset import expand_shards
-from mmfeed.loaders.windows import WindowSpec
+from mmfeed.loaders.packing_config import Packing
+from mmfeed.loaders.sources.index import iter_shard
+from mmfeed.loaders.sources.webdataset import expand_shards
 from mmfeed.packing import PackedBatch
 
-__all__ = ["EPISODE_STRIDE", "StreamConfig", "StreamingPackedDataset", "assign_shards", "shard_order"]
+__all__ = ["EPISODE_STRIDE", "StreamConfig", "StreamingPackedDataset", "assign_shards", "read_shards",
+           "shard_order"]
 
 log = logging.getLogger(__name__)
+
+EPISODE_STRIDE = 1_000_000
+"""``metadata["episode"] = shard * EPISODE_STRIDE + position in the shard``; a shard holds fewer episodes."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class StreamConfig:
-    """How the stream is packed and batched.
+    """How the stream is buffered and cut (the capacity, rows per batch and static shapes come from
+    ``Packing.plan`` and ``Packing.static_shapes``).
 
-    capacity: tokens per row.
-    rows_per_batch: rows of every batch but possibly the last of a worker's stream.
     window_items: most samples the online packer buffers (larger packs tighter, holds more episodes).
     max_delay: every sample is emitted at most this many pushes after its own (default ``4 * window_items``).
     shuffle_shards: permute the shard order each epoch, deterministically from ``(seed, epoch)``.
     steps_per_epoch: most batches each rank yields per epoch (None: until its shards end).
-    static_shapes: pad every payload to what ``rows_per_batch`` full rows could hold (fixed tensor shapes).
     """
 
-    capacity: int = 8192
-    rows_per_batch: int = 1
     window_items: int = 1000
     max_delay: int | None = None
     shuffle_shards: bool = False
     steps_per_epoch: int | None = None
-    static_shapes: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("capacity", "rows_per_batch", "window_items", "max_delay", "steps_per_epoch"):
+        for name in ("window_items", "max_delay", "steps_per_epoch"):
             value = getattr(self, name)
-            if value is None and name in ("max_delay", "steps_per_epoch"):
+            if value is None and name != "window_items":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"StreamConfig.{name} must be an integer >= 1, got {value!r}")
@@ -109,61 +103,69 @@ def assign_shards(order: np.ndarray, *, rank: int, world_size: int, worker: int,
     return order[rank * num_workers + worker :: world_size * num_workers]
 
 
+def read_shards(urls: Sequence[str], shards: Sequence[int], *, start: tuple[int, int] = (0, 0)
+                ) -> Iterator[tuple[int, int, int, str, dict[str, bytes]]]:
+    """Stage 1: ``(slot, shard, position, key, members)`` of every episode of ``shards`` (indices into ``urls``)
+    in order, from slot ``start[0]`` and, in that shard, position ``start[1]`` on."""
+    first_slot, first_position = start
+    for slot in range(first_slot, len(shards)):
+        shard = int(shards[slot])
+        skip = first_position if slot == first_slot else 0
+        for position, (key, members) in _positions(urls[shard], lambda p, skip=skip: p >= skip):
+            if position >= EPISODE_STRIDE:
+                raise ValueError(f"{urls[shard]} holds more than {EPISODE_STRIDE} episodes; split it into smaller "
+                                 "shards")
+            yield slot, shard, position, key, members
+
+
+def _positions(url: str, select) -> Iterator[tuple[int, tuple[str, dict[str, bytes]]]]:
+    """``(position, (key, members))`` of the episodes of one shard whose position ``select`` keeps."""
+    chosen: list[int] = []
+
+    def keep(p: int) -> bool:
+        if select(p):
+            chosen.append(p)  # iter_shard yields this episode before it asks about the next
+            return True
+        return False
+
+    for key, members, _ in iter_shard(url, select=keep):
+        yield chosen[-1], (key, members)
+
+
 class StreamingPackedDataset(torch.utils.data.IterableDataset):
     """Packed batches from webdataset shards read in order, without an index (see the module docstring).
 
     shards: shard paths or URLs: a list, a brace pattern, a glob or a directory of ``*.tar``.
-    layout: token prices and layout of the modalities.
-    window: per-key offsets of windowed samples (with ``stride``); None for whole-episode chunks of at most
-        ``max_length`` steps (None: whole episodes).
-    capacity, rows_per_batch: as in :class:`StreamConfig`; or pass ``config`` for every stream setting.
-    tokenizer: ``encode(str) -> int32 ids`` for the task text (default: UTF-8 bytes).
-    seed: shard shuffle seed (with ``StreamConfig.shuffle_shards``); ``set_epoch`` picks the epoch.
+    packing: layout, window (or whole-episode chunks), capacity and rows per batch (``plan``), static shapes,
+        tokenizer, error policy, transform and seed, exactly as for the planned loader.
+    config: the stream's own settings (:class:`StreamConfig`).
     rank, world_size: this process's place among the data-parallel ranks.
-    backend: video backend for ``mmfeed.codecs``.
+    backend, frame_size: as for :func:`~mmfeed.loaders.open_dataset`.
 
     Use with ``DataLoader(ds, batch_size=None, num_workers=...)``; ``stats`` counts what this process's stream
-    did (episodes, samples, oversize samples, rows, batches, tokens, frames decoded, episodes held).
+    did (episodes, samples, oversize samples, skipped episodes, rows, batches, tokens, episodes held).
     """
 
-    def __init__(
-        self,
-        shards: str | os.PathLike | Sequence[str | os.PathLike],
-        *,
-        layout: TokenLayout,
-        window: WindowSpec | None = None,
-        stride: int = 1,
-        max_length: int | None = None,
-        capacity: int = 8192,
-        rows_per_batch: int = 1,
-        config: StreamConfig | None = None,
-        tokenizer=None,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        backend: str = "auto",
-    ) -> None:
-        if not isinstance(layout, TokenLayout):
-            raise TypeError(f"layout must be a TokenLayout, got {type(layout).__name__}")
-        if window is not None and max_length is not None:
-            raise ValueError("give window (windowed samples) or max_length (episode chunks), not both")
+    def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], *, packing: Packing,
+                 config: StreamConfig | None = None, rank: int = 0, world_size: int = 1, backend: str = "auto",
+                 frame_size=None) -> None:
+        if not isinstance(packing, Packing):
+            raise TypeError(f"packing must be an mmfeed.loaders.Packing, got {type(packing).__name__}")
+        if packing.plan.mode != "pack" or not packing.plan.capacity:
+            raise ValueError("streaming packs rows online: give Packing(plan=PlanConfig(mode='pack', capacity=...))")
+        if packing.weights is not None:
+            raise ValueError("streaming reads its shards in order: weights need the indexed plan (open_dataset)")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in range for world_size {world_size}")
-        if window is not None:
-            for key in window.offsets:
-                layout.key_tokens(key)  # every window key must be priced
-        self.shards = expand_shards(shards)
+        self.shards = [u if "://" in u else os.path.abspath(u) for u in expand_shards(shards)]
         self.name = str(shards) if not isinstance(shards, (list, tuple)) else str(self.shards[0])
-        self.layout = layout
-        self.sampling = SamplingConfig(window=window, stride=stride, max_length=max_length)
-        self.config = config or StreamConfig(capacity=capacity, rows_per_batch=rows_per_batch)
-        self.tokenizer = tokenizer or ByteTokenizer()
-        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
-        self.backend = backend
+        self.packing, self.config = packing, config or StreamConfig()
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.backend, self.frame_size = backend, frame_size
         # The epoch lives in shared memory, so that set_epoch in the training process reaches persistent
         # DataLoader workers, which hold copies of this dataset made when they started.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._stream: _Stream | None = None
+        self._stream = None
         self._resume: dict | None = None
 
     @property
@@ -171,27 +173,28 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         """The epoch whose shard order the next ``iter`` reads (see :meth:`set_epoch`)."""
         return int(self._epoch[0])
 
-    @epoch.setter
-    def epoch(self, epoch: int) -> None:
-        self._epoch[0] = int(epoch)
-
     def set_epoch(self, epoch: int) -> None:
         """Read the shards in epoch ``epoch``'s order from the next ``iter`` on, in this process and in the
         DataLoader's workers, persistent ones included."""
-        self.epoch = int(epoch)
+        self._epoch[0] = int(epoch)
 
     @property
     def stats(self) -> dict:
         """Counters of the stream running (or last run) in this process; zeros before any."""
-        return self._stream.stats if self._stream is not None else _new_stats()
+        from mmfeed.loaders.streaming_worker import new_stats
+
+        return self._stream.stats if self._stream is not None else new_stats()
 
     def __iter__(self) -> Iterator[PackedBatch]:
+        from mmfeed.loaders.streaming_worker import Stream
+
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         resume, self._resume = self._resume, None
         if resume is not None and num_workers != 1:
             raise ValueError("a streaming state resumes only with num_workers=0 (it holds one worker's stream)")
-        order = shard_order(len(self.shards), seed=self.seed, epoch=self.epoch, shuffle=self.config.shuffle_shards)
+        order = shard_order(len(self.shards), seed=self.packing.seed, epoch=self.epoch,
+                            shuffle=self.config.shuffle_shards)
         mine = assign_shards(order, rank=self.rank, world_size=self.world_size, worker=worker,
                              num_workers=num_workers)
         if len(mine) == 0:
@@ -201,10 +204,16 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         if self.config.steps_per_epoch is not None:
             n = self.config.steps_per_epoch
             quota = n // num_workers + (worker < n % num_workers)
-        self._stream = _Stream(self, mine.tolist(), quota)
+        self._stream = Stream(self, mine.tolist(), quota)
         if resume is not None:
             self._stream.restore(resume)
         return self._stream.batches()
+
+    def identity(self) -> dict:
+        """What a saved state must agree with to resume on this dataset."""
+        return {"num_shards": len(self.shards), "rank": self.rank, "world_size": self.world_size,
+                "seed": self.packing.seed, "config": asdict(self.config), "capacity": self.packing.plan.capacity,
+                "rows_per_batch": self.packing.plan.rows_per_batch}
 
     def state_dict(self) -> dict:
         """The state of this process's stream after the batches it has handed out (plain ints and lists)."""
@@ -215,14 +224,14 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict` at the next ``iter`` (same shards and settings; num_workers=0)."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a StreamingPackedDataset state (version {_STATE_VERSION}): {str(state)[:80]!r}")
-        mine = {"num_shards": len(self.shards), "rank": self.rank, "world_size": self.world_size,
-                "seed": self.seed, "config": asdict(self.config)}
-        for key, value in mine.items():
-            if state[key] != value:
-                raise ValueError(f"state has {key}={state[key]!r}, this dataset {value!r}; build it alike")
-        self.epoch = int(state["epoch"])
+        from mmfeed.loaders.streaming_worker import STATE_VERSION
+
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a StreamingPackedDataset state (version {STATE_VERSION}): {str(state)[:80]!r}")
+        for key, value in self.identity().items():
+            if state.get(key) != value:
+                raise ValueError(f"state has {key}={state.get(key)!r}, this dataset {value!r}; build it alike")
+        self.set_epoch(int(state["epoch"]))
         self._resume = state
 
     def __getstate__(self) -> dict:

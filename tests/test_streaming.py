@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from mmfeed import DataLoader
-from mmfeed.loaders import TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.dataset import PackedEpisodeDataset
-from mmfeed.loaders.index import INDEX_FILENAME
+from mmfeed.loaders import ErrorPolicy, Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders.sources.index import INDEX_FILENAME
 from mmfeed.loaders.streaming import (
     EPISODE_STRIDE,
     StreamConfig,
@@ -21,8 +20,10 @@ from mmfeed.loaders.streaming import (
 )
 from mmfeed.testing import make_episodes, read_index, write_webdataset
 
-SPEC = WindowSpec(offsets={"frames.cam_high": (-1, 0), "proprio": (0,), "action": tuple(range(4))})
-LAYOUT = TokenLayout(tokens_per_frame={"cam_high": 8}, tokens_per_proprio_step=1, tokens_per_action_step=1)
+CAM = "observation.images.cam_high"
+STATE = "observation.state"
+SPEC = WindowSpec.from_delta_timestamps({CAM: [-1 / 30, 0.0], STATE: [0.0], "action": [i / 30 for i in range(4)]})
+LAYOUT = TokenLayout(tokens_per_frame={CAM: 8})
 PER_SHARD = 2
 
 
@@ -67,33 +68,35 @@ def assert_same_batches(a, b):
             assert torch.equal(x.metadata[k], y.metadata[k])
 
 
-def stream(shards, **kwargs):
-    kwargs.setdefault("layout", LAYOUT)
-    return StreamingPackedDataset(shards, **kwargs)
+def stream(shards, *, window=SPEC, layout=LAYOUT, capacity=128, rows_per_batch=1, static_shapes=False, seed=0,
+           config=None, errors=None, **kwargs):
+    packing_args = {k: kwargs.pop(k) for k in ("stride", "max_length", "transform") if k in kwargs}
+    packing = Packing(layout=layout, window=window, plan=PlanConfig(capacity=capacity, rows_per_batch=rows_per_batch),
+                      static_shapes=static_shapes, seed=seed, errors=errors or ErrorPolicy(), **packing_args)
+    return StreamingPackedDataset(shards, packing=packing, config=config, **kwargs)
 
 
 def test_reading_shards_without_any_index_file_works(shards, episodes):
     assert not os.path.exists(shards / INDEX_FILENAME)
-    batches = list(stream(str(shards / "shard-{000000..000002}.tar"), window=SPEC, capacity=128))
+    batches = list(stream(str(shards / "shard-{000000..000002}.tar")))
     assert sorted(pairs(batches)) == all_windows(episodes)
 
 
 def test_windowed_stream_carries_exactly_the_ground_truth_steps(shards, episodes):
-    config = StreamConfig(capacity=128, rows_per_batch=2, window_items=12)
-    ds = stream(shards, window=SPEC, config=config)
+    ds = stream(shards, rows_per_batch=2, config=StreamConfig(window_items=12))
     batches = list(ds)
     for k, batch in enumerate(batches):
         n = batch.num_documents
-        assert batch.modalities == ["text", "frames.cam_high", "proprio", "action"]
+        assert batch.modalities == ["text", CAM, STATE, "action"]
         # Rows hold whole documents within capacity; every batch but the last has rows_per_batch rows.
         assert batch.document_ids.shape[1] == 128 and (batch.document_ids.shape[0] == 2 or k == len(batches) - 1)
         counts = [int((batch.modality_ids == m).sum()) for m in range(4)]
-        assert counts[0] == len(batch.data["text"]) and counts[1] == 8 * len(batch.data["frames.cam_high"])
-        assert counts[2] == len(batch.data["proprio"]) and counts[3] == len(batch.data["action"])
-        frames = per_doc(batch, "frames.cam_high", [2] * n)
-        frame_pads = per_doc(batch, "frames.cam_high_is_pad", [2] * n)
+        assert counts[0] == len(batch.data["text"]) and counts[1] == 8 * len(batch.data[CAM])
+        assert counts[2] == len(batch.data[STATE]) and counts[3] == len(batch.data["action"])
+        frames = per_doc(batch, CAM, [2] * n)
+        frame_pads = per_doc(batch, f"{CAM}_is_pad", [2] * n)
         actions, pads = per_doc(batch, "action", [4] * n), per_doc(batch, "action_is_pad", [4] * n)
-        proprio = per_doc(batch, "proprio", [1] * n)
+        proprio = per_doc(batch, STATE, [1] * n)
         for d in range(n):
             e, t = int(batch.metadata["episode"][d]), int(batch.metadata["start_step"][d])
             truth = truth_of(episodes, e)
@@ -114,8 +117,9 @@ def test_windowed_stream_carries_exactly_the_ground_truth_steps(shards, episodes
 
 
 def test_batches_have_the_structure_of_the_planned_dataset(shards):
-    planned = PackedEpisodeDataset(open_dataset(shards), layout=LAYOUT, window=SPEC, capacity=128)[0, 0]
-    streamed = next(iter(stream(shards, window=SPEC, capacity=128)))
+    packing = Packing(layout=LAYOUT, window=SPEC, plan=PlanConfig(capacity=128))
+    planned = packing.dataset(open_dataset(shards))[0, 0]
+    streamed = next(iter(stream(shards)))
     assert streamed.modalities == planned.modalities
     assert sorted(streamed.data) == sorted(planned.data) and sorted(streamed.metadata) == sorted(planned.metadata)
     assert all(streamed.data[k].dtype == planned.data[k].dtype for k in planned.data)
@@ -123,12 +127,12 @@ def test_batches_have_the_structure_of_the_planned_dataset(shards):
 
 
 def test_whole_episode_chunks_cover_each_episode(shards, episodes):
-    layout = TokenLayout(tokens_per_frame={"cam_high": 4}, interleave_actions=True)
+    layout = TokenLayout(tokens_per_frame={CAM: 4, STATE: 1, "action": 1}, interleave_chunk=True)
     chunks = {}
-    for batch in stream(shards, layout=layout, max_length=5, capacity=128):
+    for batch in stream(shards, window=None, layout=layout, max_length=5):
         doc, frame_tokens = batch.document_ids, batch.modality_ids == 1
         counts = [int((frame_tokens & (doc == d)).sum()) // 4 for d in range(batch.num_documents)]
-        for d, frames in enumerate(per_doc(batch, "frames.cam_high", counts)):
+        for d, frames in enumerate(per_doc(batch, CAM, counts)):
             e, start = int(batch.metadata["episode"][d]), int(batch.metadata["start_step"][d])
             assert read_index(frames).tolist() == list(range(start, start + counts[d]))
             chunks.setdefault(e, []).extend(range(start, start + counts[d]))
@@ -138,25 +142,26 @@ def test_whole_episode_chunks_cover_each_episode(shards, episodes):
         s // PER_SHARD * EPISODE_STRIDE + s % PER_SHARD: list(range(ep.length)) for s, ep in enumerate(episodes)}
 
 
-def test_sparse_windows_decode_only_the_frames_some_sample_needs(shards, episodes):
-    ds = stream(shards, window=WindowSpec(offsets={"frames.cam_high": (0,), "action": (0, 1)}), stride=4,
+def test_sparse_windows_read_only_the_frames_of_their_anchors(shards, episodes):
+    ds = stream(shards, window=WindowSpec.from_delta_timestamps({CAM: [0.0], "action": [0.0, 1 / 30]}), stride=4,
                 capacity=96)
     batches = list(ds)
     assert sorted(pairs(batches)) == all_windows(episodes, stride=4)
     for batch in batches:
-        got = read_index(batch.data["frames.cam_high"].numpy()).tolist()
+        got = read_index(batch.data[CAM].numpy()).tolist()
         assert got == batch.metadata["start_step"].tolist()
-    # One decoded frame per anchor, far fewer than the frames in the shards.
-    assert ds.stats["frames_decoded"] == len(all_windows(episodes, stride=4)) < sum(e.length for e in episodes)
+    # One frame per anchor, far fewer than the frames in the shards.
+    assert sum(len(b.data[CAM]) for b in batches) == len(all_windows(episodes, stride=4)) < sum(e.length for e in episodes)
 
 
 def test_a_camera_at_its_own_rate_is_aligned_by_time(tmp_path):
     # cam_high records at 15 fps against a 30 fps control clock: step t sees frame t // 2 (latest at or before).
     eps = make_episodes(2, seed=9, min_length=8, max_length=12, cameras=("cam_high",), camera_fps={"cam_high": 15})
-    write_webdataset(tmp_path, eps, episodes_per_shard=2, index=False)
+    write_webdataset(tmp_path, eps, episodes_per_shard=2)
+    os.remove(tmp_path / INDEX_FILENAME)
     seen = 0
-    for batch in stream(tmp_path, window=SPEC, capacity=128):
-        frames = per_doc(batch, "frames.cam_high", [2] * batch.num_documents)
+    for batch in stream(tmp_path):
+        frames = per_doc(batch, CAM, [2] * batch.num_documents)
         for d, t in enumerate(batch.metadata["start_step"].tolist()):
             length = eps[int(batch.metadata["episode"][d])].length
             assert read_index(frames[d]).tolist() == (np.clip([t - 1, t], 0, length - 1) // 2).tolist()
@@ -165,7 +170,7 @@ def test_a_camera_at_its_own_rate_is_aligned_by_time(tmp_path):
 
 
 def test_worker_processes_together_cover_each_sample_once(shards, episodes):
-    ds = stream(shards, window=SPEC, capacity=128, rows_per_batch=2)
+    ds = stream(shards, rows_per_batch=2)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     got = pairs(loader)
     assert sorted(got) == all_windows(episodes) and len(got) == len(set(got))
@@ -187,18 +192,18 @@ def test_shards_are_dealt_to_rank_times_worker_exactly_once():
 
 
 def test_ranks_split_the_samples_and_steps_per_epoch_evens_their_steps(shards, episodes):
-    per_rank = [list(stream(shards, window=SPEC, capacity=64, rank=r, world_size=2)) for r in range(2)]
+    per_rank = [list(stream(shards, capacity=64, rank=r, world_size=2)) for r in range(2)]
     assert sorted(pairs(per_rank[0]) + pairs(per_rank[1])) == all_windows(episodes)
     steps = [len(b) for b in per_rank]
     assert steps[0] != steps[1]  # 2 shards against 1: uneven in streaming mode
-    cap = StreamConfig(capacity=64, steps_per_epoch=min(steps))
-    capped = [len(list(stream(shards, window=SPEC, config=cap, rank=r, world_size=2))) for r in range(2)]
+    cap = StreamConfig(steps_per_epoch=min(steps))
+    capped = [len(list(stream(shards, capacity=64, config=cap, rank=r, world_size=2))) for r in range(2)]
     assert capped == [min(steps)] * 2
 
 
 def test_shuffled_shard_order_follows_seed_and_epoch_and_covers_every_sample(shards, episodes):
     # window_items=1: every sample goes out in its own row at once, so batches show the reading order.
-    ds = stream(shards, window=SPEC, config=StreamConfig(capacity=128, window_items=1, shuffle_shards=True), seed=3)
+    ds = stream(shards, config=StreamConfig(window_items=1, shuffle_shards=True), seed=3)
     orders = []
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -212,10 +217,10 @@ def test_shuffled_shard_order_follows_seed_and_epoch_and_covers_every_sample(sha
 def test_set_epoch_reaches_persistent_workers(shards):
     """Persistent workers keep the copies of the dataset they started with; set_epoch must still reach them:
     each epoch's batches, in order, equal those of workers started afresh for that epoch."""
-    config = StreamConfig(capacity=128, window_items=1, shuffle_shards=True)
+    config = StreamConfig(window_items=1, shuffle_shards=True)
 
     def epochs(persistent):
-        ds = stream(shards, window=SPEC, config=config, seed=3)
+        ds = stream(shards, config=config, seed=3)
         loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
         out = []
         for epoch in range(3):
@@ -231,7 +236,7 @@ def test_set_epoch_reaches_persistent_workers(shards):
 @pytest.mark.parametrize("cut", [1, 4, 9])
 def test_resume_continues_with_exactly_the_remaining_batches(shards, cut):
     def build():
-        return stream(shards, window=SPEC, config=StreamConfig(capacity=96, rows_per_batch=2, window_items=10))
+        return stream(shards, capacity=96, rows_per_batch=2, config=StreamConfig(window_items=10))
 
     full = list(build())
     assert len(full) > cut
@@ -249,7 +254,7 @@ def test_oversize_samples_are_counted_and_logged(shards, episodes, caplog):
     # A sample costs len(task) + 21 tokens; capacity 42 fits tasks of up to 21 bytes.
     long_task = [len(truth_of(episodes, e).task.encode()) > 21 for e, _ in all_windows(episodes)]
     assert 0 < sum(long_task) < len(long_task)
-    ds = stream(shards, window=SPEC, capacity=42)
+    ds = stream(shards, capacity=42)
     with caplog.at_level(logging.WARNING, logger="mmfeed.loaders.streaming"):
         got = pairs(list(ds))
     assert ds.stats["oversize"] == sum(long_task) and len(got) + sum(long_task) == len(long_task)
@@ -258,27 +263,51 @@ def test_oversize_samples_are_counted_and_logged(shards, episodes, caplog):
 
 
 def test_the_end_of_the_stream_is_flushed_not_dropped(shards, episodes):
-    batches = list(stream(shards, window=SPEC, config=StreamConfig(capacity=128, rows_per_batch=10_000)))
+    batches = list(stream(shards, rows_per_batch=10_000))
     assert len(batches) == 1 and sorted(pairs(batches)) == all_windows(episodes)
 
 
 def test_static_shapes_give_identical_tensor_shapes(shards):
-    config = StreamConfig(capacity=96, rows_per_batch=2, static_shapes=True)
-    batches = list(stream(shards, window=SPEC, config=config))
-    shapes = {tuple((k, tuple(v.shape)) for k, v in sorted(b.data.items())) for b in batches}
+    batches = list(stream(shards, capacity=96, rows_per_batch=2, static_shapes=True))
+    shapes = {(tuple(b.cu_seqlens.shape), *((k, tuple(v.shape)) for k, v in sorted(b.data.items()))) for b in batches}
     assert len(shapes) == 1 and len(batches) > 1 and batches[-1].document_ids.shape[0] == 2
 
 
 def test_bad_settings_are_refused_with_the_fix(shards):
-    with pytest.raises(ValueError, match="not both"):
-        stream(shards, window=SPEC, max_length=4)
-    with pytest.raises(ValueError, match="rows_per_batch"):
-        StreamConfig(rows_per_batch=0)
+    with pytest.raises(ValueError, match="window_items"):
+        StreamConfig(window_items=0)
     with pytest.raises(ValueError, match="no price"):
-        stream(shards, window=WindowSpec(offsets={"frames.cam_wrist": (0,)}))
+        list(stream(shards, window=WindowSpec.from_delta_timestamps({CAM: [0.0]}), layout=TokenLayout()))
+    with pytest.raises(ValueError, match="does not have"):
+        list(stream(shards, window=WindowSpec.from_delta_timestamps({"observation.images.cam_wrist": [0.0]})))
+    with pytest.raises(ValueError, match="weights"):
+        StreamingPackedDataset(shards, packing=Packing(layout=LAYOUT, window=SPEC, weights=[1.0]))
     with pytest.raises(RuntimeError, match="num_workers=0"):
-        stream(shards, window=SPEC).state_dict()
-    ds = stream(shards, window=SPEC, capacity=128)
+        stream(shards).state_dict()
+    ds = stream(shards)
     next(iter(ds))
     with pytest.raises(ValueError, match="capacity"):
-        stream(shards, window=SPEC, capacity=64).load_state_dict(ds.state_dict())
+        stream(shards, capacity=64).load_state_dict(ds.state_dict())
+
+
+def test_an_unreadable_episode_is_named_or_skipped_and_counted(tmp_path, episodes):
+    """A corrupt member raises naming shard and key; under the skip policy the rest streams and it is listed."""
+    import tarfile
+
+    write_webdataset(tmp_path / "ok", episodes[:2], episodes_per_shard=2)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    with tarfile.open(tmp_path / "ok" / "shard-000000.tar") as src, tarfile.open(broken / "shard-000000.tar", "w") as out:
+        for info in src.getmembers():
+            data = src.extractfile(info).read()
+            if info.name == "episode_000001.observation.state.npy":
+                data = data[:20]  # a truncated array
+                info.size = len(data)
+            out.addfile(info, __import__("io").BytesIO(data))
+    with pytest.raises(ValueError, match=r"shard-000000.tar.*episode_000001.*observation.state"):
+        list(stream(broken))
+    ds = stream(broken, errors=ErrorPolicy(on_error="skip"))
+    loader = DataLoader(ds, batch_size=None)
+    got = pairs(loader)
+    assert {e for e, _ in got} == {0} and ds.stats["skipped_episodes"] == 1
+    assert loader.stats["skipped_samples"] == 1 and "episode_000001" in loader.stats["errors"][0]["source"]

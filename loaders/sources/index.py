@@ -41,6 +41,7 @@ byte-identical index file.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import posixpath
@@ -113,20 +114,45 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
                 raise ValueError(f"episode id {key!r} appears twice: in {seen[key]!r} and in {shard!r}; episode ids "
                                  "must be unique across all shards of one index")
             seen[key] = shard
-            meta, features, parts = _episode(shard, key, group, tar)
-            row = {"episode_id": key, "shard": shard, "length": meta["length"], "fps": float(meta["fps"]),
-                   "task": meta["task"], "features": features,
-                   "members": [{"name": n, "offset": i.offset_data, "size": i.size} for n, i in group],
-                   "stats": [{"name": f, "count": float(p["count"]),
-                              **{k: np.ravel(p[k]).tolist() for k in _PARTIAL[1:]}} for f, p in parts.items()],
-                   "shard_size": size, "shard_mtime_ns": mtime_ns}
-            for name, value in row.items():
-                rows[name].append(value)
-            partials.append(parts)
+            entries = [(n, i.offset_data, i.size) for n, i in group]
+            infos = dict(group)
+            _add_row(rows, partials, shard, key, entries, lambda n: _extract(tar, infos[n]), size, mtime_ns)
+    return _finish(rows, partials, root)
+
+
+def memory_table(name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]]) -> pa.Table:
+    """The index table of episodes held in memory as ``(key, {member name after the key: bytes})`` (what
+    :func:`iter_shard` yields), every member at offset 0 of its own bytes: how a stream reads the episodes it
+    holds with the very reader that reads indexed shards."""
+    rows: dict[str, list[Any]] = {n: [] for n in INDEX_SCHEMA.names}
+    partials: list[dict[str, dict[str, np.ndarray]]] = []
+    for key, members in episodes:
+        entries = [(n, 0, len(b)) for n, b in members.items()]
+        _add_row(rows, partials, name, key, entries, lambda n: io.BytesIO(members[n]), None, None)
+    return _finish(rows, partials, None)
+
+
+def _add_row(rows: dict, partials: list, shard: str, key: str, entries: list[tuple[str, int, int]],
+             open_member, size: int | None, mtime_ns: int | None) -> None:
+    meta, features, parts = _episode(shard, key, entries, open_member)
+    row = {"episode_id": key, "shard": shard, "length": meta["length"], "fps": float(meta["fps"]),
+           "task": meta["task"], "features": features,
+           "members": [{"name": n, "offset": o, "size": k} for n, o, k in entries],
+           "stats": [{"name": f, "count": float(p["count"]), **{k: np.ravel(p[k]).tolist() for k in _PARTIAL[1:]}}
+                     for f, p in parts.items()],
+           "shard_size": size, "shard_mtime_ns": mtime_ns}
+    for name, value in row.items():
+        rows[name].append(value)
+    partials.append(parts)
+
+
+def _finish(rows: dict, partials: list, root: str | None) -> pa.Table:
+    """The table of ``rows``, its features checked, shards relative to ``root``, the merged stats in its metadata."""
     table = pa.Table.from_pydict(rows, schema=INDEX_SCHEMA)
     feature_columns(table)  # every episode has every feature, with one kind, dtype and shape (errors name shards)
-    relative = pa.array([_relative(s, root) for s in rows["shard"]], pa.string())
-    table = table.set_column(INDEX_SCHEMA.get_field_index("shard"), INDEX_SCHEMA.field("shard"), relative)
+    if root is not None:
+        relative = pa.array([_relative(s, root) for s in rows["shard"]], pa.string())
+        table = table.set_column(INDEX_SCHEMA.get_field_index("shard"), INDEX_SCHEMA.field("shard"), relative)
     merged = {f: _stats.merge(p[f] for p in partials) for f in (partials[0] if partials else {})}
     info = {"format": _FORMAT, "version": INDEX_VERSION, "stats": _stats.to_json(merged)}
     return table.replace_schema_metadata({"mmfeed": json.dumps(info, sort_keys=True)})
@@ -288,11 +314,14 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
     return data
 
 
-def iter_shard(shard: str | os.PathLike) -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
+def iter_shard(shard: str | os.PathLike, select=None) -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
     """Every episode of one shard in tar order, read front to back (for streaming readers): ``(key, {member name
-    after the key: bytes}, meta)``; ``meta`` is the parsed meta.json with ``task`` and ``rates`` filled in."""
+    after the key: bytes}, meta)``; ``meta`` is the parsed meta.json with ``task`` and ``rates`` filled in.
+    ``select(position)`` False skips the episode at that position (0, 1, ... in tar order) unread."""
     shard = os.fspath(shard)
-    for key, group, tar in _groups(shard):
+    for position, (key, group, tar) in enumerate(_groups(shard)):
+        if select is not None and not select(position):
+            continue
         data = {name: _extract(tar, info).read() for name, info in group}
         if "meta.json" not in data:
             raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member")
@@ -378,24 +407,25 @@ def _groups(shard: str) -> Iterator[tuple[str, list[tuple[str, tarfile.TarInfo]]
                 yield key, group, tar
 
 
-def _episode(shard: str, key: str, group: list[tuple[str, tarfile.TarInfo]], tar: tarfile.TarFile
+def _episode(shard: str, key: str, entries: list[tuple[str, int, int]], open_member
              ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, dict[str, np.ndarray]]]:
-    """meta, feature rows and stats partials of one episode, from meta.json ``features`` where it has them."""
-    infos = dict(group)
-    if "meta.json" not in infos:
+    """meta, feature rows and stats partials of one episode (members ``(name, offset, size)``, opened by
+    ``open_member(name)``), from meta.json ``features`` where it has them."""
+    names = {n for n, _, _ in entries}
+    if "meta.json" not in names:
         raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member; every episode needs one "
                          "with fps, length and task")
-    meta = parse_meta(shard, key, _extract(tar, infos["meta.json"]).read())
+    meta = parse_meta(shard, key, open_member("meta.json").read())
     described, length, fps = meta.get("features", {}), meta["length"], float(meta["fps"])
     features, parts = [], {}
-    for member, info in group:
+    for member, offset, size in entries:
         feature, _, ext = member.rpartition(".")
         if not feature or ext != "npy" and ext not in VIDEO_EXTENSIONS:
             continue
         where = f"{shard!r} key {key!r} member {key}.{member}"
         if any(f["name"] == feature for f in features):
             raise ValueError(f"{where}: feature {feature!r} has two members in this episode")
-        kind, dtype, shape, frames, part = _member_feature(_extract(tar, info), ext, described.get(feature), where)
+        kind, dtype, shape, frames, part = _member_feature(open_member(member), ext, described.get(feature), where)
         if part is not None:
             parts[feature] = part
         rate = meta["rates"].get(feature, fps)
@@ -406,7 +436,7 @@ def _episode(shard: str, key: str, group: list[tuple[str, tarfile.TarInfo]], tar
         if frames < want:
             raise ValueError(f"{where}: {frames} frames, but {length} steps at {fps:g} fps need {want} at {rate:g} fps")
         features.append({"name": feature, "kind": kind, "dtype": dtype, "shape": list(shape), "fps": rate,
-                         "frames": frames, "member": member, "offset": info.offset_data, "size": info.size})
+                         "frames": frames, "member": member, "offset": offset, "size": size})
     named = set(meta["rates"]) | set(described) | set(meta.get("cameras") or [])
     unbacked = sorted(named - {f["name"] for f in features})
     if unbacked:

@@ -30,7 +30,7 @@ from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats,
+from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats, memory_table,
                                           default_index_path, feature_columns, index_version, read_member,
                                           read_shard_index, resolve_shard, stale_shards)
 from mmfeed.loaders.timing import stage
@@ -89,7 +89,22 @@ class WebDatasetSource(EpisodeSource):
         DecodeOptions(backend=backend)  # an unknown backend fails now, not at the first read
         self.backend, self.cache_episodes = backend, cache_episodes
         table, index_path, indexed = _open_index(path, check_index)
-        self.name = str(index_path if indexed else path)
+        self._from_table(table, index_path, str(index_path if indexed else path), frame_size)
+
+    @classmethod
+    def from_memory(cls, name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]], *, backend: str = "auto",
+                    frame_size: FrameSize = None) -> WebDatasetSource:
+        """The episodes ``(key, {member name after the key: bytes})`` held in memory (a stream's, as
+        :func:`~mmfeed.loaders.sources.index.iter_shard` yields them), read exactly as indexed shards are."""
+        self = cls.__new__(cls)
+        self.backend, self.cache_episodes = backend, max(1, len(episodes))
+        self._from_table(memory_table(name, episodes), name, name, frame_size)
+        self._held = [dict(members) for _, members in episodes]
+        return self
+
+    def _from_table(self, table: pa.Table, index_path: str, name: str, frame_size: FrameSize) -> None:
+        self.name = name
+        self._held: list[dict[str, bytes]] | None = None
         if table.num_rows == 0:
             raise ValueError(f"{self.name}: the shards hold no episodes")
         shards = table["shard"].to_pylist()
@@ -112,6 +127,7 @@ class WebDatasetSource(EpisodeSource):
         self._rates = {f: c["fps"].astype(np.float64) for f, c in columns.items()}
         self._frames = {f: c["frames"].astype(np.int64) for f, c in columns.items()}
         self._members = {f: (c["offset"].astype(np.int64), c["size"].astype(np.int64)) for f, c in columns.items()}
+        self._member_names = {f: c["member"] for f, c in columns.items()}
         self.stats = dataset_stats(table)
         self._bytes: OrderedDict[tuple[int, str], bytes] = OrderedDict()
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
@@ -162,6 +178,8 @@ class WebDatasetSource(EpisodeSource):
 
     # -- internals -------------------------------------------------------------------------------------------
     def _member(self, episode: int, feature: str) -> bytes:
+        if self._held is not None:
+            return self._held[episode][self._member_names[feature][episode]]
         key = (episode, feature)
         if key in self._bytes:
             self._bytes.move_to_end(key)
