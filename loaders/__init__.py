@@ -38,6 +38,7 @@ _EXPORTS = {
     "ShardWriter": "mmfeed.loaders.sources.writer",
     "StepTimer": "mmfeed.loaders.timing",
     "StreamConfig": "mmfeed.loaders.streaming",
+    "StreamingPackedDataset": "mmfeed.loaders.streaming",
     "TokenLayout": "mmfeed.packing.layout",
     "WindowSpec": "mmfeed.packing.windows",
     "open_dataset": "mmfeed.loaders.open",

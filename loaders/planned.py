@@ -194,29 +194,34 @@ class PlanSampler(torch.utils.data.Sampler):
     """Yields ``(epoch, step)`` for every step of one epoch of a planned dataset, from ``start`` on.
 
     Each pass runs the next epoch (the first pass runs ``epoch``), so successive ``iter(loader)`` calls walk
-    through epochs 0, 1, 2, ... with fresh plans. ``state_dict()`` is what ``mmfeed.DataLoader`` saves at the
-    start of each epoch (the loader counts the batches handed out and skips them as indices on resume):
-    ``{"epoch", "plan_version"}`` plus ``"world_size"`` and ``"seed"`` of the plan and ``"done"``, the earlier
-    ``[world_size, steps]`` segments of an elastically resumed epoch (each left out at its default: world size 1,
-    seed 0, no segments). In such an epoch the items are ``(epoch, step, done)``.
+    through epochs 0, 1, 2, ... with fresh plans. ``state_dict()`` is where the sampler stands: ``{"epoch",
+    "plan_version"}`` plus ``"start"`` (the next step, mid-epoch), ``"world_size"`` and ``"seed"`` of the plan and
+    ``"done"``, the earlier ``[world_size, steps]`` segments of an elastically resumed epoch (each left out at its
+    default: step 0, world size 1, seed 0, no segments). In such an epoch the items are ``(epoch, step, done)``.
+    ``mmfeed.DataLoader`` saves it at the start of each epoch and counts the batches handed out itself.
     """
 
     def __init__(self, dataset: PlannedDataset, *, epoch: int = 0, start: int = 0) -> None:
         self.dataset, self.epoch, self.start = dataset, int(epoch), int(start)
         self.done: tuple[tuple[int, int], ...] = ()
+        self._cursor: tuple[int, int, tuple] | None = None  # (epoch, next step, done) while a pass runs
 
     def set_epoch(self, epoch: int, start: int = 0, done: tuple[tuple[int, int], ...] = ()) -> None:
         self.epoch, self.start = int(epoch), int(start)
         self.done = tuple((int(w), int(k)) for w, k in done)
+        self._cursor = None
 
     def state_dict(self) -> dict:
-        state: dict[str, Any] = {"epoch": self.epoch, "plan_version": PLAN_VERSION}
+        epoch, start, done = self._cursor if self._cursor is not None else (self.epoch, self.start, self.done)
+        state: dict[str, Any] = {"epoch": epoch, "plan_version": PLAN_VERSION}
+        if start:
+            state["start"] = start
         if self.dataset.world_size != 1:
             state["world_size"] = self.dataset.world_size
         if self.dataset.seed != 0:
             state["seed"] = self.dataset.seed
-        if self.done:
-            state["done"] = [list(d) for d in self.done]
+        if done:
+            state["done"] = [list(d) for d in done]
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -229,7 +234,7 @@ class PlanSampler(torch.utils.data.Sampler):
             raise ValueError(f"the sampler state was saved at world size {world} with seed {seed}, this dataset "
                              f"runs at world size {self.dataset.world_size} with seed {self.dataset.seed}; pass "
                              "the loader state through dataset.reshard_state(state) before load_state_dict")
-        self.set_epoch(int(state["epoch"]), done=state.get("done", ()))
+        self.set_epoch(int(state["epoch"]), start=int(state.get("start", 0)), done=state.get("done", ()))
 
     def _steps(self) -> int:
         return self.dataset.num_steps(self.epoch, self.done)
@@ -241,4 +246,6 @@ class PlanSampler(torch.utils.data.Sampler):
         epoch, start, done, total = self.epoch, self.start, self.done, self._steps()
         self.epoch, self.start, self.done = epoch + 1, 0, ()
         for step in range(start, total):
+            self._cursor = (epoch, step + 1, done) if step + 1 < total else None
             yield (epoch, step, done) if done else (epoch, step)
+        self._cursor = None
