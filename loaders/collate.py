@@ -139,7 +139,7 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         batch = PackedBatch.from_segments(row_lengths, row_capacity, step_sizes=row_steps, segments=row_segments,
                                           modalities=modalities, data=payload, metadata=metadata)
         if static_shapes and max_documents is not None:
-            batch = _pad_cu_seqlens(batch, max_documents)
+            batch = batch.pad_documents(max_documents)
         return batch
 
 
@@ -337,11 +337,3 @@ def _pad_static(payload: dict[str, Any], items, slots: int, read: list) -> None:
         if key != TEXT:
             flags = payload.get(f"{key}_is_pad", np.zeros(0, bool))
             payload[f"{key}_is_pad"] = np.concatenate([flags, np.ones(extra, bool)])
-
-
-def _pad_cu_seqlens(batch: PackedBatch, max_documents: int) -> PackedBatch:
-    cu = batch.cu_seqlens
-    extra = max_documents + 1 - len(cu)
-    if extra < 0:
-        raise AssertionError(f"a static batch holds {len(cu) - 1} documents, more than the {max_documents} planned")
-    return dataclasses.replace(batch, cu_seqlens=torch.cat([cu, cu[-1:].expand(extra)]))

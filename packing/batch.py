@@ -110,6 +110,7 @@ class PackedBatch:
     data: dict[str, torch.Tensor] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     _host: _Host | None = field(default=None, repr=False)
+    _documents: int | None = field(default=None, repr=False)  # the real count once cu_seqlens is padded
 
     @classmethod
     def from_lengths(cls, rows: Sequence[Sequence[int]], capacity: int, *,
@@ -200,8 +201,23 @@ class PackedBatch:
 
     @property
     def num_documents(self) -> int:
-        """Documents in the batch."""
-        return self.cu_seqlens.shape[0] - 1
+        """Documents in the batch (not counting the empty ones :meth:`pad_documents` appends)."""
+        return self._documents if self._documents is not None else self.cu_seqlens.shape[0] - 1
+
+    def pad_documents(self, max_documents: int) -> PackedBatch:
+        """The batch with ``cu_seqlens`` padded to ``max_documents + 1`` entries by repeating its last value
+        (empty documents, which varlen attention skips), so that batches holding any number of documents have one
+        shape (static shapes); ``num_documents`` stays the real count.
+
+        >>> PackedBatch.from_lengths([[2, 1]], 4).pad_documents(4).cu_seqlens.tolist()
+        [0, 2, 3, 3, 3]
+        """
+        n = self.num_documents
+        if isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < n:
+            raise ValueError(f"max_documents must be an int >= the batch's {n} documents, got {max_documents!r}")
+        cu = self.cu_seqlens[: n + 1]
+        padded = torch.cat([cu, cu[-1:].expand(max_documents - n)])
+        return replace(self, cu_seqlens=padded, _documents=n)
 
     @property
     def device(self) -> torch.device:

@@ -234,6 +234,9 @@ def test_static_shapes_give_one_shape_per_tensor_for_the_whole_epoch_and_compile
     for step in range(ds.num_steps(0)):
         b = ds[0, step]
         shapes.add((tuple(b.cu_seqlens.shape), *sorted((k, tuple(v.shape)) for k, v in b.data.items())))
+        # cu_seqlens is padded with empty documents; the count stays the real one
+        assert b.num_documents == len(b.metadata["sample"]) < len(b.cu_seqlens) - 1
+        assert int(b.cu_seqlens[-1]) == int((b.document_ids >= 0).sum())
     assert len(shapes) == 1
 
     import torch._dynamo
