@@ -6,7 +6,9 @@
 3. The same causal attention three ways, all blind to the other documents of a row: SDPA with the dense
    ``attention_mask()``, FlexAttention with the block-sparse ``block_mask()``, and flash-attention's varlen
    kernel with ``cu_seqlens`` / ``max_seqlen`` on the tokens with the padding taken out (when installed).
-4. The same batches from ``mmfeed.DataLoader`` over your own map-style dataset (``PackedMapDataset``).
+4. The same packing from ``mmfeed.DataLoader`` over your own map-style dataset of token tensors
+   (``PlannedDataset.records(docs, lengths, plan=PlanConfig(...))``): shuffled and packed per epoch, every rank
+   the same number of steps, resumable mid-epoch.
 
     python examples/lm_packing.py            # prints packing efficiency and the max differences between paths
     python examples/lm_packing.py --quick
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 from mmfeed import DataLoader, PackedBatch
-from mmfeed.loaders import PackedMapDataset
+from mmfeed.loaders import PlanConfig, PlannedDataset
 from mmfeed.packing import lower_bound, pack
 
 
@@ -104,17 +106,21 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. the planner over your own dataset: token tensors in, PackedBatch out (shuffled, packed, resumable)
     docs = [torch.from_numpy(rng.integers(0, 50_000, size=n)) for n in lengths]
-    dataset = PackedMapDataset(docs, lengths=lengths, capacity=capacity, rows_per_batch=args.rows, seed=args.seed)
+    dataset = PlannedDataset.records(docs, lengths, plan=PlanConfig(capacity=capacity, rows_per_batch=args.rows),
+                                     seed=args.seed)
     loader = DataLoader(dataset, num_workers=0)
-    total = 0
+    total, seen = 0, []
     for i, b in enumerate(loader):
         total += int(b.cu_seqlens[-1])
+        seen.extend(b.metadata["sample"].tolist())  # which documents, by index into docs
         if i == 0:
-            print(f"DataLoader(PackedMapDataset): {len(loader)} batches; first: data['text'] "
+            print(f"DataLoader(PlannedDataset.records): {len(loader)} batches; first: data['text'] "
                   f"{tuple(b.data['text'].shape)}, position_ids {tuple(b.position_ids.shape)}, "
                   f"{b.num_documents} documents")
-    print(f"one epoch: {total} tokens of {lengths.sum()} (the rest is in rows dropped so every rank "
-          f"runs the same steps)")
+    dropped = dataset.plan(0).dropped  # rows that would not fill a last batch of all ranks; reshuffled next epoch
+    assert sorted(seen + dropped.tolist()) == list(range(n_docs))
+    print(f"one epoch: {total} tokens of {lengths.sum()}, every document once except {len(dropped)} in "
+          f"plan(0).dropped")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """Train a tiny block-causal world model on packed robot episodes: the whole mmfeed loop in one file.
 
-Synthetic episodes (two cameras, proprio, actions, a task string) are written as webdataset shards, then
-``mmfeed.DataLoader`` plans the epoch from the shard index, packs windows (two history frames, the current
-state, an action chunk) into rows of ``--capacity`` tokens, decodes in worker processes, moves batches to the
-device ahead of the step, and times every step. The model (:mod:`mmfeed.testing.model`) embeds frames as patch
-tokens, proprio and actions linearly and the task text as bytes, attends within each packed document only
-(block-causal: the tokens of one time step see each other), and learns next-token text and action-chunk
-regression. At the end the stall report says how much of the step time went to waiting for data, and why.
+Synthetic episodes are written as webdataset shards: a 15 fps overhead camera beside a 30 fps wrist camera,
+the state, velocity, reward, done flag and action at the 30 Hz control clock, and a task string, every feature
+under its own name. ``mmfeed.DataLoader`` plans the epoch from the shard index, takes windows in seconds (two
+overhead frames of the last 1/15 s, the current wrist frame and state, the next 8 actions), normalizes the state
+and actions with the dataset's stats in the workers, packs the windows into rows of ``--capacity`` tokens,
+decodes in worker processes, moves batches to the device ahead of the step and times every step. The model
+(:mod:`mmfeed.testing.model`) embeds frames as patch tokens, arrays linearly and the task text as bytes, attends
+within each packed document only (block-causal: the tokens of one time see each other), and learns next-token
+text and action-chunk regression. At the end the stall report says how much of the step time went to waiting
+for data, and why.
 
     python examples/train_world_model.py              # CPU: well under a minute; CUDA when present
     python examples/train_world_model.py --quick      # a few steps (what the tests run)
@@ -23,9 +26,11 @@ import time
 import torch
 
 from mmfeed import DataLoader
-from mmfeed.loaders import Packing, PlanConfig, StepTimer, TokenLayout, WindowSpec
+from mmfeed.loaders import Normalize, Packing, PlanConfig, StepTimer, TokenLayout, WindowSpec, open_dataset
 from mmfeed.testing import make_episodes, write_webdataset
-from mmfeed.testing.model import TinyModelConfig, TinyWorldModel
+from mmfeed.testing.model import TinyModelConfig, TinyWorldModel, model_features
+
+HIGH, WRIST = "observation.images.cam_high", "observation.images.cam_wrist"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,26 +67,36 @@ def main(argv: list[str] | None = None) -> None:
 
             flex = torch.compile(flex_attention)
 
-    # What a sample costs and how it is laid out: 16 patch tokens per high camera frame, 4 per wrist frame,
-    # one token per proprio state and per action; the action chunk is one attention step (predicted jointly).
-    layout = TokenLayout(tokens_per_frame={"cam_high": 16, "cam_wrist": 4})
-    window = WindowSpec(offsets={"frames.cam_high": (-3, 0), "frames.cam_wrist": (0,), "proprio": (0,),
-                                 "action": tuple(range(8))})
-    packing = Packing(layout=layout, window=window, stride=3, seed=args.seed,
-                      plan=PlanConfig(capacity=args.capacity, rows_per_batch=args.rows, episode_block=4))
+    # What a sample reads, in seconds from its anchor step: each feature at its own rate (the overhead camera's
+    # frames at or before -1/15 s and 0 s, the 30 Hz state now, the next 8 actions). What it costs: 16 patch
+    # tokens per overhead frame, 4 per wrist frame, one token per state and per action; the action chunk is one
+    # attention step (predicted jointly).
+    window = WindowSpec.from_delta_timestamps({
+        HIGH: [-1 / 15, 0.0],
+        WRIST: [0.0],
+        "observation.state": [0.0],
+        "action": [i / 30 for i in range(8)],
+    })
+    layout = TokenLayout(tokens_per_frame={HIGH: 16, WRIST: 4})
 
     with tempfile.TemporaryDirectory(prefix="mmfeed-world-model-") as tmp:
         t0 = time.perf_counter()
-        episodes = make_episodes(n_episodes, seed=args.seed, min_length=30, max_length=60)
+        episodes = make_episodes(n_episodes, seed=args.seed, min_length=30, max_length=60, fps=30.0,
+                                 camera_fps={"cam_high": 15.0})
         write_webdataset(tmp, episodes, episodes_per_shard=4)
-        print(f"wrote {n_episodes} episodes as webdataset shards in {time.perf_counter() - t0:.1f}s")
+        ds = open_dataset(tmp)
+        rates = {name: f.fps for name, f in ds.features.items() if f.kind == "video"}
+        print(f"wrote {n_episodes} episodes as webdataset shards in {time.perf_counter() - t0:.1f}s; "
+              f"{len(ds.features)} features, video rates {rates}")
 
+        packing = Packing(layout=layout, window=window, stride=3, seed=args.seed,
+                          transform=Normalize(ds.stats),  # state and action to zero mean, unit std, in the workers
+                          plan=PlanConfig(capacity=args.capacity, rows_per_batch=args.rows, episode_block=4))
         timer = StepTimer(warmup=1 if steps > 2 else 0)  # leave worker start-up out of the report
-        loader = DataLoader(tmp, packing=packing, num_workers=workers, device=device, prefetch=2, timer=timer,
+        loader = DataLoader(ds, packing=packing, num_workers=workers, device=device, prefetch=2, timer=timer,
                             persistent_workers=workers > 0)
-        model = TinyWorldModel(TinyModelConfig(layout=layout, proprio_dim=episodes[0].proprio.shape[1],
-                                               action_dim=episodes[0].action.shape[1], width=64, depth=2, heads=4,
-                                               max_positions=args.capacity),
+        model = TinyWorldModel(TinyModelConfig(layout=layout, features=model_features(ds), width=64, depth=2,
+                                               heads=4, max_positions=args.capacity),
                                flex_attention=flex).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         print(f"device={device} attention={args.attention} workers={workers} capacity={args.capacity} "
@@ -95,10 +110,11 @@ def main(argv: list[str] | None = None) -> None:
                 out.loss.backward()
                 opt.step()
                 real = int(batch.cu_seqlens[-1])
+                action = out.chunk_sum["action"] / out.chunk_count["action"].clamp(min=1)
                 # .item() waits for the device: fine for an example; log every N steps in real training
                 print(f"step {step:3d}  epoch {epoch}  loss {out.loss.item():.4f}  "
                       f"text {(out.text_sum / out.text_count.clamp(min=1)).item():.3f}  "
-                      f"action {(out.action_sum / out.action_count.clamp(min=1)).item():.4f}  "
+                      f"action {action.item():.4f}  "
                       f"docs {batch.num_documents:2d}  tokens {real}/{batch.num_rows * batch.capacity}")
                 step += 1
                 if step >= steps:

@@ -85,7 +85,8 @@ class PackedBatch:
         position_ids: int64 ``[R, C]``, 0 at each document start, counting up; 0 on padding.
         step_ids: int32 ``[R, C]``, attention time index within the document; -1 on padding.
         modality_ids: int8 ``[R, C]``, index into ``modalities``; -1 on padding.
-        modalities: names of the modalities, e.g. ``["text", "frames.cam_high", "proprio", "action"]``.
+        modalities: names of the modalities: ``"text"`` and feature names, e.g.
+            ``["text", "observation.images.cam_high", "observation.state", "action"]``.
         cu_seqlens: int32 ``[n_docs + 1]``, document boundaries with padding removed (flash-attention varlen).
         max_seqlen: longest document (Python int, known without a device sync); 0 when there is none.
         data: each modality's payload, flat over the batch, in the order its tokens appear.
@@ -145,7 +146,7 @@ class PackedBatch:
             rows, capacity, step_sizes: as in :meth:`from_lengths`.
             segments: ``segments[r][d]`` a list of ``(modality index, n_tokens)`` runs covering document d of
                 row r in order, e.g. ``[(0, 12), (1, 512), (2, 1), (3, 50)]`` for 12 text tokens, two
-                256-token frames, one proprio token and a 50-token action chunk. None: all modality 0.
+                256-token camera frames, one state token and a 50-token action chunk. None: all modality 0.
             modalities: the names the indices refer to; default ``["text"]``.
             data: payload per name (tensors or numpy arrays, kept on their device), flat over the batch in
                 token order; its leading dimension is whatever unit the model embeds (tokens for text,

@@ -26,16 +26,21 @@ def run_example(name: str) -> str:
 def test_every_example_is_tested():
     """A new example gets a test here: the set of scripts is the set this file runs."""
     assert {p.name for p in EXAMPLES.glob("*.py")} == {"train_world_model.py", "lm_packing.py",
-                                                        "lerobot_dataset.py", "webdataset_shards.py"}
+                                                        "lerobot_dataset.py", "webdataset_shards.py", "mixture.py"}
 
 
 @slow
 def test_train_world_model_trains_and_reports_stalls():
-    """Four optimizer steps, each printing a finite loss, then the stall report with stages and a bottleneck;
-    the loss goes down from the first step to the last."""
+    """The synthetic shards hold a 15 fps camera beside the 30 Hz clock; four optimizer steps each print a
+    finite loss and a finite action-chunk loss, the loss goes down from the first step to the last, then the
+    stall report with stages and a bottleneck."""
     out = run_example("train_world_model.py")
-    losses = [float(x) for x in re.findall(r"^step +\d+ .* loss (\S+)", out, flags=re.M)]
-    assert len(losses) == 4 and all(0 < x < 100 for x in losses), out
+    assert "'observation.images.cam_high': 15.0, 'observation.images.cam_wrist': 30.0" in out, out
+    steps = re.findall(r"^step +\d+ .* loss (\S+) +text (\S+) +action (\S+) +docs +(\d+)", out, flags=re.M)
+    assert len(steps) == 4, out
+    losses = [float(s[0]) for s in steps]
+    assert all(0 < x < 100 for x in losses) and all(0 < float(s[2]) < 100 for s in steps), out
+    assert all(int(s[3]) > 1 for s in steps), "every batch packs several windows"
     assert losses[-1] < losses[0], out
     assert re.search(r"stall report: stall_fraction \d+\.\d%", out), out
     assert "stage decode" in out and "bottleneck:" in out, out
@@ -44,37 +49,78 @@ def test_train_world_model_trains_and_reports_stalls():
 @slow
 def test_lm_packing_paths_agree():
     """SDPA with attention_mask(), FlexAttention with block_mask() and per-document attention over
-    cu_seqlens agree, packing is efficient, and the missing flash_attn is a note, not a failure."""
+    cu_seqlens agree, packing is efficient, the missing flash_attn is a note, not a failure, and the planned
+    records loader uses every document once except those the plan lists as dropped."""
     out = run_example("lm_packing.py")
     eff = float(re.search(r"efficiency (\d+\.\d)%", out).group(1))
     assert eff > 90, out
     diffs = [float(x) for x in re.findall(r"max \|diff\|(?: on real tokens)? = (\S+)", out)]
     assert len(diffs) >= 2 and max(diffs) < 1e-5, out
     assert "flash_attn is not installed" in out or "flash-attention varlen" in out, out
-    assert "DataLoader(PackedMapDataset)" in out, out
+    assert re.search(r"DataLoader\(PlannedDataset\.records\): \d+ batches; first: data\['text'\] \(\d+,\), "
+                     r"position_ids \(4, 256\)", out), out
+    used, total, dropped = re.search(r"one epoch: (\d+) tokens of (\d+), every document once except (\d+) in "
+                                     r"plan\(0\)\.dropped", out).groups()
+    assert 0.9 * int(total) < int(used) <= int(total) and int(dropped) < 20, out
 
 
 @slow
 def test_lerobot_dataset_reads_action_chunks_with_pad_flags():
-    """Batches from an AV1 LeRobot v3 directory hold 2 history frames and 50 actions per sample, with
-    _is_pad counts for every windowed key."""
+    """From an AV1 LeRobot v3 directory with LeRobot's own delta_timestamps keys: the windows view batches 32
+    samples of 2 history frames, 1 state and 50 actions with action_is_pad, and the packed loader lays out 2
+    frames and 50 actions per sample, with _is_pad counts for every windowed feature."""
     out = run_example("lerobot_dataset.py")
-    batches = re.findall(r"^batch \d+: (\d+) samples.*frames\.cam_high \((\d+), 48, 64, 3\).*action \((\d+), 14\)"
-                         r".*is_pad counts \{.*'action': (\d+)\}", out, flags=re.M)
+    views = re.findall(r"^windows batch \d+: observation\.images\.cam_high \(32, 2, 48, 64, 3\), observation\.state "
+                       r"\(32, 1, 14\), action \(32, 50, 14\), action_is_pad (\d+) of 1600", out, flags=re.M)
+    assert len(views) == 2, out
+    batches = re.findall(r"^batch \d+: (\d+) samples.*observation\.images\.cam_high \((\d+), 48, 64, 3\).*"
+                         r"observation\.state \((\d+), 14\), action \((\d+), 14\).*is_pad counts \{.*'action': (\d+)\}",
+                         out, flags=re.M)
     assert len(batches) == 2, out
-    for samples, frames, actions, _ in batches:
-        assert int(frames) == 2 * int(samples) and int(actions) == 50 * int(samples)
-    assert sum(int(b[3]) for b in batches) > 0, "anchors near episode ends must flag padded action steps"
+    for samples, frames, states, actions, _ in batches:
+        assert int(frames) == 2 * int(samples) and int(states) == int(samples) and int(actions) == 50 * int(samples)
+    # anchors near episode ends flag padded action steps, in both loaders (3 episodes of 40..80 steps)
+    assert sum(int(v) for v in views) > 0 and sum(int(b[4]) for b in batches) > 0, out
 
 
 @slow
 def test_webdataset_shards_write_index_and_load():
-    """Shards are written, indexed, read by the webdataset library itself and loaded as packed batches."""
+    """A user's own episodes (several dtypes, a 15 fps camera beside the 30 Hz clock) are written one member per
+    feature, indexed, read by the webdataset library itself, opened with each feature's kind, dtype and rate,
+    and loaded as packed batches that keep the dtypes."""
     out = run_example("webdataset_shards.py")
+    assert "wrote 2 shards, 4 episodes" in out, out
     assert re.search(r"index mmfeed-index\.parquet: 4 episodes", out), out
-    assert "webdataset reads shard 0 as it is: key 'episode_000000'" in out, out
+    members = re.search(r"webdataset reads shard 0 as it is: key 'episode_000000', members \[(.*)\]", out)
+    assert members, out
+    for member in ("meta.json", "observation.images.top.mp4", "observation.state.npy", "next.reward.npy"):
+        assert f"'{member}'" in members.group(1), out
+    for line in ("observation.images.top: video uint8 (48, 64, 3) at 15 fps",
+                 "observation.encoder_ticks: array int32 (6,) at 30 fps",
+                 "observation.gripper_closed: array bool () at 30 fps",
+                 "next.reward: array float64 () at 30 fps"):
+        assert f"  {line}\n" in out, out
     assert re.search(r"batch: 2 rows x 1024 tokens, \d+ documents", out), out
-    assert "data['frames.cam_high']" in out and "uint8" in out, out
+    frames = re.search(r"data\['observation\.images\.top'\]: \((\d+), 48, 64, 3\) torch\.uint8", out)
+    states = re.search(r"data\['observation\.state'\]: \((\d+), 6\) torch\.float32", out)
+    assert frames and states and int(frames.group(1)) == 2 * int(states.group(1)), out
+    assert re.search(r"data\['observation\.gripper_closed'\]: \(\d+,\) torch\.bool", out), out
+
+
+@slow
+def test_mixture_draws_each_dataset_by_weight_with_its_own_cameras():
+    """Shards with one camera and a LeRobot directory with two, mixed 0.7 / 0.3: a sample from the first reads
+    no wrist frame, and the epoch draws about 70% of its samples from the first."""
+    out = run_example("mixture.py")
+    assert "observation.images.cam_wrist in A False, in B True" in out, out
+    assert "observation.images.cam_high at [15.0, 30.0] fps" in out, out
+    rows = re.findall(r"^batch \d+: \d+ samples \((\d+) from A, (\d+) from B\); .* observation\.images\.cam_wrist "
+                      r"(None|\((\d+), 48, 64, 3\))$", out, flags=re.M)
+    assert len(rows) == 2, out
+    for _, from_b, _, wrist in rows:
+        assert int(wrist or 0) == int(from_b), out
+    a, b, share = re.search(r"drew (\d+) samples from A, (\d+) from B: share of A (\d+\.\d)%", out).groups()
+    assert int(b) > 0 and abs(float(share) - 70.0) < 2.0, out
 
 
 @slow
