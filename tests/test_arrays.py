@@ -62,22 +62,23 @@ def test_expected_dtype_and_shape_with_wildcards():
     array = np.zeros((5, 7), np.float32)
     data = npy_bytes(array)
     assert load_npy(data, expect_dtype=np.float32, expect_shape=(None, 7)).shape == (5, 7)
-    with pytest.raises(DecodeError, match=r"ep1.proprio.npy: dtype is float32, expected float64"):
-        load_npy(data, key="ep1.proprio.npy", expect_dtype="float64")
-    with pytest.raises(DecodeError, match=r"ep1.proprio.npy: shape is \(5, 7\), expected \(\*, 6\)"):
-        load_npy(data, key="ep1.proprio.npy", expect_shape=(None, 6))
+    with pytest.raises(DecodeError, match=r"ep1.observation.state.npy: dtype is float32, expected float64"):
+        load_npy(data, key="ep1.observation.state.npy", expect_dtype="float64")
+    with pytest.raises(DecodeError, match=r"ep1.observation.state.npy: shape is \(5, 7\), expected \(\*, 6\)"):
+        load_npy(data, key="ep1.observation.state.npy", expect_shape=(None, 6))
     with pytest.raises(DecodeError, match=r"expected \(5,\)"):
         check_array(array, key="x", expect_shape=(5,))
 
 
 @pytest.mark.parametrize("compressed", [False, True])
 def test_npz_members_load_and_stored_ones_are_views(compressed):
-    arrays = {"proprio": np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32), "ids": np.arange(4)}
+    arrays = {"observation.state": np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32),
+              "ids": np.arange(4)}
     buf = io.BytesIO()
     (np.savez_compressed if compressed else np.savez)(buf, **arrays)
     data = buf.getvalue()
     got = load_npz(data, key="ep.npz")
-    assert sorted(got) == ["ids", "proprio"]
+    assert sorted(got) == ["ids", "observation.state"]
     for name, array in arrays.items():
         assert np.array_equal(got[name], array) and got[name].dtype == array.dtype
         assert np.shares_memory(got[name], np.frombuffer(data, np.uint8)) == (not compressed)

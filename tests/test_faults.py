@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
-from mmfeed.loaders.index import build_index, parse_meta
+from mmfeed.loaders.sources.index import build_index, parse_meta
 from mmfeed.testing import make_episodes, write_webdataset
+
+CAM = "observation.images.cam_high"
 
 
 class Deadly(torch.utils.data.Dataset):
@@ -44,6 +46,7 @@ def test_a_killed_worker_is_an_error_naming_it_not_a_hang():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_a_hung_read_hits_the_timeout_with_a_clear_error():
     loader = DataLoader(Deadly(hang_at=3), batch_size=1, num_workers=1, timeout=2)
     start = time.monotonic()
@@ -53,16 +56,19 @@ def test_a_hung_read_hits_the_timeout_with_a_clear_error():
 
 
 CTRL_C = textwrap.dedent("""
-    import json, os, sys, time
+    import signal
+    # Ctrl-C raises KeyboardInterrupt here even where the test runner started us with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import json, multiprocessing, sys, time
     from mmfeed import DataLoader
     from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
-    packing = Packing(layout=TokenLayout(tokens_per_frame={"cam_high": 8}),
-                      window=WindowSpec(offsets={"frames.cam_high": (0,), "action": (0, 1)}),
+    cam = "observation.images.cam_high"
+    packing = Packing(layout=TokenLayout(tokens_per_frame={cam: 8}),
+                      window=WindowSpec.from_delta_timestamps({cam: [0.0], "action": [0.0, 1 / 30]}),
                       plan=PlanConfig(capacity=64))
     loader = DataLoader(sys.argv[1], packing=packing, num_workers=2, persistent_workers=True)
     it = iter(loader)
     next(it)
-    import multiprocessing
     print(json.dumps([p.pid for p in multiprocessing.active_children()]), flush=True)
     try:
         while True:
@@ -78,24 +84,43 @@ def _shm():
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
 def test_ctrl_c_shuts_workers_down_and_leaves_no_shared_memory(tmp_path):
     write_webdataset(tmp_path / "d", make_episodes(2, seed=1, min_length=30, max_length=30, cameras=("cam_high",)))
     before = _shm()
     proc = subprocess.Popen([sys.executable, "-c", CTRL_C, str(tmp_path / "d")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    workers = json.loads(proc.stdout.readline())
-    assert len(workers) == 2
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode != 0 and "interrupted" in out and "KeyboardInterrupt" in err
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in workers):
-        time.sleep(0.1)
-    alive = [pid for pid in workers if os.path.exists(f"/proc/{pid}")
-             and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
-    assert not alive, f"workers {alive} outlived the interrupted loader"
-    assert not {n for n in _shm() - before if n.startswith(("torch_", "psm_", "mp-"))}
+    workers = []
+    try:
+        line = proc.stdout.readline()
+        assert line, f"the loader did not start: {proc.stderr.read()[-2000:]}"
+        workers = json.loads(line)
+        assert len(workers) == 2
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode != 0 and "interrupted" in out and "KeyboardInterrupt" in err
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.1)
+        alive = [pid for pid in workers if _alive(pid)]
+        assert not alive, f"workers {alive} outlived the interrupted loader"
+        assert not {n for n in _shm() - before if n.startswith(("torch_", "psm_", "mp-"))}
+    finally:
+        if proc.poll() is None:  # it did not stop: do not leave it (or its workers) running
+            proc.kill()
+            proc.wait(timeout=30)
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @settings(max_examples=200)
@@ -106,13 +131,36 @@ def test_meta_parser_rejects_any_bytes_with_a_value_error_naming_shard_and_key(r
     except ValueError as err:
         assert "shard-x.tar" in str(err) and "ep1" in str(err)
     else:
-        assert {"fps", "length", "task", "cameras"} <= set(meta)
+        assert {"fps", "length", "task", "rates"} <= set(meta)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 100) | st.floats(allow_nan=True) | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                    max_leaves=8)
+META_KEYS = st.sampled_from(["fps", "length", "task", "rates", "camera_fps", "features", "cameras"])
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(META_KEYS, JSON, max_size=6), st.booleans())
+def test_meta_parser_checks_every_field_it_returns(fields, with_required):
+    """meta.json objects of any field values: a ValueError naming shard and key, or a meta whose fps and rates
+    are numbers > 0, length an int >= 0 and task a string."""
+    if with_required:
+        fields = {"fps": 30.0, "length": 10, **fields}
+    try:
+        meta = parse_meta("shard-x.tar", "ep1", json.dumps(fields).encode())
+    except ValueError as err:
+        assert "shard-x.tar" in str(err) and "ep1" in str(err)
+    else:
+        assert isinstance(meta["length"], int) and not isinstance(meta["length"], bool) and meta["length"] >= 0
+        assert isinstance(meta["task"], str) and meta["fps"] > 0
+        assert all(isinstance(v, float) and v > 0 for v in meta["rates"].values())
 
 
 @pytest.fixture(scope="module")
 def tiny_tar(tmp_path_factory):
     out = tmp_path_factory.mktemp("fuzz")
-    return write_webdataset(out, make_episodes(1, seed=3, min_length=4, max_length=4, cameras=("c",)), index=False)[0]
+    return write_webdataset(out, make_episodes(1, seed=3, min_length=4, max_length=4, cameras=("c",)))[0]
 
 
 @settings(max_examples=60)
@@ -153,8 +201,9 @@ def test_memory_stays_flat_over_five_epochs_with_workers(tmp_path):
     import multiprocessing
 
     write_webdataset(tmp_path / "d", make_episodes(6, seed=2, min_length=20, max_length=30, cameras=("cam_high",)))
-    packing = Packing(layout=TokenLayout(tokens_per_frame={"cam_high": 16}),
-                      window=WindowSpec(offsets={"frames.cam_high": (-1, 0), "proprio": (0,), "action": (0, 1, 2)}),
+    packing = Packing(layout=TokenLayout(tokens_per_frame={CAM: 16}),
+                      window=WindowSpec.from_delta_timestamps({CAM: [-1 / 30, 0.0], "observation.state": [0.0],
+                                                               "action": [0.0, 1 / 30, 2 / 30]}),
                       plan=PlanConfig(capacity=128, rows_per_batch=2))
     loader = DataLoader(tmp_path / "d", packing=packing, num_workers=2, persistent_workers=True)
     sizes = []

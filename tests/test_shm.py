@@ -5,14 +5,15 @@ import pytest
 import torch
 
 from mmfeed import DataLoader
-from mmfeed.loaders import Packing, PackedEpisodeDataset, PlanConfig, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.shm import FREE, IN_MAIN, IN_WORKER, BufferPool, ReleaseTracker, _is_pooled, _state
 from mmfeed.testing import make_episodes, write_webdataset
 
-SPEC = WindowSpec(offsets={"frames.cam_high": (-2, 0), "proprio": (0,), "action": tuple(range(5))})
-PACKING = Packing(layout=TokenLayout(tokens_per_frame={"cam_high": 16}), window=SPEC,
+KEY = "observation.images.cam_high"
+SPEC = WindowSpec.from_delta_timestamps({KEY: [-2 / 15, 0.0], "observation.state": [0.0],
+                                         "action": [i / 30 for i in range(5)]})
+PACKING = Packing(layout=TokenLayout(tokens_per_frame={KEY: 16}), window=SPEC,
                   plan=PlanConfig(capacity=160, rows_per_batch=2), seed=1)
-KEY = "frames.cam_high"
 
 
 def test_a_buffer_is_taken_again_only_after_the_tracker_saw_it_unreferenced():
@@ -87,26 +88,32 @@ def test_ordinary_tensors_are_not_taken_for_pooled_ones():
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     out = tmp_path_factory.mktemp("shm")
-    write_webdataset(out, make_episodes(6, seed=5, min_length=10, max_length=18, cameras=("cam_high",)),
-                     episodes_per_shard=3)
+    write_webdataset(out, make_episodes(6, seed=5, min_length=10, max_length=18, cameras=("cam_high",),
+                                        camera_fps={"cam_high": 15.0}), episodes_per_shard=3)
     return out
 
 
 def _reference(shards, epochs):
-    ds = PackedEpisodeDataset(open_dataset(shards), layout=PACKING.layout, window=SPEC, plan=PACKING.plan, seed=1)
+    """The frames of every batch of the first epochs, read in this process (no workers, no pool)."""
+    ds = PACKING.dataset(open_dataset(shards))
     return [[ds[e, s].data[KEY].clone() for s in range(ds.num_steps(e))] for e in range(epochs)]
 
 
+@pytest.mark.slow
 def test_held_batches_are_never_overwritten_and_dropped_ones_are_reused(shards):
     want = _reference(shards, 2)
     loader = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, persistent_workers=True)
     kept = [b.data[KEY] for b in loader]  # every batch of epoch 0 held to the end
     assert len(kept) == len(want[0]) and all(torch.equal(k, w) for k, w in zip(kept, want[0]))
-    assert loader._recycler.released == 0
+    assert all(_is_pooled(k.untyped_storage()) for k in kept)  # decoded straight into pooled shared memory
+    assert loader._recycler.released == 0 and len({k.untyped_storage().data_ptr() for k in kept}) == len(kept)
     del kept
-    got = [b.data[KEY].clone() for b in loader]  # epoch 1: batches dropped as the loop goes on
+    got, buffers = [], set()
+    for b in loader:  # epoch 1: batches dropped as the loop goes on
+        got.append(b.data[KEY].clone())
+        buffers.add(b.data[KEY].untyped_storage().data_ptr())
     assert len(got) == len(want[1]) and all(torch.equal(g, w) for g, w in zip(got, want[1]))
-    assert loader._recycler.released > 0
+    assert loader._recycler.released > 0 and len(buffers) < len(got)  # some buffers carried two batches
 
 
 def test_recycling_works_under_the_step_timer(shards):

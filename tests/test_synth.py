@@ -9,14 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset
 
-from mmfeed.testing import (
-    SyntheticEpisode,
-    make_episodes,
-    read_index,
-    write_lerobot,
-    write_webdataset,
-)
-from mmfeed.loaders.index import INDEX_FILENAME
+from mmfeed.loaders.sources.index import INDEX_FILENAME
+from mmfeed.testing import SyntheticEpisode, make_episodes, read_index, write_lerobot, write_webdataset
+from mmfeed.testing.synth_lerobot import QUANTILES
+
+ARRAYS = ["observation.state", "action", "observation.velocity", "next.reward", "next.done"]
 
 
 def _decode(data_or_path) -> tuple[np.ndarray, list[float], list[bool]]:
@@ -40,8 +37,8 @@ def test_episodes_are_seeded_and_prefix_stable():
     c = make_episodes(4, seed=8, min_length=20, max_length=40)
     for x, y in zip(a, b):  # episode i depends only on (seed, i)
         assert x.episode_id == y.episode_id and x.task == y.task and x.camera_seeds == y.camera_seeds
-        np.testing.assert_array_equal(x.proprio, y.proprio)
-        np.testing.assert_array_equal(x.action, y.action)
+        fx, fy = x.features(), y.features()
+        assert list(fx) == list(fy) and all(np.array_equal(fx[k], fy[k]) for k in fx)
     assert not np.array_equal(a[0].proprio, c[0].proprio)
     assert [e.episode_id for e in a] == [f"episode_{i:06d}" for i in range(4)]
 
@@ -58,6 +55,14 @@ def test_episode_shapes_lengths_and_smooth_trajectories():
         np.testing.assert_allclose(e.proprio[:-1, :4] + e.action[:-1], e.proprio[1:, :4], atol=1e-5)
         assert np.abs(np.diff(e.proprio, axis=0)).max() < 0.5, "trajectories are smooth at 30 fps"
         assert e.task and isinstance(e.task, str)
+        arrays = e.arrays()
+        assert list(arrays) == ARRAYS and arrays["observation.state"] is e.proprio and arrays["action"] is e.action
+        np.testing.assert_array_equal(arrays["observation.velocity"], e.action * np.float32(30.0))
+        np.testing.assert_allclose(arrays["next.reward"], -np.abs(e.proprio).sum(axis=1), rtol=1e-6)
+        assert arrays["next.reward"].dtype == np.float32 and arrays["next.reward"].shape == (e.length,)
+        assert arrays["next.done"].dtype == bool and np.flatnonzero(arrays["next.done"]).tolist() == [e.length - 1]
+        assert list(e.features()) == ARRAYS + ["observation.images.cam_high", "observation.images.cam_wrist"]
+        assert e.rates() == {}
 
 
 def test_cameras_differ_in_colour_but_carry_the_same_index():
@@ -76,7 +81,8 @@ def test_camera_at_its_own_rate_covers_the_episode_span():
     # frames at j / 15 s within [0, 20 / 30 s]: j = 0 .. 10
     assert e.num_frames("cam_wrist") == 11 and e.cameras["cam_wrist"].shape[0] == 11
     np.testing.assert_allclose(e.frame_times("cam_wrist"), np.arange(11) / 15.0)
-    assert e.meta()["camera_fps"] == {"cam_high": 30.0, "cam_wrist": 15.0}
+    assert e.rates() == {"observation.images.cam_wrist": 15.0}
+    assert e.features()["observation.images.cam_wrist"].shape == (11, 48, 64, 3)
 
 
 @pytest.mark.parametrize(
@@ -114,6 +120,7 @@ def test_shards_are_named_and_sized_as_asked(wds):
 
 
 def test_webdataset_reads_back_every_episode_exactly(wds):
+    """Every feature is a member under its own name; meta.json describes them; the library reads them back."""
     _, eps, shards = wds
     truth = {e.episode_id: e for e in eps}
     samples = list(webdataset.WebDataset(shards, shardshuffle=False))
@@ -121,17 +128,22 @@ def test_webdataset_reads_back_every_episode_exactly(wds):
     for s in samples:
         e = truth[s["__key__"]]
         assert set(s) - {"__key__", "__url__", "__local_path__"} == {
-            "cam_high.mp4", "cam_wrist.mp4", "proprio.npy", "action.npy", "meta.json"}
-        proprio = np.load(io.BytesIO(s["proprio.npy"]))
-        action = np.load(io.BytesIO(s["action.npy"]))
-        assert proprio.dtype == action.dtype == np.float32
-        np.testing.assert_array_equal(proprio, e.proprio)
-        np.testing.assert_array_equal(action, e.action)
+            *(f"{name}.npy" for name in ARRAYS), "observation.images.cam_high.mp4",
+            "observation.images.cam_wrist.mp4", "meta.json"}
+        for name, values in e.arrays().items():
+            got = np.load(io.BytesIO(s[f"{name}.npy"]))
+            assert got.dtype == values.dtype and np.array_equal(got, values), name
         meta = json.loads(s["meta.json"])
-        assert meta == {"fps": 30.0, "length": e.length, "task": e.task, "cameras": ["cam_high", "cam_wrist"],
-                        "camera_fps": {"cam_high": 30.0, "cam_wrist": 15.0}}
+        assert {k: meta[k] for k in ("fps", "length", "task", "rates")} == {
+            "fps": 30.0, "length": e.length, "task": e.task, "rates": {"observation.images.cam_wrist": 15.0}}
+        described = meta["features"]
+        assert sorted(described) == sorted(e.features())
+        assert described["observation.state"]["dtype"] == "float32" and described["next.done"]["shape"] == []
         for camera in e.camera_names:
-            frames, times, _ = _decode(s[f"{camera}.mp4"])
+            feature = f"observation.images.{camera}"
+            assert described[feature] == {"kind": "video", "dtype": "uint8", "shape": [48, 64, 3],
+                                          "frames": e.num_frames(camera)}
+            frames, times, _ = _decode(s[f"{feature}.mp4"])
             # pattern index = frame number within the episode's stream
             assert read_index(frames).tolist() == list(range(e.num_frames(camera)))
             np.testing.assert_allclose(times, e.frame_times(camera), atol=1e-6)
@@ -167,8 +179,13 @@ def test_lerobot_info_matches_the_files(lerobot):
     assert info["video_path"] == "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
     assert (info["chunks_size"], info["data_files_size_in_mb"], info["video_files_size_in_mb"]) == (1000, 100, 200)
     feats = info["features"]
-    assert feats["observation.state"] == {"dtype": "float32", "shape": [14], "names": [f"motor_{i}" for i in range(14)]}
-    assert feats["action"]["dtype"] == "float32" and feats["action"]["shape"] == [14]
+    assert list(feats) == [*ARRAYS[1::-1], *ARRAYS[2:], "observation.images.cam_high", "observation.images.cam_wrist",
+                           "timestamp", "frame_index", "episode_index", "index", "task_index"]
+    motors = [f"motor_{i}" for i in range(14)]
+    for name in ("observation.state", "action", "observation.velocity"):
+        assert feats[name] == {"dtype": "float32", "shape": [14], "names": motors}, name
+    assert feats["next.reward"] == {"dtype": "float32", "shape": [1], "names": None}
+    assert feats["next.done"] == {"dtype": "bool", "shape": [1], "names": None}
     for name in ("frame_index", "episode_index", "index", "task_index"):
         assert feats[name] == {"dtype": "int64", "shape": [1], "names": None}
     assert feats["timestamp"] == {"dtype": "float32", "shape": [1], "names": None}
@@ -196,6 +213,10 @@ def test_lerobot_episode_table_is_contiguous_with_lerobot_dtypes(lerobot):
         assert str(table.schema.field(f"{key}/file_index").type) == "int64"
         assert str(table.schema.field(f"{key}/from_timestamp").type) == "double"
         assert str(table.schema.field(f"{key}/to_timestamp").type) == "double"
+    for name in ARRAYS:  # per-episode stats of every array, as LeRobot keeps them
+        assert {f"stats/{name}/{stat}" for stat in ("min", "max", "mean", "std", "count", *QUANTILES)} <= set(
+            table.column_names), name
+    assert not [c for c in table.column_names if c.startswith("stats/observation.images")]
     rows = table.to_pylist()
     assert [r["episode_index"] for r in rows] == [0, 1, 2]
     assert [r["length"] for r in rows] == [e.length for e in eps]
@@ -245,7 +266,28 @@ def test_lerobot_data_rows_match_the_episodes(lerobot):
         assert set(data.column("task_index").to_numpy()[rows]) == {task_index[ep.task]}
         np.testing.assert_array_equal(state[rows], ep.proprio)
         np.testing.assert_array_equal(action[rows], ep.action)
+        for name, values in ep.arrays().items():
+            column = data.column(name).combine_chunks()
+            got = column.flatten().to_numpy().reshape(len(column), -1) if values.ndim == 2 else column.to_numpy(
+                zero_copy_only=False)
+            assert got.dtype == values.dtype and np.array_equal(got[rows], values), name
         start += ep.length
+
+
+def test_lerobot_stats_cover_every_array_over_all_episodes(lerobot):
+    _, eps, root = lerobot
+    stats = json.load(open(f"{root}/meta/stats.json"))
+    assert sorted(stats) == sorted([*ARRAYS, "timestamp", "frame_index", "episode_index", "index", "task_index"])
+    for name in ARRAYS:
+        x = np.concatenate([e.arrays()[name] for e in eps]).astype(np.float64)
+        x = x.reshape(len(x), -1)
+        s = stats[name]
+        assert s["count"] == [len(x)]
+        np.testing.assert_allclose(s["mean"], x.mean(0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(s["std"], x.std(0), rtol=1e-9, atol=1e-12)
+        assert s["min"] == x.min(0).tolist() and s["max"] == x.max(0).tolist()
+        for q, level in QUANTILES.items():
+            np.testing.assert_allclose(s[q], np.quantile(x, level, axis=0), rtol=1e-9, atol=1e-12)
 
 
 def test_lerobot_video_frames_sit_at_from_timestamp_plus_i_over_fps(lerobot):
