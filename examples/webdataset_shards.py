@@ -29,6 +29,7 @@ import webdataset as wds
 from mmfeed import DataLoader
 from mmfeed.loaders import Normalize, Packing, PlanConfig, ShardWriter, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+from mmfeed.packing.windows import frames_at_rate
 
 FPS, CAMERA_FPS = 30.0, 15.0
 TOP = "observation.images.top"
@@ -50,7 +51,7 @@ def record_episode(rng: np.random.Generator, steps: int) -> dict[str, np.ndarray
     t = np.arange(steps) / FPS
     state = np.sin(2 * np.pi * rng.uniform(0.2, 1.0, 6) * t[:, None] + rng.uniform(0, 6.3, 6)).astype(np.float32)
     action = np.diff(state, axis=0, append=state[-1:]).astype(np.float32)
-    n_frames = int(np.floor((steps - 1) / FPS * CAMERA_FPS)) + 1  # the frames at j / 15 s within the episode
+    n_frames = int(frames_at_rate(steps, FPS, CAMERA_FPS))  # the frames at j / 15 s within the episode
     frames = np.zeros((n_frames, 48, 64, 3), dtype=np.uint8)
     for j in range(n_frames):
         frames[j, :, (4 * j) % 64 : (4 * j) % 64 + 4] = (200, 120, 40)
