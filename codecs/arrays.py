@@ -10,7 +10,7 @@
 
 >>> import io, numpy as np
 >>> buf = io.BytesIO(); np.save(buf, np.arange(6, dtype=np.float32).reshape(2, 3))
->>> load_npy(buf.getvalue(), key="ep0.proprio.npy", expect_dtype=np.float32, expect_shape=(None, 3)).shape
+>>> load_npy(buf.getvalue(), key="ep0.observation.state.npy", expect_dtype=np.float32, expect_shape=(None, 3)).shape
 (2, 3)
 """
 

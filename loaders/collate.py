@@ -114,6 +114,8 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         nrows = len(rows) if num_rows is None else num_rows
         if static_shapes:
             _pad_static(payload, items, nrows * row_capacity, read)
+        else:
+            _add_absent(payload, items, read)
         row_lengths, row_segments, row_steps, d = [], [], [], 0
         for row in rows:
             n = len(row)
@@ -337,3 +339,16 @@ def _pad_static(payload: dict[str, Any], items, slots: int, read: list) -> None:
         if key != TEXT:
             flags = payload.get(f"{key}_is_pad", np.zeros(0, bool))
             payload[f"{key}_is_pad"] = np.concatenate([flags, np.ones(extra, bool)])
+
+
+def _add_absent(payload: dict[str, Any], items, read: list) -> None:
+    """Every feature the batch lists gets its payload keys, empty where no sample of the batch holds it (a
+    mixture's batch of datasets without that camera), so a batch's keys are always its modalities'."""
+    features = items.source.features
+    payload.setdefault(TEXT, np.zeros(0, np.int32))
+    for key in items.features:
+        if key not in payload:
+            example = next((d[key] for d in read if d is not None and key in d), None)
+            payload[key] = example[:0] if example is not None else np.zeros((0, *features[key].shape),
+                                                                            np.dtype(features[key].dtype))
+            payload.setdefault(f"{key}_is_pad", np.zeros(0, bool))

@@ -1,8 +1,8 @@
 """One error policy for loading: raise, skip or warn, with a limit on consecutive failures.
 
-Per-sample failures (a truncated video, a member missing from a shard, an array of the wrong shape, NaN in the
-actions) go through :class:`ErrorPolicy`. Under ``"raise"`` (the default) the first one stops training with an
-error naming the shard or file, the episode key, the stream and the frame or time. Under ``"skip"`` and ``"warn"``
+Per-sample failures (a truncated video, a member missing from a shard, an array of the wrong shape, NaN in a
+float feature) go through :class:`ErrorPolicy`. Under ``"raise"`` (the default) the first one stops training with
+an error naming the shard or file, the episode key, the feature and the frame or time. Under ``"skip"`` and ``"warn"``
 the failing sample is left out of its batch, which still goes out, so every rank keeps the same number of steps;
 each skip is counted and listed (source, episode, reason) in the batch's ``metadata["errors"]`` and in
 ``mmfeed.DataLoader.stats``; ``"warn"`` also logs it. More than ``max_consecutive_errors`` failures in a row
@@ -38,7 +38,8 @@ class ErrorPolicy:
 
     on_error: "raise" stops at the first failure; "skip" leaves the sample out and counts it; "warn" also logs.
     max_consecutive_errors: under skip/warn, raise after this many failed samples in a row (per worker).
-    nonfinite: NaN or inf in proprio or actions: "raise", or "mask" (set to 0 and flagged in ``<key>_is_pad``).
+    nonfinite: NaN or inf in a float array feature: "raise", or "mask" (set to 0 and flagged in
+        ``<feature>_is_pad``).
     """
 
     on_error: str = "raise"

@@ -46,6 +46,9 @@ def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
     spec = os.fspath(path)
     if "://" not in spec and is_lerobot_dir(spec):
         return LeRobotSource(spec, **kwargs)
+    if "://" not in spec and os.path.isdir(os.path.join(spec, "meta")) and not os.path.exists(
+            os.path.join(spec, "meta", "info.json")):
+        raise FileNotFoundError(f"{spec}: looks like a LeRobot dataset (it has meta/) but meta/info.json is missing")
     if "://" not in spec and not any(c in spec for c in "{*?[") and not os.path.exists(spec):
         raise FileNotFoundError(f"{spec}: no such file or directory (expected webdataset shards or a LeRobot v3 "
                                 "directory)")
