@@ -1,9 +1,13 @@
-"""A real HTTP file server on 127.0.0.1 for remote-read tests: range requests, and a log of what it served."""
+"""A real HTTP file server on 127.0.0.1 for remote-read tests: range requests, a log of what it served, and
+faults on demand (``server.fault(n, path)`` -> None, "500", "404", "drop" (half the body, then the connection is
+closed) or "stall" (no answer for ``server.stall_s`` seconds) for the n-th request)."""
 
 import http.server
+import itertools
 import os
 import re
 import threading
+import time
 import urllib.parse
 from contextlib import contextmanager
 
@@ -21,6 +25,15 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
     def _serve(self, body: bool) -> None:
         url = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         path = os.path.join(self.server.root, url.lstrip("/"))
+        fault = self.server.fault(next(self.server.count), url) if self.server.fault else None
+        if fault in ("500", "404"):
+            self.server.faults.append((fault, url))
+            return self.send_error(int(fault), "flaky" if fault == "500" else "gone")
+        if fault == "stall":
+            self.server.faults.append((fault, url))
+            time.sleep(self.server.stall_s)
+            self.close_connection = True
+            return
         if not os.path.isfile(path):
             return self.send_error(404)
         size, wanted = os.path.getsize(path), self.headers.get("Range")
@@ -45,6 +58,11 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
             with open(path, "rb") as f:
                 f.seek(start)
                 data = f.read(end - start)
+        if fault == "drop" and len(data) > 1:
+            self.server.faults.append((fault, url))
+            self.wfile.write(data[: len(data) // 2])
+            self.close_connection = True
+            return
         self.server.served.append((self.command, url, len(data)))  # logged before the client can see the bytes
         self.wfile.write(data)
 
@@ -53,11 +71,14 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve(root):
-    """An HTTP server on 127.0.0.1 serving the files under ``root``; yields it (``server.served`` logs requests,
-    ``server.server_address[1]`` is its port). Stopped and closed on exit."""
+def serve(root, *, fault=None, stall_s: float = 3.0):
+    """An HTTP server on 127.0.0.1 serving the files under ``root``; yields it (``server.served`` logs the answered
+    requests, ``server.faults`` the faults it made, ``server.server_address[1]`` is its port). Stopped and closed
+    on exit."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RangeHandler)
-    server.root, server.served = str(root), []
+    server.daemon_threads, server.block_on_close = True, False  # a stalled answer does not hold up the close
+    server.root, server.served, server.faults = str(root), [], []
+    server.fault, server.stall_s, server.count = fault, stall_s, itertools.count()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

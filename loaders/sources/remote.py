@@ -3,8 +3,8 @@
 The index says where every member of every episode lies (shard, offset, size), so a worker never streams a whole
 remote shard: it asks for the byte ranges the batch needs, one range request per run of missing blocks. Fetched
 blocks are kept in an LRU cache with a byte budget, so the members of an episode that consecutive samples
-share, and the small members next to each other in a tar (``meta.json``, ``proprio.npy``, ``action.npy``), cost
-one request::
+share, and the small members next to each other in a tar (``meta.json``, ``observation.state.npy``,
+``action.npy``), cost one request::
 
     >>> import fsspec
     >>> with fsspec.open("memory://mmfeed-doc/a.bin", "wb") as f:
@@ -20,18 +20,26 @@ places, or ``storage_options``). :func:`read_range` uses one cache per process, 
 variables ``MMFEED_REMOTE_CACHE_BYTES`` (default 256 MiB) and ``MMFEED_REMOTE_BLOCK_BYTES`` (default 1 MiB, a
 good request size for object storage; 0 fetches exactly the ranges asked for); DataLoader workers each get their
 own, so the bound holds per process.
+
+Object stores and HTTP servers fail now and then. Every range request has its own timeout and is retried with
+bounded exponential backoff on connection errors, timeouts and 5xx answers (never on 4xx: a missing file or a
+refused credential does not heal), so a flaky server costs time, not the epoch; after the last try the error
+names the URL, the byte range and the last cause (:class:`RetryPolicy`; ``MMFEED_REMOTE_RETRIES`` tries,
+``MMFEED_REMOTE_TIMEOUT_S`` seconds per request).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CacheStats", "RangeCache", "default_cache", "read_range"]
+__all__ = ["CacheStats", "RangeCache", "RemoteReadError", "RetryPolicy", "default_cache", "read_range"]
 
 log = logging.getLogger(__name__)
 
@@ -41,30 +49,96 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 
 @dataclass
 class CacheStats:
-    """Running counters of a :class:`RangeCache`: range requests sent, bytes they returned, block hits/misses."""
+    """Running counters of a :class:`RangeCache`: range requests sent, bytes they returned, block hits/misses,
+    and tries that failed and were retried."""
 
     requests: int = 0
     fetched_bytes: int = 0
     hits: int = 0
     misses: int = 0
+    retries: int = 0
+
+
+class RemoteReadError(OSError):
+    """A range request that failed on every try; the message names the URL, the byte range and the last cause."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How a range request survives a flaky server.
+
+    attempts: tries per request, the first included (1: no retry).
+    backoff_s: the wait before the second try; it doubles with each further try, up to ``max_backoff_s``.
+    timeout_s: seconds one try may take (a server that stops answering fails the try instead of hanging the
+        worker); 0 for none.
+    """
+
+    attempts: int = 5
+    backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f"RetryPolicy.attempts must be an int >= 1 (tries per request), got {self.attempts!r}")
+        for name in ("backoff_s", "max_backoff_s", "timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"RetryPolicy.{name} must be a number of seconds >= 0, got {value!r}")
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The policy ``MMFEED_REMOTE_RETRIES`` and ``MMFEED_REMOTE_TIMEOUT_S`` set (defaults otherwise)."""
+        kwargs: dict[str, Any] = {}
+        for name, field, kind in (("MMFEED_REMOTE_RETRIES", "attempts", int),
+                                  ("MMFEED_REMOTE_TIMEOUT_S", "timeout_s", float)):
+            raw = os.environ.get(name)
+            if raw:
+                try:
+                    kwargs[field] = kind(raw)
+                except ValueError:
+                    raise ValueError(f"{name}={raw!r} must be a {'whole number of tries' if kind is int else 'number of seconds'}") from None
+        return cls(**kwargs)
+
+    def wait(self, failed: int) -> float:
+        """Seconds to wait after the ``failed``-th failed try."""
+        return min(self.backoff_s * 2 ** (failed - 1), self.max_backoff_s)
+
+
+def retryable(err: BaseException) -> bool:
+    """Whether a failed request may succeed if sent again: timeouts, dropped connections and 5xx (or 408/429)
+    answers may; a 4xx answer, a missing file or a refused credential will not."""
+    status = getattr(err, "status", None)
+    if status is None:
+        status = getattr(err, "code", None)
+    if isinstance(status, int) and 100 <= status < 600:
+        return status >= 500 or status in (408, 429)
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, ValueError, TypeError)):
+        return False
+    if isinstance(err, (TimeoutError, asyncio.TimeoutError, ConnectionError, OSError)):
+        return True
+    names = {c.__name__ for c in type(err).__mro__}
+    return bool(names & {"ClientError", "FSTimeoutError", "IncompleteRead", "ProtocolError"})
 
 
 class RangeCache:
     """Byte ranges of remote files, fetched in blocks of ``block_size`` and kept LRU up to ``max_bytes``.
 
     max_bytes: the most bytes kept (a read larger than that is served and not kept).
+    retry: timeouts and retries of each range request (:class:`RetryPolicy`).
     block_size: fetch granularity; ranges are widened to whole blocks, and contiguous missing blocks of one read
         go in one request. 0 fetches and keeps exactly the ranges read.
     storage_options: keyword arguments for the fsspec filesystem (credentials, endpoint, ...).
     """
 
     def __init__(self, *, max_bytes: int = DEFAULT_CACHE_BYTES, block_size: int = DEFAULT_BLOCK_BYTES,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None) -> None:
         for name, value, low in (("max_bytes", max_bytes, 0), ("block_size", block_size, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"RangeCache {name} must be an integer >= {low}, got {value!r}")
         self.max_bytes, self.block_size = max_bytes, block_size
         self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
         self.stats = CacheStats()
         self._blocks: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
         self._size = 0
@@ -114,7 +188,8 @@ class RangeCache:
 
     def __getstate__(self) -> dict:
         # a copy (a worker process) starts empty, with its own filesystem handles and lock
-        return {"max_bytes": self.max_bytes, "block_size": self.block_size, "storage_options": self.storage_options}
+        return {"max_bytes": self.max_bytes, "block_size": self.block_size, "storage_options": self.storage_options,
+                "retry": self.retry}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -149,9 +224,28 @@ class RangeCache:
             self._size -= len(old)
 
     def _fetch(self, url: str, start: int, end: int) -> bytes:
-        """One range request for bytes ``[start, end)`` (the server may stop at the end of the file)."""
+        """One range request for bytes ``[start, end)`` (the server may stop at the end of the file), each try
+        under the policy's timeout, retried while the failure is one that may heal."""
         fs, path = self._filesystem(url)
-        data = fs.cat_file(path, start=start, end=end)
+        policy = self.retry
+        timeout = {"timeout": policy.timeout_s} if policy.timeout_s and getattr(fs, "async_impl", False) else {}
+        for attempt in range(1, policy.attempts + 1):
+            try:
+                data = fs.cat_file(path, start=start, end=end, **timeout)
+                break
+            except (MemoryError, KeyboardInterrupt):
+                raise
+            except Exception as err:
+                if not retryable(err):
+                    raise
+                if attempt == policy.attempts:
+                    raise RemoteReadError(f"{url} bytes {start}-{end - 1}: {policy.attempts} tries failed; last: "
+                                          f"{type(err).__name__}: {err or 'no answer within the timeout'}") from err
+                with self._lock:
+                    self.stats.retries += 1
+                log.debug("%s bytes %d-%d: try %d failed (%s: %s); retrying", url, start, end - 1, attempt,
+                          type(err).__name__, err)
+                time.sleep(policy.wait(attempt))
         with self._lock:
             self.stats.requests += 1
             self.stats.fetched_bytes += len(data)
@@ -184,17 +278,18 @@ def _runs(blocks: list[int]) -> list[tuple[int, int]]:
 
 
 # One cache per process and setting (a process-wide resource, like a connection pool).
-_DEFAULT: dict[tuple[int, int, int], RangeCache] = {}
+_DEFAULT: dict[tuple[int, int, int, RetryPolicy], RangeCache] = {}
 
 
 def default_cache() -> RangeCache:
-    """This process's cache, sized from ``MMFEED_REMOTE_CACHE_BYTES`` / ``MMFEED_REMOTE_BLOCK_BYTES`` (read at each
-    call: changed settings give a fresh cache; a forked worker drops its parent's)."""
+    """This process's cache, sized from ``MMFEED_REMOTE_CACHE_BYTES`` / ``MMFEED_REMOTE_BLOCK_BYTES`` and retrying
+    by ``MMFEED_REMOTE_RETRIES`` / ``MMFEED_REMOTE_TIMEOUT_S`` (read at each call: changed settings give a fresh
+    cache; a forked worker drops its parent's)."""
     key = (os.getpid(), _env_bytes("MMFEED_REMOTE_CACHE_BYTES", DEFAULT_CACHE_BYTES),
-           _env_bytes("MMFEED_REMOTE_BLOCK_BYTES", DEFAULT_BLOCK_BYTES))
+           _env_bytes("MMFEED_REMOTE_BLOCK_BYTES", DEFAULT_BLOCK_BYTES), RetryPolicy.from_env())
     if key not in _DEFAULT:
         _DEFAULT.clear()
-        _DEFAULT[key] = RangeCache(max_bytes=key[1], block_size=key[2])
+        _DEFAULT[key] = RangeCache(max_bytes=key[1], block_size=key[2], retry=key[3])
     return _DEFAULT[key]
 
 
