@@ -71,6 +71,11 @@ class WindowSpec:
                     raise ValueError(f"WindowSpec.deltas[{feature!r}] holds {v!r}; deltas are finite numbers of "
                                      "seconds relative to the anchor step")
                 seconds.append(float(v))
+            steps = [v for v in values if isinstance(v, (int, np.integer)) and v != 0]
+            if steps:
+                raise ValueError(f"WindowSpec.deltas[{feature!r}] holds the integers {steps[:5]}: deltas are seconds, "
+                                 "not steps; write k / fps for k steps of a stream at fps (e.g. 2 / 50), or a float "
+                                 "such as 1.0 for whole seconds")
             if not seconds:
                 raise ValueError(f"WindowSpec.deltas[{feature!r}] is empty; give at least one time (0.0 is the anchor)")
             clean[feature] = tuple(seconds)

@@ -124,6 +124,10 @@ def test_window_specs_take_seconds_per_feature_and_refuse_what_is_not():
             WindowSpec(deltas=bad)
     with pytest.raises(ValueError, match="tolerance_s"):
         WindowSpec(deltas={"action": [0.0]}, tolerance_s=-1)
+    # steps given where seconds are expected: refused, not read as 0, 1, 2 ... seconds
+    with pytest.raises(ValueError, match=r"deltas\['action'\] holds the integers \[1, 2, 3\].*seconds, not steps"):
+        WindowSpec.from_delta_timestamps({"action": list(range(4))})
+    assert WindowSpec(deltas={"action": (0, 1.0, np.float64(2.0))}).deltas["action"] == (0.0, 1.0, 2.0)
 
 
 PIECES = st.dictionaries(
