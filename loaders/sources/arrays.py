@@ -83,8 +83,9 @@ class ArraySource(EpisodeSource):
         self._episode_tasks = np.asarray([self.tasks.index(t) for t in task_names], dtype=np.int64)
         self._rates = {k: np.asarray(v, dtype=np.float64) for k, v in rates.items()}
         self._frames = {k: np.asarray([len(ep[k]) for ep in self._episodes], dtype=np.int64) for k in self.features}
-        self.stats = {k: _stats.finish(_stats.merge(_stats.partial(ep[k]) for ep in self._episodes))
-                      for k, f in self.features.items() if f.kind == "array"}
+        stats = {k: _stats.finish(_stats.merge(_stats.partial(ep[k]) for ep in self._episodes))
+                 for k, f in self.features.items() if f.kind == "array"}
+        self.stats = _stats.step_shaped(stats, {k: f.shape for k, f in self.features.items()})
 
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
         out = []

@@ -30,7 +30,7 @@ from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.stats import from_json
+from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.loaders.timing import stage
 
 __all__ = ["LeRobotSource", "is_lerobot_dir"]
@@ -84,8 +84,8 @@ class LeRobotSource(EpisodeSource):
         self.tasks = _read_tasks(self.root / "meta" / "tasks.parquet")
         self._episode_tasks = self._task_ids(self._meta.pop("tasks"))
         stats = self.root / "meta" / "stats.json"
-        self.stats = from_json({k: v for k, v in _read_json(stats).items() if isinstance(v, dict)}) \
-            if stats.is_file() else {}
+        raw = from_json({k: v for k, v in _read_json(stats).items() if isinstance(v, dict)}) if stats.is_file() else {}
+        self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache: OrderedDict[Path, dict[str, object]] = OrderedDict()
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
 

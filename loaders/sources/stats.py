@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["finish", "merge", "partial", "to_json", "from_json"]
+__all__ = ["finish", "from_json", "merge", "partial", "step_shaped", "to_json"]
 
 
 def partial(values: np.ndarray) -> dict[str, np.ndarray]:
@@ -73,3 +73,17 @@ def to_json(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
 def from_json(raw: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, np.ndarray]]:
     """Stats read from JSON: every value a float64 array."""
     return {f: {k: np.asarray(v, dtype=np.float64) for k, v in s.items()} for f, s in raw.items()}
+
+
+def step_shaped(stats: Mapping[str, Mapping[str, np.ndarray]], shapes: Mapping[str, tuple[int, ...]]
+                ) -> dict[str, dict[str, np.ndarray]]:
+    """Stats whose per-element arrays have the step shape of their feature (``shapes``: feature -> step shape):
+    a scalar feature's ``[1]`` (as LeRobot stores it) becomes ``()``, a flat vector of a ``[2, 3]`` feature
+    ``[2, 3]``; ``count`` and arrays of any other size (per-channel video stats) are kept as they are."""
+    out = {}
+    for feature, named in stats.items():
+        shape = shapes.get(feature)
+        size = None if shape is None else int(np.prod(shape, dtype=np.int64))
+        out[feature] = {k: (np.asarray(v, np.float64).reshape(shape) if shape is not None and k != "count"
+                            and np.size(v) == size else np.asarray(v, np.float64)) for k, v in named.items()}
+    return out
