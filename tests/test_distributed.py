@@ -8,7 +8,6 @@ real processes: tests/dist_job.py runs at 2 ranks, saves a loader state, and a s
 import json
 import os
 import socket
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import procs
 from dist_job import packing
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, PlannedDataset, WindowSpec, open_dataset
@@ -68,7 +68,7 @@ def torchrun(nproc: int, config: dict, where: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(JOB), str(where / "config.json"),
            str(where / "result.json")]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    done = procs.run(cmd, env=env, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((where / "result.json").read_text())
 

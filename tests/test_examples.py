@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import procs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 slow = pytest.mark.slow  # each example is a fresh interpreter: a few seconds of imports and work
@@ -17,8 +18,7 @@ slow = pytest.mark.slow  # each example is a fresh interpreter: a few seconds of
 def run_example(name: str) -> str:
     env = {**os.environ, "PYTHONWARNINGS": "default"}
     env.pop("MMFEED_EXAMPLE_QUICK", None)
-    proc = subprocess.run([sys.executable, str(EXAMPLES / name), "--quick"], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=EXAMPLES.parent)
+    proc = procs.run([sys.executable, str(EXAMPLES / name), "--quick"], timeout=120, env=env, cwd=EXAMPLES.parent)
     assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -127,8 +127,7 @@ def test_mixture_draws_each_dataset_by_weight_with_its_own_cameras():
 @pytest.mark.skipif(not os.environ.get("MMFEED_EXAMPLES_FULL"), reason="set MMFEED_EXAMPLES_FULL=1 to run")
 def test_train_world_model_full_run_learns():
     """The full (non-quick) run: 40 steps with worker processes; the last losses are well below the first."""
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "train_world_model.py")], capture_output=True, text=True,
-                          timeout=300, cwd=EXAMPLES.parent)
+    proc = procs.run([sys.executable, str(EXAMPLES / "train_world_model.py")], timeout=300, cwd=EXAMPLES.parent)
     assert proc.returncode == 0, proc.stderr
     losses = [float(x) for x in re.findall(r"^step +\d+ .* loss (\S+)", proc.stdout, flags=re.M)]
     assert len(losses) == 40 and sum(losses[-5:]) < 0.5 * sum(losses[:5]), proc.stdout
