@@ -4,8 +4,9 @@ Ranks synchronise every optimizer step, so what matters is the slowest rank *in 
 shuffles the rows with ``(seed, epoch)``, cuts them into steps of ``num_ranks * micro_batches`` rows (one global
 batch), and within each step deals the rows so that every rank gets exactly ``micro_batches`` rows and the largest
 rank cost is small: longest-processing-time first under the cardinality limit (each row, costliest first, goes to
-the least-loaded rank that still has room), then pairwise swaps between the costliest rank and the others while a
-swap lowers the larger of the two.
+the least-loaded rank that still has room, found in a heap), then swaps of one row of the costliest rank with a
+row of another rank while a swap lowers the larger of the two (candidates found by binary search in the step's
+sorted costs, so a step of m rows costs O(m log m) however many ranks there are).
 
 >>> import numpy as np
 >>> from mmfeed.packing import balance
@@ -57,59 +58,163 @@ def row_costs(
     return tokens + alpha * square / cap
 
 
+@njit(cache=True, inline="always")
+def _before(load, sign, a, b):
+    """Heap order: ``sign * load`` ascending, ties by rank id."""
+    x, y = sign * load[a], sign * load[b]
+    return x < y or (x == y and a < b)
+
+
 @njit(cache=True)
-def _deal_kernel(costs, rows, num_ranks, k):
-    """rows: int64 [steps, R*k] row ids (-1 = none, cost 0). Returns int64 [R, steps, k] row ids."""
+def _sift(heap, where, load, sign, p, size):
+    """Restore the heap ``heap[:size]`` (``where[rank]`` = its position) after ``load[heap[p]]`` changed."""
+    r = heap[p]
+    while p > 0:
+        q = (p - 1) >> 1
+        if not _before(load, sign, r, heap[q]):
+            break
+        heap[p] = heap[q]
+        where[heap[p]] = p
+        p = q
+    while True:
+        ch = 2 * p + 1
+        if ch >= size:
+            break
+        if ch + 1 < size and _before(load, sign, heap[ch + 1], heap[ch]):
+            ch += 1
+        if not _before(load, sign, heap[ch], r):
+            break
+        heap[p] = heap[ch]
+        where[heap[p]] = p
+        p = ch
+    heap[p] = r
+    where[r] = p
+
+
+@njit(cache=True)
+def _best_swap(c, cs, order, owner, load, a, x, q, step, stop, gap, window, target, best):
+    """Walk the items ``order[q], order[q + step], ...`` (costs ``cs``, descending) for at most ``window`` items
+    while ``0 < x - cost < gap``; return the (target, item) whose swap with an item of cost ``x`` of rank ``a``
+    gives the lowest max(load[a] - d, load[b] + d) below ``target``."""
+    la = load[a]
+    seen = 0
+    while 0 <= q < stop and seen < window:
+        d = x - cs[q]
+        if d >= gap or d <= 0:
+            break
+        b = owner[order[q]]
+        if b != a:
+            worse = max(la - d, load[b] + d)
+            if worse < target:
+                target, best = worse, order[q]
+        q += step
+        seen += 1
+    return target, best
+
+
+@njit(cache=True)
+def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps):
+    """rows: int64 [steps, R*k] row ids (-1 = none, cost 0). Returns int64 [R, steps, k] row ids.
+
+    Per step: LPT with a min-heap of the ranks that have room (O(m log R)); then, while the costliest rank (a
+    max-heap) can lower its cost by swapping one of its rows with a row of another rank, the best such swap
+    found among ``window`` rows around the ideal cost difference and ``window`` rows just below each of its
+    rows (binary search in the step's sorted costs), at most ``max_swaps * m`` swaps.
+    """
     steps = rows.shape[0]
-    out = np.full((num_ranks, steps, k), -1, dtype=np.int64)
-    m = num_ranks * k
+    R = num_ranks
+    m = R * k
+    out = np.full((R, steps, k), -1, dtype=np.int64)
+    load = np.empty(R)
+    fill = np.empty(R, np.int64)
+    slot = np.empty((R, k), np.int64)  # positions in the step
+    lo, wlo = np.empty(R, np.int64), np.empty(R, np.int64)  # min-heap of ranks by load, positions
+    hi, whi = np.empty(R, np.int64), np.empty(R, np.int64)  # max-heap
+    c, cs = np.empty(m), np.empty(m)
+    pos, owner = np.empty(m, np.int64), np.empty(m, np.int64)
+    place, lower = np.empty(m, np.int64), np.empty(m, np.int64)
     for t in range(steps):
-        c = np.zeros(m)
         for i in range(m):
-            if rows[t, i] >= 0:
-                c[i] = costs[rows[t, i]]
+            c[i] = costs[rows[t, i]] if rows[t, i] >= 0 else 0.0
         order = np.argsort(-c, kind="mergesort")  # costliest first, ties by position
-        load = np.zeros(num_ranks)
-        fill = np.zeros(num_ranks, dtype=np.int64)
-        slot = np.empty((num_ranks, k), dtype=np.int64)  # positions in the step
-        for o in range(m):
+        for r in range(R):
+            load[r], fill[r], lo[r], wlo[r] = 0.0, 0, r, r
+        size = R
+        for o in range(m):  # LPT: each row to the least-loaded rank with room
             i = order[o]
-            best = -1
-            for r in range(num_ranks):
-                if fill[r] < k and (best < 0 or load[r] < load[best]):
-                    best = r
-            slot[best, fill[best]] = i
-            fill[best] += 1
-            load[best] += c[i]
-        for _ in range(4 * m):  # swaps between the costliest rank and another, while that lowers their max
-            a = 0
-            for r in range(1, num_ranks):
-                if load[r] > load[a]:
-                    a = r
-            target = load[a]
-            bb, bi, bj = -1, -1, -1
-            for b in range(num_ranks):
-                if b == a:
-                    continue
+            r = lo[0]
+            slot[r, fill[r]] = i
+            fill[r] += 1
+            load[r] += c[i]
+            if fill[r] == k:
+                size -= 1
+                lo[0] = lo[size]
+                wlo[lo[0]] = 0
+            if size > 0:
+                _sift(lo, wlo, load, 1.0, 0, size)
+        if max_swaps > 0 and R > 1:
+            for r in range(R):
+                lo[r], hi[r] = r, r
+            for p in range(R - 1, -1, -1):
+                _sift(lo, wlo, load, 1.0, p, R)
+                _sift(hi, whi, load, -1.0, p, R)
+            for p in range(m):
+                pos[order[p]] = p
+                cs[p] = c[order[p]]
+            for r in range(R):
                 for i in range(k):
-                    for j in range(k):
-                        d = c[slot[a, i]] - c[slot[b, j]]
-                        if d > 0:
-                            worse = max(load[a] - d, load[b] + d)
-                            if worse < target:
-                                target, bb, bi, bj = worse, b, i, j
-            if bb < 0:
-                break
-            d = c[slot[a, bi]] - c[slot[bb, bj]]
-            load[a] -= d
-            load[bb] += d
-            tmp = slot[a, bi]
-            slot[a, bi] = slot[bb, bj]
-            slot[bb, bj] = tmp
-        for r in range(num_ranks):
+                    owner[slot[r, i]], place[slot[r, i]] = r, i
+            lower[m - 1] = m  # first position of a strictly lower cost
+            for p in range(m - 2, -1, -1):
+                lower[p] = lower[p + 1] if cs[p + 1] == cs[p] else p + 1
+            mean = c.sum() / R
+            for _ in range(max_swaps * m):
+                a = hi[0]
+                la = load[a]
+                gap = la - load[lo[0]]
+                target, best, bi = la, -1, -1
+                for i in range(k):  # around the difference that would bring a rank of mean cost level
+                    x = cs[pos[slot[a, i]]]
+                    y0 = x - 0.5 * (la - mean)
+                    left, right = 0, m
+                    while left < right:
+                        mid = (left + right) >> 1
+                        if cs[mid] <= y0:
+                            right = mid
+                        else:
+                            left = mid + 1
+                    for step in (1, -1):
+                        q = left if step == 1 else left - 1
+                        t2, b2 = _best_swap(c, cs, order, owner, load, a, x, q, step, m, gap, window, target, best)
+                        if b2 != best:
+                            target, best, bi = t2, b2, i
+                if bi < 0:  # then the smallest differences, just below each row
+                    for i in range(k):
+                        x = cs[pos[slot[a, i]]]
+                        q = lower[pos[slot[a, i]]]
+                        t2, b2 = _best_swap(c, cs, order, owner, load, a, x, q, 1, m, gap, window, target, best)
+                        if b2 != best:
+                            target, best, bi = t2, b2, i
+                if bi < 0:
+                    break
+                b, j = owner[best], place[best]
+                mine = slot[a, bi]
+                d = c[mine] - c[best]
+                load[a] -= d
+                load[b] += d
+                slot[a, bi], slot[b, j] = best, mine
+                owner[best], place[best], owner[mine], place[mine] = a, bi, b, j
+                for r in (a, b):
+                    _sift(hi, whi, load, -1.0, whi[r], R)
+                    _sift(lo, wlo, load, 1.0, wlo[r], R)
+        for r in range(R):
             for i in range(k):
                 out[r, t, i] = rows[t, slot[r, i]]
     return out
+
+
+_WINDOW = 32  # rows looked at per direction per row of the costliest rank
+_MAX_SWAPS = 4  # swaps per row of a step, at most
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,4 +291,5 @@ def balance(
     elif extra:
         order = np.concatenate([order, np.full(per_step - extra, -1, dtype=np.int64)])
     rows = order.reshape(-1, per_step)
-    return RankPlan(assignment=_deal_kernel(c, rows, ranks, k), dropped=dropped, replicated=replicated)
+    assignment = _deal_kernel(c, rows, ranks, k, _WINDOW, _MAX_SWAPS)
+    return RankPlan(assignment=assignment, dropped=dropped, replicated=replicated)

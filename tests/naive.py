@@ -241,6 +241,17 @@ def lpt_max(costs: list[float], ranks: int, k: int) -> float:
     return max(load)
 
 
+def lpt_deal(costs: list[float], ranks: int, k: int) -> list[list[int]]:
+    """Positions dealt to each rank by LPT with at most k rows per rank: costliest first (ties by position), each
+    to the least-loaded rank that has room (ties by rank id), every rank scanned."""
+    load, slots = [0.0] * ranks, [[] for _ in range(ranks)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min((r for r in range(ranks) if len(slots[r]) < k), key=lambda r: (load[r], r))
+        load[r] += costs[i]
+        slots[r].append(i)
+    return slots
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bucketing (mmfeed.packing.bucketing)
 
