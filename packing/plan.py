@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from mmfeed.packing.balance import REMAINDER_POLICIES, balance, row_costs
 from mmfeed.packing.bins import ALGORITHMS, pack
@@ -174,7 +175,7 @@ def plan_epoch(tokens: np.ndarray, config: PlanConfig, *, seed: int, epoch: int,
         raise ValueError("sample tokens must be a 1-D array of integers >= 1")
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    tokens = tokens.astype(np.int64)
+    tokens = np.ascontiguousarray(tokens, dtype=np.int64)
     rng = np.random.default_rng([int(seed), int(epoch)])
     if config.episode_block:
         if groups is None or np.shape(groups) != tokens.shape:
@@ -190,15 +191,42 @@ def plan_epoch(tokens: np.ndarray, config: PlanConfig, *, seed: int, epoch: int,
     return _plan_padded(tokens, order, config, seed=seed, epoch=epoch, world_size=world_size)
 
 
+@njit(cache=True)
+def _rows_by_counting(bin_of, order, lengths, num_bins, capacity, alpha):
+    """Rows in CSR form by a counting sort on ``bin_of`` (O(n + rows), samples of a row in shuffled order) and
+    each row's cost ``tokens + alpha * sum(len^2) / capacity``, summed in the order :func:`row_costs` sums."""
+    offsets = np.zeros(num_bins + 1, np.int64)
+    tokens = np.zeros(num_bins)
+    square = np.zeros(num_bins)
+    for i in range(bin_of.size):
+        b = bin_of[i]
+        if b >= 0:
+            offsets[b + 1] += 1
+            x = np.float64(lengths[i])
+            tokens[b] += x
+            square[b] += x * x
+    for b in range(num_bins):
+        offsets[b + 1] += offsets[b]
+    cursor = offsets[:-1].copy()
+    samples = np.empty(offsets[num_bins], np.int64)
+    for i in range(bin_of.size):
+        b = bin_of[i]
+        if b >= 0:
+            samples[cursor[b]] = order[i]
+            cursor[b] += 1
+    costs = np.empty(num_bins)
+    for b in range(num_bins):
+        costs[b] = tokens[b] + alpha * square[b] / capacity
+    return offsets, samples, costs
+
+
 def _plan_packed(tokens, order, config, *, seed, epoch, world_size) -> Plan:
-    packed = pack(tokens[order], config.capacity, config.algorithm)
+    lengths = tokens[order]
+    packed = pack(lengths, config.capacity, config.algorithm)
     # Rows in CSR form, samples of a row in shuffled order; balance() shuffles rows into steps by (seed, epoch).
-    placed = np.flatnonzero(packed.bin_of >= 0)
-    by_row = placed[np.argsort(packed.bin_of[placed], kind="stable")]
-    row_samples = order[by_row].astype(np.int64)
-    row_offsets = np.zeros(packed.num_bins + 1, dtype=np.int64)
-    np.cumsum(np.bincount(packed.bin_of[placed], minlength=packed.num_bins), out=row_offsets[1:])
-    costs = row_costs(tokens[order], packed.bin_of, config.capacity, alpha=config.alpha)
+    row_offsets, row_samples, costs = _rows_by_counting(packed.bin_of, np.asarray(order, dtype=np.int64), lengths,
+                                                        packed.num_bins, float(config.capacity),
+                                                        float(config.alpha))
     dealt = balance(costs, world_size, config.rows_per_batch, seed=seed, epoch=epoch, remainder=config.remainder)
     oversize = order[packed.bin_of < 0]
     dropped = np.concatenate([oversize, _members(row_offsets, row_samples, dealt.dropped)])

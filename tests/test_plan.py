@@ -114,3 +114,25 @@ def test_episode_blocks_keep_each_step_within_a_few_episodes():
     assert plan.efficiency > full.efficiency - 0.03
     with pytest.raises(ValueError, match="groups"):
         plan_epoch(tokens, cfg, seed=0, epoch=0)
+
+
+@pytest.mark.kernels
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(1, 90), min_size=0, max_size=200), capacity=st.integers(1, 100),
+       seed=st.integers(0, 3))
+def test_counting_sort_rows_equal_the_argsort_construction(tokens, capacity, seed):
+    """Rows by a counting sort on bin_of: the same CSR as a stable argsort of bin_of (samples of a row in
+    shuffled order) and the same costs as row_costs, bit for bit."""
+    from mmfeed.packing import pack, row_costs
+    from mmfeed.packing.plan import _rows_by_counting
+
+    t = np.asarray(tokens, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(t)).astype(np.int64)
+    packed = pack(t[order], capacity)
+    offsets, samples, costs = _rows_by_counting(packed.bin_of, order, t[order], packed.num_bins, float(capacity),
+                                                0.67)
+    placed = np.flatnonzero(packed.bin_of >= 0)
+    by_row = placed[np.argsort(packed.bin_of[placed], kind="stable")]
+    assert samples.tolist() == order[by_row].tolist()
+    assert offsets.tolist() == [0, *np.cumsum(np.bincount(packed.bin_of[placed], minlength=packed.num_bins))]
+    assert costs.tolist() == row_costs(t[order], packed.bin_of, capacity, alpha=0.67).tolist()
