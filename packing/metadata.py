@@ -353,7 +353,19 @@ def _block_tables_kernel(doc, step, block_size, kv_num, kv_idx, full_num, full_i
     hi_max = np.empty(nb, np.int64)
     real = np.empty(nb, np.bool_)
     kind = np.empty(nb, np.int8)  # 0 empty, 1 partial, 2 full
+    first = np.empty(nb, np.int64)
+    last = np.empty(nb, np.int64)
     for r in range(num_rows):
+        contiguous = True  # real document ids never decrease and no real token follows padding
+        prev, padded = -1, False
+        for i in range(capacity):
+            d = doc[r, i]
+            if d < 0:
+                padded = True
+            else:
+                if padded or d < prev:
+                    contiguous = False
+                prev = d
         for b in range(nb):
             start = b * block_size
             stop = min(start + block_size, capacity)
@@ -376,8 +388,21 @@ def _block_tables_kernel(doc, step, block_size, kv_num, kv_idx, full_num, full_i
                     hmin, hmax = min(hmin, s), max(hmax, s)
             lo[b], hi[b], real[b] = dl, dh, all_real
             lo_min[b], lo_max[b], hi_min[b], hi_max[b] = lmin, lmax, hmin, hmax
+        # kv blocks that can share a document with query block q lie in [first[q], last[q]]: from the first block
+        # of q's lowest document to the last block of its highest (documents are contiguous runs)
+        for b in range(nb):
+            first[b] = b
+            if b > 0 and hi[b - 1] >= 0 and lo[b] == hi[b - 1]:
+                first[b] = first[b - 1] if lo[b - 1] == hi[b - 1] else b - 1
+        for b in range(nb - 1, -1, -1):
+            last[b] = b
+            if b < nb - 1 and hi[b] >= 0 and hi[b] == lo[b + 1]:
+                last[b] = last[b + 1] if lo[b + 1] == hi[b + 1] else b + 1
         for q in range(nb):
-            for k in range(nb):
+            k0, k1 = (first[q], last[q]) if hi[q] >= 0 else (q, q)
+            if not contiguous:
+                k0, k1 = 0, nb - 1
+            for k in range(k0, k1 + 1):
                 single = real[q] and real[k] and lo[q] == hi[q] and lo[k] == hi[k] and lo[q] == lo[k]
                 if q == k:  # every token sees itself: never empty; full for one-token blocks
                     kind[k] = 2 if block_size == 1 or (single and lo_max[q] <= lo_min[q]) else 1
@@ -410,7 +435,7 @@ def _block_tables_kernel(doc, step, block_size, kv_num, kv_idx, full_num, full_i
                 else:
                     kind[k] = 1
             n_part = n_full = 0
-            for k in range(nb):
+            for k in range(k0, k1 + 1):
                 if kind[k] == 1:
                     kv_idx[r, 0, q, n_part] = k
                     n_part += 1
@@ -419,10 +444,10 @@ def _block_tables_kernel(doc, step, block_size, kv_num, kv_idx, full_num, full_i
                     n_full += 1
             kv_num[r, 0, q], full_num[r, 0, q] = n_part, n_full
             for k in range(nb):
-                if kind[k] != 1:
+                if k < k0 or k > k1 or kind[k] != 1:
                     kv_idx[r, 0, q, n_part] = k
                     n_part += 1
-                if kind[k] != 2:
+                if k < k0 or k > k1 or kind[k] != 2:
                     full_idx[r, 0, q, n_full] = k
                     n_full += 1
 
@@ -430,8 +455,10 @@ def _block_tables_kernel(doc, step, block_size, kv_num, kv_idx, full_num, full_i
 def block_tables(document_ids: np.ndarray, step_ids: np.ndarray, block_size: int = 128) -> BlockTables:
     """Classify every (query block, kv block) pair of each row as empty, partial or full under the attention rule.
 
-    Works from per-block minima/maxima of the document and step ids, O(R * C + R * nb^2) with
-    ``nb = ceil(C / block_size)``; a capacity that is not a multiple of ``block_size`` is padded logically
+    Works from per-block minima/maxima of the document and step ids: each query block is compared only with the
+    kv blocks its first and last documents span (found at block granularity from where documents start), so the
+    classification costs O(R * C + R * sum of spans) and the only O(nb^2) work is writing the tables in torch's
+    layout (``nb = ceil(C / block_size)``); a capacity that is not a multiple of ``block_size`` is padded logically
     (the missing tokens count as padding). Exact for layouts whose documents are contiguous runs (everything
     :func:`document_metadata` produces); for other id arrays it stays correct by calling more blocks partial.
     """

@@ -165,3 +165,57 @@ def test_compiled_flex_attention_uses_the_block_tables():
     q, k, v = (torch.randn(3, 2, 200, 16, generator=g) for _ in range(3))
     out = torch.compile(flex_attention)(q, k, v, block_mask=b.block_mask(128))
     torch.testing.assert_close(out, sdpa(q, k, v, attn_mask=b.attention_mask()), atol=1e-5, rtol=1e-5)
+
+
+@st.composite
+def mixed_rows(draw):
+    """Rows of block-causal video documents (frames of equal size per step) and token-causal text, a few hundred
+    tokens each, so documents span many blocks."""
+    capacity = draw(st.integers(64, 400))
+    rows, steps = [], []
+    for _ in range(draw(st.integers(1, 2))):
+        row, row_steps, left = [], [], capacity
+        while left > 0 and draw(st.booleans()):
+            if draw(st.booleans()):  # video: frames x tokens per frame, one step per frame
+                frame = draw(st.integers(1, 40))
+                n = min(draw(st.integers(1, 8)), left // frame)
+                if n == 0:
+                    break
+                row.append(n * frame)
+                row_steps.append([frame] * n)
+            else:
+                n = draw(st.integers(1, left))
+                row.append(n)
+                row_steps.append(None)
+            left -= row[-1]
+        rows.append(row)
+        steps.append(row_steps)
+    return rows, capacity, steps
+
+
+@pytest.mark.kernels
+@given(mixed_rows(), st.sampled_from([4, 16, 32]))
+@settings(max_examples=25, deadline=None)
+def test_block_tables_of_long_mixed_documents_equal_the_dense_rule(layout, block_size):
+    """Documents spanning many blocks (block-causal video and token-causal text mixed): the tables built from
+    each block's document span equal the ones read off the dense mask, tile by tile."""
+    rows, capacity, steps = layout
+    b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps)
+    tables = block_tables(b.document_ids.numpy(), b.step_ids.numpy(), block_size)
+    dense = b.attention_mask()[:, 0].tolist()
+    kv_num, kv_idx, full_num, full_idx = naive_block_tables(dense, block_size)
+    assert tables.kv_num_blocks[:, 0].tolist() == kv_num and tables.kv_indices[:, 0].tolist() == kv_idx
+    assert tables.full_kv_num_blocks[:, 0].tolist() == full_num and tables.full_kv_indices[:, 0].tolist() == full_idx
+
+
+@pytest.mark.kernels
+def test_block_tables_of_non_contiguous_ids_stay_correct():
+    """Id arrays whose documents are not contiguous runs (a document resumed after another, or after padding)
+    fall back to comparing every pair of blocks: no block that attends is called empty."""
+    doc = np.array([[0] * 8 + [1] * 8 + [0] * 8 + [-1] * 8 + [1] * 8])
+    step = np.array([list(range(8)) + list(range(8)) + list(range(8, 16)) + [-1] * 8 + list(range(8, 16))])
+    dense = naive_attention_mask(doc.tolist(), step.tolist())
+    tables = block_tables(doc, step, 8)
+    kv_num, kv_idx, full_num, full_idx = naive_block_tables(dense, 8)
+    assert tables.kv_num_blocks[:, 0].tolist() == kv_num and tables.kv_indices[:, 0].tolist() == kv_idx
+    assert tables.full_kv_num_blocks[:, 0].tolist() == full_num and tables.full_kv_indices[:, 0].tolist() == full_idx
