@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -87,8 +88,10 @@ class VideoReaderCache:
     """Open video readers, at most ``max_open`` of them, the least recently used closed first.
 
     Readers are keyed by file (absolute path, size and modification time; in-memory bytes by object identity,
-    kept alive while cached). The cache holds no open file when pickled, and a forked process ignores the readers
-    it inherited, so it can be built before DataLoader workers start: each worker opens its own readers.
+    kept alive while cached) and by thread: a decoder is never shared by two threads, so one cache (and the source
+    holding it) serves loaders running in several threads at once. The cache holds no open file when pickled, and
+    a forked process ignores the readers it inherited, so it can be built before DataLoader workers start: each
+    worker opens its own readers.
     """
 
     def __init__(
@@ -107,31 +110,35 @@ class VideoReaderCache:
         # ``options`` (a DecodeOptions) replaces the four keywords when given, as when unpickling.
         self.options = options or DecodeOptions(backend=backend, threads=threads, size=size, crop=crop)
         self._readers: OrderedDict[Any, tuple[VideoReader, Any]] = OrderedDict()
+        self._lock = threading.RLock()
         self._pid = os.getpid()
         self.opened = 0
         _LIVE_CACHES.add(self)  # running counter: readers opened so far
 
     def reader(self, source: VideoSource, info: VideoInfo | None = None) -> VideoReader:
-        """The open reader for ``source``, opening it (and closing the least recently used) when needed;
-        ``info`` saves a second probe of in-memory sources."""
+        """The calling thread's open reader for ``source``, opening it (and closing the least recently used) when
+        needed; ``info`` saves a second probe of in-memory sources."""
         self._after_fork()
-        key = self._key(source)
-        entry = self._readers.get(key)
-        if entry is not None:
-            self._readers.move_to_end(key)
-            return entry[0]
+        key = (threading.get_ident(), self._key(source))
+        with self._lock:
+            entry = self._readers.get(key)
+            if entry is not None:
+                self._readers.move_to_end(key)
+                return entry[0]
         reader = open_reader(source, self.options, info if info is not None else self.info(source))
-        self.opened += 1
-        self._readers[key] = (reader, source)
-        while len(self._readers) > self.max_open:
-            _, (old, _) = self._readers.popitem(last=False)
-            old.close()
+        with self._lock:
+            self.opened += 1
+            self._readers[key] = (reader, source)
+            while len(self._readers) > self.max_open:
+                _, (old, _) = self._readers.popitem(last=False)
+                old.close()
         return reader
 
     def info(self, source: VideoSource) -> VideoInfo:
-        """The probe of ``source`` (the open reader's, if one is cached)."""
+        """The probe of ``source`` (the open reader's, if this thread has one cached)."""
         self._after_fork()
-        entry = self._readers.get(self._key(source))
+        with self._lock:
+            entry = self._readers.get((threading.get_ident(), self._key(source)))
         return entry[0].info if entry is not None else probe(source)
 
     def read(
@@ -164,11 +171,12 @@ class VideoReaderCache:
         return out  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Close every open reader."""
+        """Close every open reader (of every thread)."""
         self._after_fork()
-        while self._readers:
-            _, (reader, _) = self._readers.popitem(last=False)
-            reader.close()
+        with self._lock:
+            while self._readers:
+                _, (reader, _) = self._readers.popitem(last=False)
+                reader.close()
 
     def __len__(self) -> int:
         self._after_fork()
@@ -183,6 +191,7 @@ class VideoReaderCache:
         # nothing in this process, not even dropping the whole cache or interpreter shutdown, ever frees them.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._readers))
         self._readers = OrderedDict()
+        self._lock = threading.RLock()  # the parent's may have been held by a thread that does not exist here
         self._pid = os.getpid()
 
     def __enter__(self) -> "VideoReaderCache":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -88,6 +89,7 @@ class LeRobotSource(EpisodeSource):
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache: OrderedDict[Path, dict[str, object]] = OrderedDict()
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
+        self._lock = threading.Lock()  # guards the two caches: one source may serve loaders in several threads
 
     def step_tasks(self, episode: int) -> np.ndarray:
         """The task id of every step of ``episode``, int64 ``[T]`` (read from its rows where the task changes)."""
@@ -134,9 +136,10 @@ class LeRobotSource(EpisodeSource):
                         into = request.out.get(feature) if request.out else None
                         out[r][feature] = self._decode_images(request.episode, feature, rows, into)
             for size, items in videos.items():
-                cache = self._videos.get(size)
-                if cache is None:
-                    cache = self._videos[size] = VideoReaderCache(max_open=4, options=self._options[size])
+                with self._lock:  # the caches keep one decoder per thread (VideoReaderCache)
+                    cache = self._videos.get(size)
+                    if cache is None:
+                        cache = self._videos[size] = VideoReaderCache(max_open=4, options=self._options[size])
                 decoded = decode_with_context(cache, [i[2] for i in items], [i[3] for i in items])
                 for (r, feature, _, _), frames in zip(items, decoded):
                     out[r][feature] = frames
@@ -145,7 +148,12 @@ class LeRobotSource(EpisodeSource):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_data_cache"], state["_videos"] = OrderedDict(), {}  # each worker opens its own files
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # -- internals -------------------------------------------------------------------------------------------
     def _task_ids(self, episode_tasks: list[list[str] | None]) -> np.ndarray:
@@ -189,9 +197,11 @@ class LeRobotSource(EpisodeSource):
 
     def _data_file(self, path: Path, where: str) -> dict[str, object]:
         """Every non-video column of one data file, sorted by ``index`` (the last two files stay cached)."""
-        if path in self._data_cache:
-            self._data_cache.move_to_end(path)
-            return self._data_cache[path]
+        with self._lock:
+            cached = self._data_cache.get(path)
+            if cached is not None:
+                self._data_cache.move_to_end(path)
+                return cached
         if not path.is_file():
             raise FileNotFoundError(f"{where}: data file {path} named by meta/episodes does not exist")
         try:
@@ -207,9 +217,10 @@ class LeRobotSource(EpisodeSource):
                 columns[name] = self._column(name, table[name].combine_chunks())[order]
             except (ValueError, pa.ArrowException) as err:
                 columns[name] = err  # raised when the feature is asked for, so other features still read
-        self._data_cache[path] = columns
-        while len(self._data_cache) > 2:
-            self._data_cache.popitem(last=False)
+        with self._lock:
+            self._data_cache[path] = columns
+            while len(self._data_cache) > 2:
+                self._data_cache.popitem(last=False)
         return columns
 
     def _column(self, name: str, array: pa.Array) -> np.ndarray:
