@@ -1,0 +1,168 @@
+"""``python -m mmfeed.bench.scale [--json PATH] [--quick] [--before]``: planning and BlockMask at scale.
+
+Every case runs in a fresh Python process (``python -m mmfeed.bench.scale --case KIND ARGS``) so its peak RSS is
+its own: ``peak_rss_bytes`` is the child's ``ru_maxrss`` minus its RSS just before the timed call (numba kernels
+compiled and the inputs generated first), so ``bytes_per_sample`` is what planning adds per sample.
+
+- ``plan``: ``plan_epoch`` over lognormal token prices (median 600, sigma 1, clipped to [1, 8192]), capacity
+  8192, 4 rows per batch, mode "pack"; ``efficiency`` is the plan's packing efficiency.
+- ``block_mask``: :func:`mmfeed.packing.metadata.block_tables` (block 128) of one row filled with documents of
+  64-4096 tokens (alternately token-causal text and block-causal video of 256-token frames), best of 3 calls.
+
+``--before CODE_DIR`` times modules copied from an earlier commit instead (``plan.py``, ``balance.py`` and
+``metadata.py`` read from that folder by path, e.g. ``git show REV:packing/balance.py > DIR/balance.py``).
+The "windows" and "open" sections of the JSON are left empty here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["main"]
+
+QUICK = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 1024)],
+         "block_mask": [8192, 32768, 131072]}
+FULL = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 8), (10**7, 1024), (10**7, 4096),
+                 (10**8, 4096)],
+        "block_mask": [8192, 32768, 131072, 1048576]}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _load(before: str | None, name: str):
+    if not before:
+        return importlib.import_module(f"mmfeed.packing.{name}")
+    path = os.path.join(before, f"{name}.py")
+    if not os.path.exists(path):
+        return importlib.import_module(f"mmfeed.packing.{name}")
+    spec = importlib.util.spec_from_file_location(f"_before_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _case_plan(samples: int, world: int, before: str | None) -> dict:
+    if before:  # the old plan module must call the old balance: load balance first and bind it
+        old_balance = _load(before, "balance")
+        plan = _load(before, "plan")
+        plan.balance, plan.row_costs = old_balance.balance, old_balance.row_costs
+    else:
+        plan = _load(None, "plan")
+    rng = np.random.default_rng(0)
+    tokens = np.clip(rng.lognormal(np.log(600), 1.0, samples), 1, 8192).astype(np.int64)
+    cfg = plan.PlanConfig(capacity=8192, rows_per_batch=4)
+    plan.plan_epoch(tokens[:20000], cfg, seed=0, epoch=0, world_size=min(world, 4))  # compile the kernels
+    base = _rss()
+    start = time.perf_counter()
+    result = plan.plan_epoch(tokens, cfg, seed=0, epoch=0, world_size=world)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    eff = _efficiency(result)
+    return {"samples": samples, "world_size": world, "mode": "pack", "seconds": seconds,
+            "peak_rss_bytes": max(0, peak - base), "bytes_per_sample": max(0, peak - base) / samples,
+            "efficiency": eff}
+
+
+def _efficiency(plan) -> float:
+    """Tokens of the dealt rows / their slots (Plan.efficiency without its per-sample np.add.at)."""
+    used = plan.steps[plan.steps >= 0]
+    if not used.size:
+        return 0.0
+    csum = np.concatenate([[0], np.cumsum(plan.tokens[plan.row_samples])])
+    row_tokens = csum[plan.row_offsets[1:]] - csum[plan.row_offsets[:-1]]
+    return float(row_tokens[used].sum() / (used.size * plan.capacity))
+
+
+def _case_block_mask(capacity: int, before: str | None) -> dict:
+    meta = _load(before, "metadata")
+    rng = np.random.default_rng(capacity)
+    lengths, steps = [], []
+    while True:
+        n = int(rng.integers(64, 4097))
+        if sum(lengths) + n > capacity:
+            break
+        video = len(lengths) % 2 == 1
+        n = max(256, n // 256 * 256) if video else n
+        if sum(lengths) + n > capacity:
+            break
+        lengths.append(n)
+        steps.append([256] * (n // 256) if video else None)
+    lay = meta.layout_from_rows([lengths], capacity, step_sizes=[steps])
+    ids = meta.document_metadata(lay)
+    meta.block_tables(ids.document_ids[:, :1024], ids.step_ids[:, :1024], 128)  # compile
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        meta.block_tables(ids.document_ids, ids.step_ids, 128)
+        best = min(best, time.perf_counter() - start)
+    return {"capacity": capacity, "documents": len(lengths), "seconds_per_row": best}
+
+
+def _child(kind: str, args: list[int], before: str | None, timeout: float) -> dict | None:
+    cmd = [sys.executable, "-m", "mmfeed.bench.scale", "--case", kind, *map(str, args)]
+    if before:
+        cmd += ["--before", before]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True).stdout
+    except subprocess.TimeoutExpired:
+        return {"kind": kind, "args": args, "error": f"over {timeout:.0f} s"}
+    except subprocess.CalledProcessError as err:
+        return {"kind": kind, "args": args, "error": err.stderr.strip().splitlines()[-1:]}
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="mmfeed bench scale", description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--quick", action="store_true", help="the small cases only (under a minute)")
+    p.add_argument("--before", help="folder holding plan.py / balance.py / metadata.py of an earlier commit")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per case before it is given up")
+    p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.case:
+        kind, *nums = args.case
+        if kind == "plan":
+            print(json.dumps(_case_plan(int(nums[0]), int(nums[1]), args.before)))
+        else:
+            print(json.dumps(_case_block_mask(int(nums[0]), args.before)))
+        return 0
+    cases = QUICK if args.quick else FULL
+    out: dict = {"plan": [], "windows": [], "open": [], "block_mask": []}
+    print(f"{'samples':>11} {'ranks':>6} {'seconds':>8} {'peak MB':>8} {'B/sample':>9} {'efficiency':>10}")
+    for samples, world in cases["plan"]:
+        row = _child("plan", [samples, world], args.before, args.timeout)
+        out["plan"].append(row)
+        if "error" in row:
+            print(f"{samples:>11} {world:>6}  {row['error']}")
+        else:
+            print(f"{samples:>11} {world:>6} {row['seconds']:>8.3f} {row['peak_rss_bytes'] / 2**20:>8.1f} "
+                  f"{row['bytes_per_sample']:>9.1f} {row['efficiency']:>10.5f}")
+    print(f"\n{'capacity':>9} {'documents':>9} {'ms per row':>10}")
+    for capacity in cases["block_mask"]:
+        row = _child("block_mask", [capacity], args.before, args.timeout)
+        out["block_mask"].append(row)
+        if "error" in row:
+            print(f"{capacity:>9}  {row['error']}")
+        else:
+            print(f"{capacity:>9} {row['documents']:>9} {row['seconds_per_row'] * 1e3:>10.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
