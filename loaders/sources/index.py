@@ -2,7 +2,8 @@
 
 An episode is one tar member group with key ``<episode id>``: ``<key>.<feature>.npy`` (any dtype and shape,
 steps first) or ``<key>.<feature>.mp4`` per feature, and ``<key>.meta.json`` (``fps`` of the control clock,
-``length`` in steps, ``task``, optional ``rates`` {feature: fps}; :class:`~mmfeed.loaders.sources.writer.ShardWriter`
+``length`` in steps, ``task``, optional ``rates`` {feature: fps} and, for an episode whose task changes,
+``task_runs`` ``[[first step, task], ...]``; :class:`~mmfeed.loaders.sources.writer.ShardWriter`
 adds ``features`` {name: {kind, dtype, shape, frames, stats}}, so indexing its shards reads only tar headers,
 meta.json and npy headers). Member names split as in :func:`split_member`. First-version shards (meta.json
 ``cameras`` / ``camera_fps``; ``<cam>.mp4``, ``proprio.npy``, ``action.npy``) index the same way, as features
@@ -23,6 +24,9 @@ shard          string                                           path relative to
                                                                 ``../`` allowed; remote ones elsewhere: URL)
 length, fps    int64, float64                                   steps and rate of the control clock
 task           string                                           task text ("" where meta.json has none)
+task_runs      list<struct<start: int64, task: string>>         where the task changes within the episode: each
+                                                                run's first step and text (empty otherwise;
+                                                                indexes written before it read as empty)
 features       list<struct<name, kind, dtype: string, shape:    per feature, in tar order: "video" or "array",
                list<int64>, fps: float64, frames: int64,        element dtype, step shape (video ``[H, W, 3]``),
                member: string, offset, size: int64>>            rate, frame count, and its member's data bytes
@@ -35,8 +39,10 @@ shard_mtime_ns int64 (null when unknown)                        its modification
 ============== ================================================ ===============================================
 
 The schema metadata key ``b"mmfeed"`` holds ``{"format", "version", "stats"}``, ``stats`` being all episodes'
-partials merged (opening never re-merges; :func:`dataset_stats`). Equal shards (bytes, size, mtime) give a
-byte-identical index file.
+partials merged (opening never re-merges; :func:`dataset_stats`), and, for an index built with
+``quantiles=True``, ``quantiles`` {feature: {"q01", "q10", "q50", "q90", "q99"}} of every numeric array feature
+from a mergeable sketch (:mod:`.quantiles`: within 1% of ``np.quantile``). Equal shards (bytes, size, mtime; or
+bytes and size with ``record_mtime=False``) give a byte-identical index file.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from mmfeed.codecs.arrays import load_npy
 from mmfeed.codecs.demux import probe
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources import stats as _stats
+from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
 from mmfeed.packing.windows import frames_at_rate
 
 __all__ = ["INDEX_FILENAME", "INDEX_SCHEMA", "INDEX_VERSION", "VIDEO_EXTENSIONS", "build_index", "dataset_stats",
@@ -78,6 +85,7 @@ _PARTIAL = ("count", "mean", "m2", "min", "max")
 _INT_LIST = pa.list_(pa.field("element", pa.int64()))  # "element": the list field name parquet round-trips
 _FLOATS = pa.list_(pa.field("element", pa.float64()))
 _STAT = pa.struct([("name", pa.string()), ("count", pa.float64())] + [(k, _FLOATS) for k in _PARTIAL[1:]])
+_RUN = pa.struct([("start", pa.int64()), ("task", pa.string())])
 _MEMBER = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
 _FEATURE = pa.struct([("name", pa.string()), ("kind", pa.string()), ("dtype", pa.string()), ("shape", _INT_LIST),
                       ("fps", pa.float64()), ("frames", pa.int64()), ("member", pa.string()),
@@ -85,7 +93,8 @@ _FEATURE = pa.struct([("name", pa.string()), ("kind", pa.string()), ("dtype", pa
 
 INDEX_SCHEMA = pa.schema(
     [("episode_id", pa.string()), ("shard", pa.string()), ("length", pa.int64()), ("fps", pa.float64()),
-     ("task", pa.string()), ("features", pa.list_(pa.field("element", _FEATURE))),
+     ("task", pa.string()), ("task_runs", pa.list_(pa.field("element", _RUN))),
+     ("features", pa.list_(pa.field("element", _FEATURE))),
      ("members", pa.list_(pa.field("element", _MEMBER))), ("stats", pa.list_(pa.field("element", _STAT))),
      ("shard_size", pa.int64()), ("shard_mtime_ns", pa.int64())],
     metadata={"mmfeed": json.dumps({"format": _FORMAT, "version": INDEX_VERSION})},
@@ -93,11 +102,14 @@ INDEX_SCHEMA = pa.schema(
 """The arrow schema of every index table (see the module docstring); built tables add ``stats`` to the metadata."""
 
 
-def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: str | os.PathLike | None = None
-                ) -> pa.Table:
+def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: str | os.PathLike | None = None, *,
+                quantiles: bool = False, record_mtime: bool = True) -> pa.Table:
     """Index ``shards`` (local paths or fsspec URLs of uncompressed ``.tar`` files) into one table.
 
-    ``root`` is the directory the ``shard`` column is relative to (default: the first shard's). Raises ValueError
+    ``root`` is the directory the ``shard`` column is relative to (default: the first shard's). ``quantiles``
+    also reads every numeric array member into a mergeable sketch and stores the dataset's quantiles in the
+    metadata (:func:`dataset_stats` returns them); ``record_mtime=False`` leaves ``shard_mtime_ns`` null, so
+    equal shards give an equal index whenever they were written (staleness is then judged by size). Raises ValueError
     naming the shard, key and member for a missing or malformed meta.json, an unreadable npy or mp4 member, an
     array at the control clock without one row per step, a stream with fewer frames than the episode's span
     needs, an episode id seen twice, or a feature whose kind, dtype or shape differs between two episodes.
@@ -106,9 +118,11 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
     root = os.fspath(root) if root is not None else _dirname(shards[0])
     rows: dict[str, list[Any]] = {name: [] for name in INDEX_SCHEMA.names}
     partials: list[dict[str, dict[str, np.ndarray]]] = []
+    sketches: dict[str, Sketch] | None = {} if quantiles else None
     seen: dict[str, str] = {}
     for shard in shards:
         size, mtime_ns = _stat(shard)
+        mtime_ns = mtime_ns if record_mtime else None
         for key, group, tar in _groups(shard):
             if key in seen:
                 raise ValueError(f"episode id {key!r} appears twice: in {seen[key]!r} and in {shard!r}; episode ids "
@@ -116,8 +130,9 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
             seen[key] = shard
             entries = [(n, i.offset_data, i.size) for n, i in group]
             infos = dict(group)
-            _add_row(rows, partials, shard, key, entries, lambda n: _extract(tar, infos[n]), size, mtime_ns)
-    return _finish(rows, partials, root)
+            _add_row(rows, partials, shard, key, entries, lambda n: _extract(tar, infos[n]), size, mtime_ns,
+                     sketches)
+    return _finish(rows, partials, root, sketches)
 
 
 def memory_table(name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]]) -> pa.Table:
@@ -133,10 +148,11 @@ def memory_table(name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]])
 
 
 def _add_row(rows: dict, partials: list, shard: str, key: str, entries: list[tuple[str, int, int]],
-             open_member, size: int | None, mtime_ns: int | None) -> None:
+             open_member, size: int | None, mtime_ns: int | None, sketches: dict[str, Sketch] | None = None) -> None:
     meta, features, parts = _episode(shard, key, entries, open_member)
     row = {"episode_id": key, "shard": shard, "length": meta["length"], "fps": float(meta["fps"]),
-           "task": meta["task"], "features": features,
+           "task": meta["task"], "task_runs": [{"start": a, "task": t} for a, t in meta.get("task_runs", [])],
+           "features": features,
            "members": [{"name": n, "offset": o, "size": k} for n, o, k in entries],
            "stats": [{"name": f, "count": float(p["count"]), **{k: np.ravel(p[k]).tolist() for k in _PARTIAL[1:]}}
                      for f, p in parts.items()],
@@ -144,9 +160,13 @@ def _add_row(rows: dict, partials: list, shard: str, key: str, entries: list[tup
     for name, value in row.items():
         rows[name].append(value)
     partials.append(parts)
+    for f in features if sketches is not None else ():
+        if f["name"] in parts and int(np.prod(f["shape"])) <= MAX_ELEMENTS:
+            values = load_npy(open_member(f["member"]).read(), key=f"{shard!r} key {key!r} member {f['member']}")
+            sketches.setdefault(f["name"], Sketch(tuple(f["shape"]))).add(values)
 
 
-def _finish(rows: dict, partials: list, root: str | None) -> pa.Table:
+def _finish(rows: dict, partials: list, root: str | None, sketches: dict[str, Sketch] | None = None) -> pa.Table:
     """The table of ``rows``, its features checked, shards relative to ``root``, the merged stats in its metadata."""
     table = pa.Table.from_pydict(rows, schema=INDEX_SCHEMA)
     feature_columns(table)  # every episode has every feature, with one kind, dtype and shape (errors name shards)
@@ -155,15 +175,19 @@ def _finish(rows: dict, partials: list, root: str | None) -> pa.Table:
         table = table.set_column(INDEX_SCHEMA.get_field_index("shard"), INDEX_SCHEMA.field("shard"), relative)
     merged = {f: _stats.merge(p[f] for p in partials) for f in (partials[0] if partials else {})}
     info = {"format": _FORMAT, "version": INDEX_VERSION, "stats": _stats.to_json(merged)}
+    if sketches is not None:
+        info["quantiles"] = _stats.to_json({f: s.quantiles(merged[f]["min"], merged[f]["max"])
+                                            for f, s in sketches.items() if f in merged})
     return table.replace_schema_metadata({"mmfeed": json.dumps(info, sort_keys=True)})
 
 
-def write_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, path: str | os.PathLike | None = None
-                ) -> str:
+def write_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, path: str | os.PathLike | None = None,
+                *, quantiles: bool = False, record_mtime: bool = True) -> str:
     """Build the index of ``shards`` and write it as parquet at ``path`` (default: :func:`default_index_path`);
-    return the path. The ``shard`` column is relative to the directory of ``path``."""
+    return the path. The ``shard`` column is relative to the directory of ``path``; ``quantiles`` and
+    ``record_mtime`` as in :func:`build_index`."""
     path = os.fspath(path) if path is not None else default_index_path(shards)
-    table = build_index(shards, root=_dirname(path))
+    table = build_index(shards, root=_dirname(path), quantiles=quantiles, record_mtime=record_mtime)
     with _open(path, "wb") as f:
         pq.write_table(table, f)
     return path
@@ -196,6 +220,9 @@ def read_shard_index(path: str | os.PathLike) -> pa.Table:
                          f"stats): rebuild it with `mmfeed index SHARDS`")
     with _open(path) as f:
         table = pq.read_table(f)
+    if "task_runs" not in table.column_names:  # written before episodes could change task: none does
+        runs = pa.array([[]] * table.num_rows, INDEX_SCHEMA.field("task_runs").type)
+        table = table.append_column(INDEX_SCHEMA.field("task_runs"), runs)
     missing = [name for name in INDEX_SCHEMA.names if name not in table.column_names]
     if missing:
         raise ValueError(f"{path!r} lacks index columns {missing}; rebuild it with `mmfeed index SHARDS`")
@@ -248,12 +275,14 @@ def feature_columns(table: pa.Table) -> dict[str, dict[str, Any]]:
 def dataset_stats(table: pa.Table, *, from_rows: bool = False) -> dict[str, dict[str, np.ndarray]]:
     """``{feature: {mean, std, min, max, count}}`` of the numeric array features over the table's episodes.
 
-    By default the partials merged at build time, from the schema metadata (no per-row work); ``from_rows``
-    merges the ``stats`` column instead (vectorized over rows), for a table whose rows were selected since: the
-    metadata describes every episode the index was built from."""
+    By default the partials merged at build time, from the schema metadata (no per-row work), with the quantiles
+    q01 ... q99 where the index was built with them; ``from_rows`` merges the ``stats`` column instead
+    (vectorized over rows; no quantiles), for a table whose rows were selected since: the metadata describes every
+    episode the index was built from."""
     info = json.loads((table.schema.metadata or {}).get(b"mmfeed", b"{}"))
     if not from_rows and "stats" in info:
-        return {f: _stats.finish(p) for f, p in _stats.from_json(info["stats"]).items()}
+        quantiles = _stats.from_json(info.get("quantiles", {}))
+        return {f: {**_stats.finish(p), **quantiles.get(f, {})} for f, p in _stats.from_json(info["stats"]).items()}
     shapes = {f: c["shape"] or (1,) for f, c in feature_columns(table).items()}  # a scalar per step: shape (1,)
     flat, _, groups = _by_name(table, "stats")
     out = {}
@@ -343,8 +372,9 @@ def split_member(name: str) -> tuple[str | None, str, str]:
 
 
 def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
-    """A meta.json checked (``length`` int >= 0, ``fps`` > 0, ``task`` str, rates > 0) with ``task`` defaulted to
-    "" and ``rates`` = v1's ``camera_fps`` updated by ``rates``; ValueError naming the shard and key."""
+    """A meta.json checked (``length`` int >= 0, ``fps`` > 0, ``task`` str, rates > 0, ``task_runs`` starting at
+    step 0 and increasing) with ``task`` defaulted to "", ``task_runs`` to ``[]`` (else ``[(first step, text)]``)
+    and ``rates`` = v1's ``camera_fps`` updated by ``rates``; ValueError naming the shard and key."""
     where = f"{key}.meta.json in shard {shard!r}"
     try:
         meta = json.loads(raw.decode("utf-8"))
@@ -367,7 +397,15 @@ def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
     if not isinstance(task, str) or not isinstance(meta.get("features", {}), dict):
         raise ValueError(f"{where}: task must be a string and features a dict, got {task!r} and "
                          f"{meta.get('features')!r}")
-    return {**meta, "task": task, "rates": {k: float(v) for k, v in rates.items()}}
+    runs = meta.get("task_runs") or []
+    ok = isinstance(runs, list) and all(isinstance(r, list) and len(r) == 2 and isinstance(r[1], str)
+                                         and isinstance(r[0], int) and not isinstance(r[0], bool) for r in runs)
+    starts = [r[0] for r in runs] if ok else []
+    if not ok or runs and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= length):
+        raise ValueError(f"{where}: task_runs must be [[first step, task text], ...] with first steps 0, then "
+                         f"increasing below length {length}, got {meta.get('task_runs')!r}")
+    return {**meta, "task": task, "task_runs": [(int(a), t) for a, t in runs],
+            "rates": {k: float(v) for k, v in rates.items()}}
 
 
 def _groups(shard: str) -> Iterator[tuple[str, list[tuple[str, tarfile.TarInfo]], tarfile.TarFile]]:

@@ -115,8 +115,13 @@ class WebDatasetSource(EpisodeSource):
         self._lengths = table["length"].to_numpy().astype(np.int64)
         self._fps = table["fps"].to_numpy().astype(np.float64)
         task_names = table["task"].to_pylist()
-        self.tasks = list(dict.fromkeys(task_names))
+        runs = table["task_runs"].to_pylist()
+        self.tasks = list(dict.fromkeys([*task_names, *(r["task"] for rs in runs for r in rs)]))
         self._episode_tasks = _codes(task_names, self.tasks)
+        self._task_runs = {e: (np.array([r["start"] for r in rs], np.int64), _codes([r["task"] for r in rs],
+                                                                                     self.tasks))
+                           for e, rs in enumerate(runs) if rs}
+        self._episode_tasks[list(self._task_runs)] = -1
         full = table.set_column(table.schema.get_field_index("shard"), "shard",
                                 pa.array([self._shards[i] for i in self._shard_of], pa.string()))
         columns = feature_columns(full)  # errors name full shard paths
@@ -136,6 +141,19 @@ class WebDatasetSource(EpisodeSource):
     def episode_id(self, episode: int) -> str:
         """The webdataset key of ``episode``."""
         return self._ids[self._check_episode(episode)]
+
+    def step_tasks(self, episode: int) -> np.ndarray:
+        """The task id of every step of ``episode``, int64 ``[T]`` (from the index's task runs where it changes)."""
+        e = self._check_episode(episode)
+        if e not in self._task_runs:
+            return super().step_tasks(e)
+        starts, ids = self._task_runs[e]
+        return ids[np.searchsorted(starts, np.arange(self._lengths[e]), side="right") - 1]
+
+    def member_bytes(self, episode: int, feature: str) -> bytes:
+        """The stored bytes of one feature's member (an mp4 as it is in the shard, or the npy file)."""
+        self._check_feature(feature)
+        return self._member(self._check_episode(episode), feature)
 
     def describe(self, episode: int) -> str:
         """Where an episode lives, for error messages: its shard and key."""

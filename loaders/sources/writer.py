@@ -2,8 +2,9 @@
 
 Every feature of an episode becomes one tar member under its own name: arrays of any dtype and shape as
 ``<key>.<feature>.npy``, uint8 ``[T, H, W, 3]`` frames encoded as ``<key>.<feature>.mp4`` at the feature's rate,
-and mp4 bytes kept as they are. ``<key>.meta.json`` records the control clock, the length, the task, the rates
-and every feature's kind, dtype, shape, frame count and stats partial, so indexing the shards reads no pixels::
+and mp4 bytes kept as they are. ``<key>.meta.json`` records the control clock, the length, the task (and, for
+an episode whose task changes, ``task_runs``: ``[[first step, task], ...]``), the rates and every feature's kind,
+dtype, shape, frame count and stats partial, so indexing the shards reads no pixels::
 
     >>> import numpy as np, tempfile
     >>> with ShardWriter(tempfile.mkdtemp(), episodes_per_shard=2) as w:
@@ -17,16 +18,19 @@ and every feature's kind, dtype, shape, frame count and stats partial, so indexi
 Shards are ``shard-000000.tar``, ... written through ``webdataset.TarWriter`` with a fixed member mtime and a
 deterministic encoder, so equal inputs give byte-identical shards; each is written under a temporary name and
 renamed when complete, and the index (:mod:`mmfeed.loaders.sources.index`) is written beside them on close.
+:func:`episode_sample` (one episode's members) and :class:`ShardFile` (one shard under a name of your choosing)
+are the same steps for writers that place episodes themselves (``mmfeed.loaders.convert``).
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from numbers import Real
 from typing import Any
 
@@ -39,7 +43,7 @@ from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
 from mmfeed.packing.windows import frames_at_rate
 
-__all__ = ["ShardWriter"]
+__all__ = ["ShardFile", "ShardWriter", "episode_sample"]
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +74,10 @@ class ShardWriter:
         self.shards: list[str] = []
         self.index_path: str | None = None
         self._keys: set[str] = set()
-        self._file: Any = None
-        self._tar: Any = None
-        self._in_shard = 0
+        self._shard: ShardFile | None = None
         self._closed = False
 
-    def write(self, features: Mapping[str, Any], *, fps: float, task: str = "",
+    def write(self, features: Mapping[str, Any], *, fps: float, task: str | Sequence[str] = "",
               rates: Mapping[str, float] | None = None, key: str | None = None) -> str:
         """Add one episode; return its key (default ``episode_{n:06d}``, n counting episodes written).
 
@@ -85,22 +87,23 @@ class ShardWriter:
         fps: the control clock; features not in ``rates`` have one entry per step, and their common count is the
             episode's length. rates: feature -> fps for features recorded at another rate; each needs at least
             the frames that cover the episode's span (:func:`mmfeed.packing.windows.frames_at_rate`).
+        task: the episode's task text, or one text per step for an episode whose task changes (stored as runs).
         Raises ValueError naming the feature (and both lengths where two disagree) before anything is written.
         """
         if self._closed:
             raise ValueError(f"ShardWriter({self.out_dir!r}) is closed")
-        sample = self._sample(features, fps, task, dict(rates or {}), key)
-        if self._tar is None:
-            import webdataset
-
-            self._file = open(self._partial_path(), "wb")
-            self._tar = webdataset.TarWriter(self._file, encoder=False, mtime=_MTIME)
-        self._tar.write(sample)
-        self._keys.add(sample["__key__"])
-        self._in_shard += 1
-        if self._in_shard == self.episodes_per_shard:
+        key = f"episode_{len(self._keys):06d}" if key is None else key
+        if key in self._keys:
+            raise ValueError(f"episode key {key!r} was already written; keys must be unique")
+        sample = episode_sample(features, fps=fps, task=task, rates=rates, key=key, codec=self.codec, gop=self.gop,
+                                crf=self.crf)
+        if self._shard is None:
+            self._shard = ShardFile(os.path.join(self.out_dir, f"shard-{len(self.shards):06d}.tar"))
+        self._shard.add(sample)
+        self._keys.add(key)
+        if self._shard.episodes == self.episodes_per_shard:
             self._finish_shard()
-        return sample["__key__"]
+        return key
 
     def close(self) -> str | None:
         """Finish the last shard and write the index beside the shards; return its path (None: no episodes)."""
@@ -121,82 +124,148 @@ class ShardWriter:
             self.close()
             return
         self._closed = True
-        if self._tar is not None:
-            self._tar.close()
-            self._file.close()
-            os.unlink(self._partial_path())
-            self._tar = self._file = None
+        if self._shard is not None:
+            self._shard.discard()
+            self._shard = None
         log.warning("ShardWriter(%r) stopped by %s: kept %d complete shard(s), wrote no index", self.out_dir,
                     exc_type.__name__, len(self.shards))
 
-    # -- internals -------------------------------------------------------------------------------------------
-    def _partial_path(self) -> str:
-        return os.path.join(self.out_dir, f".shard-{len(self.shards):06d}.tar.partial")
-
     def _finish_shard(self) -> None:
-        if self._tar is None:
-            return
-        self._tar.close()
-        self._file.close()
-        path = os.path.join(self.out_dir, f"shard-{len(self.shards):06d}.tar")
-        os.replace(self._partial_path(), path)
-        self.shards.append(path)
-        self._tar = self._file = None
-        self._in_shard = 0
+        if self._shard is not None:
+            self._shard.close()
+            self.shards.append(self._shard.path)
+            self._shard = None
 
-    def _sample(self, features: Mapping[str, Any], fps: float, task: str, rates: dict[str, float],
-                key: str | None) -> dict[str, Any]:
-        """The tar members of one episode, checked before any video is encoded."""
-        key = f"episode_{len(self._keys):06d}" if key is None else key
-        if not isinstance(key, str) or not key or "." in key or "/" in key or key.startswith("_"):
-            raise ValueError(f"episode key {key!r} must be a non-empty string without '.' or '/', not starting with "
-                             "'_' (webdataset splits member names at the first dot)")
-        if key in self._keys:
-            raise ValueError(f"episode key {key!r} was already written; keys must be unique")
-        if isinstance(fps, bool) or not isinstance(fps, Real) or not fps > 0:
-            raise ValueError(f"fps must be a number > 0 (the control clock), got {fps!r}")
-        if not isinstance(task, str):
-            raise ValueError(f"task must be a string, got {task!r}")
-        if not isinstance(features, Mapping) or not features:
-            raise ValueError("features must be a non-empty dict of name -> array or mp4 bytes")
-        unknown = sorted(set(rates) - set(features))
-        if unknown:
-            raise ValueError(f"rates name {unknown}, which are not among the features {sorted(features)}")
-        values, described = {}, {}
-        for name, value in features.items():
-            if not isinstance(name, str) or not name or "/" in name or name.startswith("_") or name == "meta":
-                raise ValueError(f"feature name {name!r} must be a non-empty string without '/', not starting with "
-                                 "'_' and not 'meta'")
-            rate = rates.get(name, fps)
-            if isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0:
-                raise ValueError(f"rates[{name!r}] must be a number > 0, got {rate!r}")
-            values[name], described[name] = _describe(name, value)
-        clock = {n: d["frames"] for n, d in described.items() if n not in rates}
-        if not clock:
-            raise ValueError("every feature is in rates: at least one feature must run at the control clock (fps), "
-                             "its entries counting the episode's steps")
-        first, length = next(iter(clock.items()))
-        for name, frames in clock.items():
-            if frames != length:
-                raise ValueError(f"feature {name!r} has {frames} steps but feature {first!r} has {length}: features at "
-                                 f"the control clock ({fps:g} fps) have one entry per step; give the rate of a feature "
-                                 "recorded at another rate in rates=")
-        for name, rate in rates.items():
-            need = int(frames_at_rate(length, fps, rate))
-            if described[name]["frames"] < need:
-                raise ValueError(f"feature {name!r} has {described[name]['frames']} frames but {length} steps at "
-                                 f"{fps:g} fps need {need} at its rate {rate:g}")
-        sample: dict[str, Any] = {"__key__": key}
-        for name, value in values.items():
-            if isinstance(value, np.ndarray):  # frames to encode
-                value = encode_video(value, fps=float(rates.get(name, fps)), codec=self.codec, gop=self.gop,
-                                     crf=self.crf)
-            sample[f"{name}.{'npy' if described[name]['kind'] == 'array' else 'mp4'}"] = value
-        meta = {"fps": float(fps), "length": length, "task": task, "features": described}
-        if rates:
-            meta["rates"] = {k: float(v) for k, v in rates.items()}
-        sample["meta.json"] = json.dumps(meta, sort_keys=True).encode("utf-8")
-        return sample
+
+class ShardFile:
+    """One shard at ``path``, written as ``.<name>.partial`` beside it and renamed to ``path`` by :meth:`close`
+    (after an fsync), so ``path`` only ever holds a complete shard. Members carry a fixed mtime: equal samples
+    give equal bytes. After close, ``size`` and ``sha256`` describe the file; :meth:`discard` drops it."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        directory, name = os.path.split(self.path)
+        self.partial = os.path.join(directory, f".{name}.partial")
+        self.episodes = 0
+        self.size: int | None = None
+        self.sha256: str | None = None
+        self._file: Any = None
+        self._tar: Any = None
+
+    def add(self, sample: Mapping[str, Any]) -> None:
+        """Append one episode's members (:func:`episode_sample`)."""
+        if self._tar is None:
+            import webdataset
+
+            self._file = open(self.partial, "wb")
+            self._tar = webdataset.TarWriter(self._file, encoder=False, mtime=_MTIME)
+        self._tar.write(dict(sample))
+        self.episodes += 1
+
+    def close(self) -> str:
+        """Finish the tar, fsync it and rename it to ``path``; return ``path``."""
+        if self._tar is None:
+            raise ValueError(f"{self.path}: no episode was added; an empty shard is not written")
+        self._tar.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._tar = self._file = None
+        digest = hashlib.sha256()
+        with open(self.partial, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        self.size, self.sha256 = os.path.getsize(self.partial), digest.hexdigest()
+        os.replace(self.partial, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        """Drop the unfinished shard (its partial file)."""
+        if self._tar is not None:
+            self._tar.close()
+            self._file.close()
+            self._tar = self._file = None
+        if os.path.exists(self.partial):
+            os.unlink(self.partial)
+
+    def __enter__(self) -> ShardFile:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+def episode_sample(features: Mapping[str, Any], *, fps: float, task: str | Sequence[str] = "",
+                   rates: Mapping[str, float] | None = None, key: str, codec: str = "h264", gop: int = 30,
+                   crf: int | None = None) -> dict[str, Any]:
+    """The tar members of one episode (``__key__``, ``<feature>.npy`` / ``.mp4``, ``meta.json``), everything
+    checked as :meth:`ShardWriter.write` says before any frame array is encoded (with ``codec``, ``gop``, ``crf``)."""
+    rates = dict(rates or {})
+    if not isinstance(key, str) or not key or "." in key or "/" in key or key.startswith("_"):
+        raise ValueError(f"episode key {key!r} must be a non-empty string without '.' or '/', not starting with "
+                         "'_' (webdataset splits member names at the first dot)")
+    if isinstance(fps, bool) or not isinstance(fps, Real) or not fps > 0:
+        raise ValueError(f"fps must be a number > 0 (the control clock), got {fps!r}")
+    if not isinstance(task, str) and not (isinstance(task, (Sequence, np.ndarray))
+                                          and all(isinstance(t, str) for t in task)):
+        raise ValueError(f"task must be a string or one string per step, got {task!r}")
+    if not isinstance(features, Mapping) or not features:
+        raise ValueError("features must be a non-empty dict of name -> array or mp4 bytes")
+    unknown = sorted(set(rates) - set(features))
+    if unknown:
+        raise ValueError(f"rates name {unknown}, which are not among the features {sorted(features)}")
+    values, described = {}, {}
+    for name, value in features.items():
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("_") or name == "meta":
+            raise ValueError(f"feature name {name!r} must be a non-empty string without '/', not starting with "
+                             "'_' and not 'meta'")
+        rate = rates.get(name, fps)
+        if isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0:
+            raise ValueError(f"rates[{name!r}] must be a number > 0, got {rate!r}")
+        values[name], described[name] = _describe(name, value)
+    clock = {n: d["frames"] for n, d in described.items() if n not in rates}
+    if not clock:
+        raise ValueError("every feature is in rates: at least one feature must run at the control clock (fps), "
+                         "its entries counting the episode's steps")
+    first, length = next(iter(clock.items()))
+    for name, frames in clock.items():
+        if frames != length:
+            raise ValueError(f"feature {name!r} has {frames} steps but feature {first!r} has {length}: features at "
+                             f"the control clock ({fps:g} fps) have one entry per step; give the rate of a feature "
+                             "recorded at another rate in rates=")
+    for name, rate in rates.items():
+        need = int(frames_at_rate(length, fps, rate))
+        if described[name]["frames"] < need:
+            raise ValueError(f"feature {name!r} has {described[name]['frames']} frames but {length} steps at "
+                             f"{fps:g} fps need {need} at its rate {rate:g}")
+    text, runs = _task_runs(task, length)
+    sample: dict[str, Any] = {"__key__": key}
+    for name, value in values.items():
+        if isinstance(value, np.ndarray):  # frames to encode
+            value = encode_video(value, fps=float(rates.get(name, fps)), codec=codec, gop=gop, crf=crf)
+        sample[f"{name}.{'npy' if described[name]['kind'] == 'array' else 'mp4'}"] = value
+    meta = {"fps": float(fps), "length": length, "task": text, "features": described}
+    if runs:
+        meta["task_runs"] = runs
+    if rates:
+        meta["rates"] = {k: float(v) for k, v in rates.items()}
+    sample["meta.json"] = json.dumps(meta, sort_keys=True).encode("utf-8")
+    return sample
+
+
+def _task_runs(task: str | Sequence[str], length: int) -> tuple[str, list[list]]:
+    """``(task text, runs)``: the text, and ``[[first step, text], ...]`` only where the task changes."""
+    if isinstance(task, str):
+        return task, []
+    steps = [str(t) for t in task]
+    if len(steps) != length:
+        raise ValueError(f"task gives {len(steps)} per-step texts but the episode has {length} steps; give one "
+                         "text per step, or one string for the whole episode")
+    runs = [[i, t] for i, t in enumerate(steps) if i == 0 or t != steps[i - 1]]
+    return (runs[0][1] if runs else ""), (runs if len(runs) > 1 else [])
 
 
 def _describe(name: str, value: Any) -> tuple[Any, dict[str, Any]]:
