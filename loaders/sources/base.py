@@ -117,12 +117,12 @@ class EpisodeSource:
         self._check_feature(feature)
         return np.ones(len(self), dtype=bool)
 
-    def windows(self, spec, **kwargs):
+    def windows(self, spec):
         """The unpacked, LeRobotDataset-shaped view: one sample per step of every episode (see
         :class:`mmfeed.loaders.views.WindowsDataset`)."""
         from mmfeed.loaders.views import WindowsDataset
 
-        return WindowsDataset(self, spec, **kwargs)
+        return WindowsDataset(self, spec)
 
     def step_tasks(self, episode: int) -> np.ndarray:
         """The task id of every step of ``episode``, int64 ``[T]``."""
