@@ -85,7 +85,7 @@ os.register_at_fork(after_in_child=_park_inherited_readers)
 
 
 class VideoReaderCache:
-    """Open video readers, at most ``max_open`` of them, the least recently used closed first.
+    """Open video readers, at most ``max_open`` of them per thread, the least recently used closed first.
 
     Readers are keyed by file (absolute path, size and modification time; in-memory bytes by object identity,
     kept alive while cached) and by thread: a decoder is never shared by two threads, so one cache (and the source
@@ -129,9 +129,13 @@ class VideoReaderCache:
         with self._lock:
             self.opened += 1
             self._readers[key] = (reader, source)
-            while len(self._readers) > self.max_open:
-                _, (old, _) = self._readers.popitem(last=False)
-                old.close()
+            # At most max_open readers per thread, the least recently used closed first; a thread never closes
+            # another's (it may be decoding with it), and readers of threads that ended go.
+            alive = {t.ident for t in threading.enumerate()}
+            mine = [k for k in self._readers if k[0] == key[0]]
+            stale = [k for k in self._readers if k[0] not in alive] + mine[: max(len(mine) - self.max_open, 0)]
+            for k in stale:
+                self._readers.pop(k)[0].close()
         return reader
 
     def info(self, source: VideoSource) -> VideoInfo:

@@ -392,8 +392,8 @@ def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
             raise ValueError(f"{where}: {field} must map feature -> fps, got {meta[field]!r}")
         rates.update(meta.get(field) or {})
     for name, rate in {"fps": fps, **{f"rates[{k!r}]": v for k, v in rates.items()}}.items():
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-            raise ValueError(f"{where}: {name} must be a number > 0, got {rate!r}")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf"):
+            raise ValueError(f"{where}: {name} must be a finite number > 0, got {rate!r}")
     if not isinstance(task, str) or not isinstance(meta.get("features", {}), dict):
         raise ValueError(f"{where}: task must be a string and features a dict, got {task!r} and "
                          f"{meta.get('features')!r}")

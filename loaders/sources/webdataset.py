@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
@@ -137,6 +138,7 @@ class WebDatasetSource(EpisodeSource):
         self._bytes: OrderedDict[tuple[int, str], bytes] = OrderedDict()
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
         self._checked: set[tuple[int, str]] = set()
+        self._lock = threading.Lock()  # guards the caches: one source may serve loaders in several threads
 
     def episode_id(self, episode: int) -> str:
         """The webdataset key of ``episode``."""
@@ -192,22 +194,30 @@ class WebDatasetSource(EpisodeSource):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_bytes"], state["_videos"] = OrderedDict(), {}  # each worker reads and decodes its own bytes
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # -- internals -------------------------------------------------------------------------------------------
     def _member(self, episode: int, feature: str) -> bytes:
         if self._held is not None:
             return self._held[episode][self._member_names[feature][episode]]
         key = (episode, feature)
-        if key in self._bytes:
-            self._bytes.move_to_end(key)
-            return self._bytes[key]
+        with self._lock:
+            data = self._bytes.get(key)
+            if data is not None:
+                self._bytes.move_to_end(key)
+                return data
         offsets, sizes = self._members[feature]
         with stage("read"):
             data = read_member(self._shards[self._shard_of[episode]], offsets[episode], sizes[episode])
-        self._bytes[key] = data
-        while len(self._bytes) > self.cache_episodes * len(self.features):
-            self._bytes.popitem(last=False)
+        with self._lock:
+            self._bytes[key] = data
+            while len(self._bytes) > self.cache_episodes * len(self.features):
+                self._bytes.popitem(last=False)
         return data
 
     def _array(self, episode: int, feature: str) -> np.ndarray:
@@ -216,10 +226,12 @@ class WebDatasetSource(EpisodeSource):
                         expect_dtype=f.dtype, expect_shape=(int(self._frames[feature][episode]), *f.shape))
 
     def _cache(self, size: tuple[int, int] | None) -> VideoReaderCache:
-        if size not in self._videos:
-            self._videos[size] = VideoReaderCache(max_open=max(2, self.cache_episodes), backend=self.backend,
-                                                  size=size)
-        return self._videos[size]
+        """The decoder cache of one frame size (it keeps one decoder per thread)."""
+        with self._lock:
+            if size not in self._videos:
+                self._videos[size] = VideoReaderCache(max_open=max(2, self.cache_episodes), backend=self.backend,
+                                                      size=size)
+            return self._videos[size]
 
     def _check_video(self, episode: int, feature: str, data: bytes, where: str) -> None:
         """Once per video: it opens, has the frame size and at least the frames the index promises. Its reader
