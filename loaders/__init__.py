@@ -27,6 +27,7 @@ import importlib
 # public name -> module that defines it
 _EXPORTS = {
     "DataLoader": "mmfeed.loaders.dataloader",
+    "convert": "mmfeed.loaders.conversion",
     "DevicePrefetcher": "mmfeed.loaders.prefetch",
     "ErrorPolicy": "mmfeed.loaders.errors",
     "Feature": "mmfeed.loaders.sources.base",

@@ -3,7 +3,7 @@
 SRC is a LeRobot v3 directory (a local path or an fsspec URL), mmfeed/webdataset shards (to re-shard or
 transcode) or ``module:function`` naming a generator of episodes (dicts of the keyword form
 :meth:`~mmfeed.loaders.sources.writer.ShardWriter.write` takes; see
-:func:`~mmfeed.loaders.convert_sources.normalize_episode`)::
+:func:`~mmfeed.loaders.conversion_sources.normalize_episode`)::
 
     summary = convert("lerobot/droid", "shards/", codec="h264", gop=30, episodes_per_shard=8, workers=16)
     ds = open_dataset("shards/")          # every feature, every step's task, the stats (with quantiles)
@@ -46,8 +46,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mmfeed.loaders.convert_engines import ConvertError, Progress, encoder_versions, run_local, run_ray
-from mmfeed.loaders.convert_sources import (estimate_generated, iter_generator, normalize_episode, open_reader,
+from mmfeed.loaders.conversion_engines import ConvertError, Progress, encoder_versions, run_local, run_ray
+from mmfeed.loaders.conversion_sources import (estimate_generated, iter_generator, normalize_episode, open_reader,
                                             source_kind)
 from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
 

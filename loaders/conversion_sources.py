@@ -1,4 +1,4 @@
-"""What :func:`mmfeed.loaders.convert.convert` reads: one reader per kind of source, each giving episode ``i`` as
+"""What :func:`mmfeed.loaders.convert` reads: one reader per kind of source, each giving episode ``i`` as
 the keyword arguments of :func:`~mmfeed.loaders.sources.writer.episode_sample`, every video already as mp4 bytes.
 
 - LeRobot v3 (a directory, or an fsspec URL whose files are fetched on demand into a small local cache): arrays

@@ -1,4 +1,4 @@
-"""Where :func:`mmfeed.loaders.convert.convert` runs its shards: :func:`convert_shard` writes one shard (the unit
+"""Where :func:`mmfeed.loaders.convert` runs its shards: :func:`convert_shard` writes one shard (the unit
 of work, of retry and of resume), :func:`run_local` runs shards in this process or a pool of processes,
 :func:`run_ray` as Ray tasks with retries, and :class:`Progress` shows episodes, MB written, rate and ETA.
 
@@ -46,7 +46,7 @@ def convert_shard(job: Any, k: int, items: list) -> dict[str, Any]:
     ``errors="skip"``) and this run's seconds: opening the source (imports included, once per process), then in
     the shard's episodes (total, reading/decoding, encoding)."""
     opened = time.perf_counter()
-    from mmfeed.loaders.convert_sources import open_reader
+    from mmfeed.loaders.conversion_sources import open_reader
     from mmfeed.loaders.sources.writer import ShardFile, episode_sample
 
     reader = open_reader(job)
