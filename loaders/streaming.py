@@ -5,7 +5,7 @@ chain of small stages, each a plain generator over the one before, over the same
 read/lay-out split as the planned loader:
 
 1. :func:`read_shards`: a worker's shards in order, episode by episode, through the one tar reader
-   (:func:`~mmfeed.loaders.sources.index.iter_shard`);
+   (:func:`~mmfeed.loaders.sources.tar.iter_shard`);
 2. each episode becomes an in-memory source (:meth:`WebDatasetSource.from_memory`, the reader indexed shards
    use) and is cut into samples exactly as the planned loader cuts them
    (:class:`~mmfeed.loaders.items.EpisodeItems`: windows, or whole-episode chunks);
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from mmfeed.loaders.packing_config import Packing
-from mmfeed.loaders.sources.index import iter_shard
+from mmfeed.loaders.sources.tar import iter_shard
 from mmfeed.loaders.sources.webdataset import expand_shards
 from mmfeed.packing import PackedBatch
 

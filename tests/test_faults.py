@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
-from mmfeed.loaders.sources.index import build_index, parse_meta
+from mmfeed.loaders.sources.index import build_index
+from mmfeed.loaders.sources.tar import parse_meta
 from mmfeed.testing import make_episodes, write_webdataset
 
 CAM = "observation.images.cam_high"

@@ -15,8 +15,9 @@ import webdataset
 from mmfeed.codecs import encode_video
 from mmfeed.loaders.errors import SampleError
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.index import (INDEX_FILENAME, build_index, dataset_stats, feature_columns, iter_shard,
-                                          read_member, read_shard_index, write_index)
+from mmfeed.loaders.sources.index import (INDEX_FILENAME, build_index, dataset_stats, feature_columns,
+                                          read_shard_index, write_index)
+from mmfeed.loaders.sources.tar import iter_shard, read_member
 from mmfeed.loaders.sources.webdataset import WebDatasetSource
 from mmfeed.loaders.sources.writer import ShardWriter
 from mmfeed.packing.windows import frames_at_rate

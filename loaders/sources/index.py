@@ -5,14 +5,14 @@ steps first) or ``<key>.<feature>.mp4`` per feature, and ``<key>.meta.json`` (``
 ``length`` in steps, ``task``, optional ``rates`` {feature: fps} and, for an episode whose task changes,
 ``task_runs`` ``[[first step, task], ...]``; :class:`~mmfeed.loaders.sources.writer.ShardWriter`
 adds ``features`` {name: {kind, dtype, shape, frames, stats}}, so indexing its shards reads only tar headers,
-meta.json and npy headers). Member names split as in :func:`split_member`. First-version shards (meta.json
+meta.json and npy headers). Member names split as in :func:`~mmfeed.loaders.sources.tar.split_member`. First-version shards (meta.json
 ``cameras`` / ``camera_fps``; ``<cam>.mp4``, ``proprio.npy``, ``action.npy``) index the same way, as features
 ``proprio``, ``action`` and one per camera at its ``camera_fps``; their videos are probed, their arrays read.
 
     >>> table = read_shard_index("shards/" + INDEX_FILENAME)                                    # doctest: +SKIP
     >>> state = feature_columns(table)["observation.state"]                                     # doctest: +SKIP
     >>> shard = resolve_shard("shards/" + INDEX_FILENAME, table["shard"][0].as_py())             # doctest: +SKIP
-    >>> raw = read_member(shard, state["offset"][0], state["size"][0])                           # doctest: +SKIP
+    >>> raw = tar.read_member(shard, state["offset"][0], state["size"][0])                           # doctest: +SKIP
 
 Schema: one row per episode, in shard order then tar order (``INDEX_VERSION`` counts incompatible changes).
 
@@ -51,8 +51,7 @@ import io
 import json
 import os
 import posixpath
-import tarfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -65,11 +64,12 @@ from mmfeed.codecs.demux import probe
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
+from mmfeed.loaders.sources.tar import extract, member_groups, open_file, parse_meta, stat_file
 from mmfeed.packing.windows import frames_at_rate
 
 __all__ = ["INDEX_FILENAME", "INDEX_SCHEMA", "INDEX_VERSION", "VIDEO_EXTENSIONS", "build_index", "dataset_stats",
-           "default_index_path", "feature_columns", "index_version", "iter_shard", "read_member", "read_shard_index",
-           "resolve_shard", "split_member", "stale_shards", "write_index"]
+           "default_index_path", "feature_columns", "index_version", "read_shard_index", "resolve_shard",
+           "stale_shards", "write_index"]
 
 INDEX_FILENAME = "mmfeed-index.parquet"
 """Default file name of the index, written beside the shards."""
@@ -121,23 +121,23 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
     sketches: dict[str, Sketch] | None = {} if quantiles else None
     seen: dict[str, str] = {}
     for shard in shards:
-        size, mtime_ns = _stat(shard)
+        size, mtime_ns = stat_file(shard)
         mtime_ns = mtime_ns if record_mtime else None
-        for key, group, tar in _groups(shard):
+        for key, group, tar in member_groups(shard):
             if key in seen:
                 raise ValueError(f"episode id {key!r} appears twice: in {seen[key]!r} and in {shard!r}; episode ids "
                                  "must be unique across all shards of one index")
             seen[key] = shard
             entries = [(n, i.offset_data, i.size) for n, i in group]
             infos = dict(group)
-            _add_row(rows, partials, shard, key, entries, lambda n: _extract(tar, infos[n]), size, mtime_ns,
+            _add_row(rows, partials, shard, key, entries, lambda n: extract(tar, infos[n]), size, mtime_ns,
                      sketches)
     return _finish(rows, partials, root, sketches)
 
 
 def memory_table(name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]]) -> pa.Table:
     """The index table of episodes held in memory as ``(key, {member name after the key: bytes})`` (what
-    :func:`iter_shard` yields), every member at offset 0 of its own bytes: how a stream reads the episodes it
+    :func:`~mmfeed.loaders.sources.tar.iter_shard` yields), every member at offset 0 of its own bytes: how a stream reads the episodes it
     holds with the very reader that reads indexed shards."""
     rows: dict[str, list[Any]] = {n: [] for n in INDEX_SCHEMA.names}
     partials: list[dict[str, dict[str, np.ndarray]]] = []
@@ -188,7 +188,7 @@ def write_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, path: s
     ``record_mtime`` as in :func:`build_index`."""
     path = os.fspath(path) if path is not None else default_index_path(shards)
     table = build_index(shards, root=_dirname(path), quantiles=quantiles, record_mtime=record_mtime)
-    with _open(path, "wb") as f:
+    with open_file(path, "wb") as f:
         pq.write_table(table, f)
     return path
 
@@ -200,7 +200,7 @@ def default_index_path(shards: Sequence[str | os.PathLike] | str | os.PathLike) 
 
 def index_version(path: str | os.PathLike) -> int | None:
     """The ``INDEX_VERSION`` an index file was written with, or None when it is not an mmfeed index."""
-    with _open(os.fspath(path)) as f:
+    with open_file(os.fspath(path)) as f:
         metadata = pq.read_schema(f).metadata or {}
     try:
         info = json.loads(metadata[b"mmfeed"])
@@ -218,7 +218,7 @@ def read_shard_index(path: str | os.PathLike) -> pa.Table:
         what = "is not an mmfeed shard index" if version is None else f"is an mmfeed index of version {version}"
         raise ValueError(f"{path!r} {what}; this mmfeed reads version {INDEX_VERSION} (features by name, with "
                          f"stats): rebuild it with `mmfeed index SHARDS`")
-    with _open(path) as f:
+    with open_file(path) as f:
         table = pq.read_table(f)
     if "task_runs" not in table.column_names:  # written before episodes could change task: none does
         runs = pa.array([[]] * table.num_rows, INDEX_SCHEMA.field("task_runs").type)
@@ -313,136 +313,12 @@ def stale_shards(index_path: str | os.PathLike, table: pa.Table | None = None) -
     for shard, size, mtime in dict.fromkeys(recorded):
         path = resolve_shard(index_path, shard)
         try:
-            now_size, now_mtime = _stat(path)
+            now_size, now_mtime = stat_file(path)
         except FileNotFoundError:
             now_size, now_mtime = None, None
         if now_size != size or (None not in (mtime, now_mtime) and now_mtime != mtime):
             stale.append(path)
     return stale
-
-
-def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
-    """The ``size`` bytes at ``offset`` of a shard (one member's data): a seek and a read, a range request for URLs.
-    ValueError when offset or size is negative or the shard ends before ``offset + size``."""
-    shard_path = os.fspath(shard_path)
-    offset, size = int(offset), int(size)
-    if offset < 0 or size < 0:
-        raise ValueError(f"offset {offset} and size {size} must be >= 0 (reading {shard_path!r})")
-    if "://" in shard_path and not shard_path.startswith("file://"):
-        from mmfeed.loaders.sources.remote import read_range  # range requests through a bounded block cache
-
-        data = read_range(shard_path, offset, size)
-    else:
-        with open(shard_path.removeprefix("file://"), "rb") as f:
-            f.seek(offset)
-            data = f.read(size)
-    if len(data) != size:
-        raise ValueError(f"{shard_path!r} ends before byte {offset + size} (got {len(data)} of {size} bytes at offset "
-                         f"{offset}): the shard is truncated or the index is out of date; rebuild it with "
-                         "`mmfeed index`")
-    return data
-
-
-def iter_shard(shard: str | os.PathLike, select=None) -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
-    """Every episode of one shard in tar order, read front to back (for streaming readers): ``(key, {member name
-    after the key: bytes}, meta)``; ``meta`` is the parsed meta.json with ``task`` and ``rates`` filled in.
-    ``select(position)`` False skips the episode at that position (0, 1, ... in tar order) unread."""
-    shard = os.fspath(shard)
-    for position, (key, group, tar) in enumerate(_groups(shard)):
-        if select is not None and not select(position):
-            continue
-        data = {name: _extract(tar, info).read() for name, info in group}
-        if "meta.json" not in data:
-            raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member")
-        yield key, data, parse_meta(shard, key, data["meta.json"])
-
-
-def split_member(name: str) -> tuple[str | None, str, str]:
-    """``(key, feature, extension)`` of a tar member name; key None for names webdataset skips (no extension).
-
-    >>> split_member("ep_7.observation.state.npy"), split_member("ep_7.meta.json")
-    (('ep_7', 'observation.state', 'npy'), ('ep_7', 'meta', 'json'))
-    """
-    head, base = posixpath.split(name)
-    if "." not in base or base.startswith("."):
-        return None, "", ""
-    stem, rest = base.split(".", 1)
-    feature, _, ext = rest.rpartition(".")
-    return (posixpath.join(head, stem) if head else stem), feature, ext
-
-
-def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
-    """A meta.json checked (``length`` int >= 0, ``fps`` > 0, ``task`` str, rates > 0, ``task_runs`` starting at
-    step 0 and increasing) with ``task`` defaulted to "", ``task_runs`` to ``[]`` (else ``[(first step, text)]``)
-    and ``rates`` = v1's ``camera_fps`` updated by ``rates``; ValueError naming the shard and key."""
-    where = f"{key}.meta.json in shard {shard!r}"
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where} is not valid UTF-8 JSON: {exc}") from exc
-    missing = [k for k in ("fps", "length") if k not in meta] if isinstance(meta, dict) else ["a JSON object"]
-    if missing:
-        raise ValueError(f"{where} lacks {missing}; it needs fps, length and (optionally) task and rates")
-    length, fps, task = meta["length"], meta["fps"], meta.get("task", "")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise ValueError(f"{where}: length must be an integer >= 0, got {length!r}")
-    rates: dict[str, float] = {}
-    for field in ("camera_fps", "rates"):  # v1's per-camera rates, then v2's per-feature ones
-        if not isinstance(meta.get(field) or {}, dict):
-            raise ValueError(f"{where}: {field} must map feature -> fps, got {meta[field]!r}")
-        rates.update(meta.get(field) or {})
-    for name, rate in {"fps": fps, **{f"rates[{k!r}]": v for k, v in rates.items()}}.items():
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf"):
-            raise ValueError(f"{where}: {name} must be a finite number > 0, got {rate!r}")
-    if not isinstance(task, str) or not isinstance(meta.get("features", {}), dict):
-        raise ValueError(f"{where}: task must be a string and features a dict, got {task!r} and "
-                         f"{meta.get('features')!r}")
-    runs = meta.get("task_runs") or []
-    ok = isinstance(runs, list) and all(isinstance(r, list) and len(r) == 2 and isinstance(r[1], str)
-                                         and isinstance(r[0], int) and not isinstance(r[0], bool) for r in runs)
-    starts = [r[0] for r in runs] if ok else []
-    if not ok or runs and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= length):
-        raise ValueError(f"{where}: task_runs must be [[first step, task text], ...] with first steps 0, then "
-                         f"increasing below length {length}, got {meta.get('task_runs')!r}")
-    return {**meta, "task": task, "task_runs": [(int(a), t) for a, t in runs],
-            "rates": {k: float(v) for k, v in rates.items()}}
-
-
-def _groups(shard: str) -> Iterator[tuple[str, list[tuple[str, tarfile.TarInfo]], tarfile.TarFile]]:
-    """``(key, [(member name after the key, info)], tar)`` per episode in tar order; a key's members must be
-    consecutive, as webdataset reads them. The tar stays open while the caller reads members of the group."""
-    size = _stat(shard)[0]
-    with _open(shard) as f:
-        try:
-            tar = tarfile.open(fileobj=f, mode="r:")
-        except tarfile.TarError as exc:
-            raise ValueError(f"{shard!r} is not a readable uncompressed tar file: {exc}") from exc
-        with tar:
-            key, group, done = None, [], set()
-            try:
-                for info in tar:
-                    if not info.isfile():
-                        continue
-                    if info.offset_data + info.size > size:
-                        raise ValueError(f"{shard!r} is truncated: member {info.name!r} needs bytes up to "
-                                         f"{info.offset_data + info.size} but the file has {size}")
-                    k, feature, ext = split_member(info.name)
-                    if k is None:
-                        continue  # webdataset skips names without an extension too
-                    if k != key:
-                        if group:
-                            yield key, group, tar
-                        if k in done:
-                            raise ValueError(f"{shard!r}: the members of key {k!r} are not consecutive (member "
-                                             f"{info.name!r} follows other keys); webdataset would split the episode")
-                        done.add(k)
-                        key, group = k, []
-                    group.append((f"{feature}.{ext}" if feature else ext, info))
-            except (tarfile.TarError, EOFError, OSError) as exc:
-                raise ValueError(f"{shard!r} is not a readable uncompressed tar file (truncated or corrupt): "
-                                 f"{exc}") from exc
-            if group:
-                yield key, group, tar
 
 
 def _episode(shard: str, key: str, entries: list[tuple[str, int, int]], open_member
@@ -541,37 +417,11 @@ def _codes(strings: pa.Array) -> tuple[np.ndarray, list[str]]:
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
-def _extract(tar: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
-    extracted = tar.extractfile(info)
-    assert extracted is not None  # a regular file always extracts
-    return extracted
-
-
 def _paths(shards: Iterable[str | os.PathLike] | str | os.PathLike) -> list[str]:
     shards = [os.fspath(s) for s in ([shards] if isinstance(shards, (str, os.PathLike)) else shards)]
     if not shards:
         raise ValueError("shards is empty: pass at least one .tar path or URL")
     return shards
-
-
-def _open(path: str, mode: str = "rb") -> IO[bytes]:
-    if "://" in path:
-        import fsspec
-
-        return fsspec.open(path, mode).open()
-    return open(path, mode)
-
-
-def _stat(path: str) -> tuple[int, int | None]:
-    if "://" in path:
-        import fsspec
-
-        fs, inner = fsspec.core.url_to_fs(path)
-        info = fs.info(inner)
-        mtime = info.get("mtime")
-        return int(info["size"]), (int(float(mtime) * 1e9) if isinstance(mtime, (int, float)) else None)
-    st = os.stat(path)
-    return int(st.st_size), int(st.st_mtime_ns)
 
 
 def _join(directory: str, name: str) -> str:

@@ -32,8 +32,9 @@ from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats, memory_table,
-                                          default_index_path, feature_columns, index_version, read_member,
-                                          read_shard_index, resolve_shard, stale_shards)
+                                          default_index_path, feature_columns, index_version, read_shard_index,
+                                          resolve_shard, stale_shards)
+from mmfeed.loaders.sources.tar import read_member
 from mmfeed.loaders.timing import stage
 
 __all__ = ["WebDatasetSource", "expand_shards"]
@@ -96,7 +97,7 @@ class WebDatasetSource(EpisodeSource):
     def from_memory(cls, name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]], *, backend: str = "auto",
                     frame_size: FrameSize = None) -> WebDatasetSource:
         """The episodes ``(key, {member name after the key: bytes})`` held in memory (a stream's, as
-        :func:`~mmfeed.loaders.sources.index.iter_shard` yields them), read exactly as indexed shards are."""
+        :func:`~mmfeed.loaders.sources.tar.iter_shard` yields them), read exactly as indexed shards are."""
         self = cls.__new__(cls)
         self.backend, self.cache_episodes = backend, max(1, len(episodes))
         self._from_table(memory_table(name, episodes), name, name, frame_size)

@@ -1,0 +1,166 @@
+"""The one tar reader of webdataset shards, in its three uses: the index scan (member groups with their byte
+offsets, :func:`member_groups`), the stream (every episode's members front to back, :func:`iter_shard`) and the
+byte-range read of one member (:func:`read_member`, a range request for URLs), plus the parsing of an episode's
+``meta.json`` and of member names, which all three share. Local paths and fsspec URLs alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tarfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+__all__ = ["extract", "iter_shard", "member_groups", "open_file", "parse_meta", "read_member", "split_member",
+           "stat_file"]
+
+
+def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
+    """The ``size`` bytes at ``offset`` of a shard (one member's data): a seek and a read, a range request for URLs.
+    ValueError when offset or size is negative or the shard ends before ``offset + size``."""
+    shard_path = os.fspath(shard_path)
+    offset, size = int(offset), int(size)
+    if offset < 0 or size < 0:
+        raise ValueError(f"offset {offset} and size {size} must be >= 0 (reading {shard_path!r})")
+    if "://" in shard_path and not shard_path.startswith("file://"):
+        from mmfeed.loaders.sources.remote import read_range  # range requests through a bounded block cache
+
+        data = read_range(shard_path, offset, size)
+    else:
+        with open(shard_path.removeprefix("file://"), "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    if len(data) != size:
+        raise ValueError(f"{shard_path!r} ends before byte {offset + size} (got {len(data)} of {size} bytes at offset "
+                         f"{offset}): the shard is truncated or the index is out of date; rebuild it with "
+                         "`mmfeed index`")
+    return data
+
+
+def iter_shard(shard: str | os.PathLike, select=None) -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:
+    """Every episode of one shard in tar order, read front to back (for streaming readers): ``(key, {member name
+    after the key: bytes}, meta)``; ``meta`` is the parsed meta.json with ``task`` and ``rates`` filled in.
+    ``select(position)`` False skips the episode at that position (0, 1, ... in tar order) unread."""
+    shard = os.fspath(shard)
+    for position, (key, group, tar) in enumerate(member_groups(shard)):
+        if select is not None and not select(position):
+            continue
+        data = {name: extract(tar, info).read() for name, info in group}
+        if "meta.json" not in data:
+            raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member")
+        yield key, data, parse_meta(shard, key, data["meta.json"])
+
+
+def split_member(name: str) -> tuple[str | None, str, str]:
+    """``(key, feature, extension)`` of a tar member name; key None for names webdataset skips (no extension).
+
+    >>> split_member("ep_7.observation.state.npy"), split_member("ep_7.meta.json")
+    (('ep_7', 'observation.state', 'npy'), ('ep_7', 'meta', 'json'))
+    """
+    head, base = posixpath.split(name)
+    if "." not in base or base.startswith("."):
+        return None, "", ""
+    stem, rest = base.split(".", 1)
+    feature, _, ext = rest.rpartition(".")
+    return (posixpath.join(head, stem) if head else stem), feature, ext
+
+
+def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
+    """A meta.json checked (``length`` int >= 0, ``fps`` > 0, ``task`` str, rates > 0, ``task_runs`` starting at
+    step 0 and increasing) with ``task`` defaulted to "", ``task_runs`` to ``[]`` (else ``[(first step, text)]``)
+    and ``rates`` = v1's ``camera_fps`` updated by ``rates``; ValueError naming the shard and key."""
+    where = f"{key}.meta.json in shard {shard!r}"
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not valid UTF-8 JSON: {exc}") from exc
+    missing = [k for k in ("fps", "length") if k not in meta] if isinstance(meta, dict) else ["a JSON object"]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}; it needs fps, length and (optionally) task and rates")
+    length, fps, task = meta["length"], meta["fps"], meta.get("task", "")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"{where}: length must be an integer >= 0, got {length!r}")
+    rates: dict[str, float] = {}
+    for field in ("camera_fps", "rates"):  # v1's per-camera rates, then v2's per-feature ones
+        if not isinstance(meta.get(field) or {}, dict):
+            raise ValueError(f"{where}: {field} must map feature -> fps, got {meta[field]!r}")
+        rates.update(meta.get(field) or {})
+    for name, rate in {"fps": fps, **{f"rates[{k!r}]": v for k, v in rates.items()}}.items():
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < float("inf"):
+            raise ValueError(f"{where}: {name} must be a finite number > 0, got {rate!r}")
+    if not isinstance(task, str) or not isinstance(meta.get("features", {}), dict):
+        raise ValueError(f"{where}: task must be a string and features a dict, got {task!r} and "
+                         f"{meta.get('features')!r}")
+    runs = meta.get("task_runs") or []
+    ok = isinstance(runs, list) and all(isinstance(r, list) and len(r) == 2 and isinstance(r[1], str)
+                                         and isinstance(r[0], int) and not isinstance(r[0], bool) for r in runs)
+    starts = [r[0] for r in runs] if ok else []
+    if not ok or runs and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= length):
+        raise ValueError(f"{where}: task_runs must be [[first step, task text], ...] with first steps 0, then "
+                         f"increasing below length {length}, got {meta.get('task_runs')!r}")
+    return {**meta, "task": task, "task_runs": [(int(a), t) for a, t in runs],
+            "rates": {k: float(v) for k, v in rates.items()}}
+
+
+def member_groups(shard: str) -> Iterator[tuple[str, list[tuple[str, tarfile.TarInfo]], tarfile.TarFile]]:
+    """``(key, [(member name after the key, info)], tar)`` per episode in tar order; a key's members must be
+    consecutive, as webdataset reads them. The tar stays open while the caller reads members of the group."""
+    size = stat_file(shard)[0]
+    with open_file(shard) as f:
+        try:
+            tar = tarfile.open(fileobj=f, mode="r:")
+        except tarfile.TarError as exc:
+            raise ValueError(f"{shard!r} is not a readable uncompressed tar file: {exc}") from exc
+        with tar:
+            key, group, done = None, [], set()
+            try:
+                for info in tar:
+                    if not info.isfile():
+                        continue
+                    if info.offset_data + info.size > size:
+                        raise ValueError(f"{shard!r} is truncated: member {info.name!r} needs bytes up to "
+                                         f"{info.offset_data + info.size} but the file has {size}")
+                    k, feature, ext = split_member(info.name)
+                    if k is None:
+                        continue  # webdataset skips names without an extension too
+                    if k != key:
+                        if group:
+                            yield key, group, tar
+                        if k in done:
+                            raise ValueError(f"{shard!r}: the members of key {k!r} are not consecutive (member "
+                                             f"{info.name!r} follows other keys); webdataset would split the episode")
+                        done.add(k)
+                        key, group = k, []
+                    group.append((f"{feature}.{ext}" if feature else ext, info))
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise ValueError(f"{shard!r} is not a readable uncompressed tar file (truncated or corrupt): "
+                                 f"{exc}") from exc
+            if group:
+                yield key, group, tar
+
+
+def extract(tar: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
+    extracted = tar.extractfile(info)
+    assert extracted is not None  # a regular file always extracts
+    return extracted
+
+
+def open_file(path: str, mode: str = "rb") -> IO[bytes]:
+    if "://" in path:
+        import fsspec
+
+        return fsspec.open(path, mode).open()
+    return open(path, mode)
+
+
+def stat_file(path: str) -> tuple[int, int | None]:
+    if "://" in path:
+        import fsspec
+
+        fs, inner = fsspec.core.url_to_fs(path)
+        info = fs.info(inner)
+        mtime = info.get("mtime")
+        return int(info["size"]), (int(float(mtime) * 1e9) if isinstance(mtime, (int, float)) else None)
+    st = os.stat(path)
+    return int(st.st_size), int(st.st_mtime_ns)
