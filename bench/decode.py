@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from mmfeed.bench.common import cache_dir as bench_cache
 from mmfeed.bench.common import consecutive_views, environment, table
 from mmfeed.bench.lerobot_compare import run_child
 from mmfeed.codecs import FrameRequest, VideoReaderCache, decode_batch, probe, read_frames
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.decode", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small videos and few repeats (a smoke run)")
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
-    parser.add_argument("--cache-dir", default=None, help="where the synthetic videos are kept")
+    parser.add_argument("--cache-dir", default=None,
+                        help="where the synthetic videos are kept (default $MMFEED_CACHE/bench, ~/.cache/mmfeed/bench)")
     parser.add_argument("--repeats", type=int, default=None, help="measured repeats per figure (default 5, quick 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lerobot-python", default=None, help="python of a venv with lerobot and torchcodec: "
@@ -124,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats must be >= 1, got {repeats}")
     if args.lerobot_python is not None and not os.path.exists(args.lerobot_python):
         parser.error(f"--lerobot-python {args.lerobot_python} does not exist; pass a venv's bin/python")
-    cache_dir = args.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "mmfeed", "bench")
     try:
+        cache_dir = str(bench_cache("bench")) if args.cache_dir is None else args.cache_dir
         os.makedirs(cache_dir, exist_ok=True)
     except OSError:
         cache_dir = tempfile.mkdtemp(prefix="mmfeed-bench-")

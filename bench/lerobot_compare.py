@@ -6,13 +6,15 @@ module runs a small child script (:data:`CHILD_SCRIPT`) under that environment's
 and either
 
 - dumps the samples at given indices (frames converted back from LeRobot's float ``[0, 1]`` CHW to uint8 HWC,
-  ``observation.state``, ``action``, every ``*_is_pad`` flag and the index columns) as ``.npy`` files, or
+  every array feature, every ``*_is_pad`` flag and the index columns) as ``.npy`` files, or
 - times ``torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2)`` after a warm-up.
 
-The parent reads the same samples through mmfeed (:class:`~mmfeed.loaders.lerobot.LeRobotSource` and the
-window requests of :class:`~mmfeed.loaders.samples.SampleTable`; LeRobot's sample ``i`` is the global frame
+Both sides read the same features under the same names: the ``delta_timestamps`` LeRobot gets are the window
+mmfeed reads (``WindowSpec.from_delta_timestamps``), feature for feature. The parent reads the samples through
+mmfeed's loader path (:class:`~mmfeed.loaders.sources.lerobot.LeRobotSource` and the window requests of
+:class:`~mmfeed.loaders.items.EpisodeItems`; LeRobot's sample ``i`` is the global frame
 ``dataset_from_index[episode] + anchor``, which is also mmfeed's sample ``i`` with stride 1) and compares them
-key by key: state, action and pad flags exactly, frames by the index pattern drawn into the pixels (both must
+feature by feature: arrays and pad flags exactly, frames by the index pattern drawn into the pixels (both must
 show the frame LeRobot's clamping asks for) plus the largest pixel difference. Then it measures mmfeed's loader
 on the benchmark directory with :func:`mmfeed.bench.loader.run_mmfeed` and prints both throughputs::
 
@@ -52,7 +54,7 @@ import numpy as np
 
 from mmfeed.testing.video import read_index
 
-__all__ = ["CHILD_SCRIPT", "check_small", "compare_samples", "delta_timestamps_for", "edge_indices", "ground_truth",
+__all__ = ["CHILD_SCRIPT", "check_small", "compare_samples", "delta_timestamps", "edge_indices", "ground_truth",
            "lerobot_child", "main", "mmfeed_samples", "run", "run_child"]
 
 log = logging.getLogger(__name__)
@@ -199,14 +201,10 @@ def lerobot_child(
     return result, arrays
 
 
-def delta_timestamps_for(offsets: Mapping[str, Sequence[int]], fps: float) -> dict[str, list[float]]:
-    """LeRobot ``delta_timestamps`` (seconds, LeRobot's key names) for mmfeed window offsets in steps."""
-    names = {"proprio": "observation.state"}
-    out = {}
-    for key, steps in offsets.items():
-        name = "observation.images." + key[len("frames."):] if key.startswith("frames.") else names.get(key, key)
-        out[name] = [int(s) / float(fps) for s in steps]
-    return out
+def delta_timestamps(spec) -> dict[str, list[float]]:
+    """LeRobot's ``delta_timestamps`` for a :class:`~mmfeed.loaders.WindowSpec`: the same feature names, the same
+    seconds (the inverse of ``WindowSpec.from_delta_timestamps``)."""
+    return {feature: [float(t) for t in seconds] for feature, seconds in spec.deltas.items()}
 
 
 def edge_indices(bounds: np.ndarray, span: tuple[int, int], *, extra: int = 0, seed: int = 0) -> np.ndarray:
@@ -230,32 +228,31 @@ def edge_indices(bounds: np.ndarray, span: tuple[int, int], *, extra: int = 0, s
 
 def mmfeed_samples(root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]], indices: Sequence[int],
                    *, backend: str = "auto") -> dict[str, np.ndarray]:
-    """mmfeed's reads of LeRobot samples ``indices``, stacked per key under LeRobot's names (frames uint8 HWC).
+    """mmfeed's reads of LeRobot samples ``indices``, stacked per feature (frames uint8 HWC), with every
+    ``<feature>_is_pad``.
 
-    Goes through the loader's own path: ``WindowSpec.from_delta_timestamps``, the sample table's vectorized
-    ``requests`` (clamping and ``is_pad``) and ``LeRobotSource.read_many``. Also returns ``episode_index``
-    and ``frame_index`` (the anchor) so they can be checked against LeRobot's columns.
+    Goes through the loader's own path: ``WindowSpec.from_delta_timestamps``, the window requests of
+    :class:`~mmfeed.loaders.items.EpisodeItems` (each feature at its own rate, clamping and ``is_pad``) and
+    ``LeRobotSource.read_many``. Also returns ``episode_index`` and ``frame_index`` (the anchor) so they can be
+    checked against LeRobot's columns.
     """
-    from mmfeed.codecs.text import ByteTokenizer
     from mmfeed.loaders import TokenLayout, WindowSpec
-    from mmfeed.loaders.lerobot import LeRobotSource
-    from mmfeed.loaders.samples import SamplingConfig, build_samples
-    from mmfeed.loaders.windows import lerobot_key
+    from mmfeed.loaders.items import EpisodeItems
+    from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     source = LeRobotSource(root, backend=backend)
-    window = WindowSpec.from_delta_timestamps(delta_timestamps, float(source.info["fps"]))
-    layout = TokenLayout(tokens_per_frame={c: 1 for c in source.cameras})
-    table = build_samples(source, SamplingConfig(window=window), layout, ByteTokenizer())
+    window = WindowSpec.from_delta_timestamps(delta_timestamps)
+    layout = TokenLayout(tokens_per_frame={f: 1 for f in window.features if source.features[f].kind == "video"})
+    items = EpisodeItems(source, layout=layout, window=window)
     indices = np.asarray(indices, dtype=np.int64)
-    if indices.size and (indices.min() < 0 or indices.max() >= len(table)):
-        raise ValueError(f"sample indices must lie in [0, {len(table)}), got {indices.min()}..{indices.max()}")
-    pairs = table.requests(indices, source.lengths)
-    reads = source.read_many([request for request, _ in pairs])
-    out: dict[str, np.ndarray] = {"episode_index": table.episode[indices], "frame_index": table.start[indices]}
-    for name in delta_timestamps:
-        key = lerobot_key(name)
-        out[name] = np.stack([got[key] for got in reads])
-        out[f"{name}_is_pad"] = np.stack([pad[key] for _, pad in pairs])
+    if indices.size and (indices.min() < 0 or indices.max() >= len(items)):
+        raise ValueError(f"sample indices must lie in [0, {len(items)}), got {indices.min()}..{indices.max()}")
+    asked = items.requests(indices)
+    reads = source.read_many([request for request, _, _ in asked])
+    out: dict[str, np.ndarray] = {"episode_index": items.episode[indices], "frame_index": items.start[indices]}
+    for name in window.features:
+        out[name] = np.stack([got[name] for got in reads])
+        out[f"{name}_is_pad"] = np.stack([pads[name] for _, pads, _ in asked])
     return out
 
 
@@ -264,13 +261,15 @@ def ground_truth(episodes, delta_timestamps: Mapping[str, Sequence[float]], indi
     """What LeRobot's rule gives for ``indices`` on ``write_lerobot(episodes)``, computed from the episodes.
 
     LeRobot's rule: query ``clip(i + delta, ep_start, ep_end - 1)``, pad where ``i + delta`` leaves the episode.
-    Frames are the pattern frames of the clamped GLOBAL index (what ``write_lerobot`` draws).
+    Frames are the pattern frames of the clamped GLOBAL index (what ``write_lerobot`` draws); arrays are the
+    episodes' own (:meth:`~mmfeed.testing.SyntheticEpisode.arrays`, the names ``write_lerobot`` writes).
     """
     lengths = np.array([ep.length for ep in episodes], dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     indices = np.asarray(indices, dtype=np.int64)
     episode = np.searchsorted(bounds, indices, side="right") - 1
     out: dict[str, np.ndarray] = {"episode_index": episode, "frame_index": indices - bounds[episode]}
+    arrays = {int(e): episodes[e].arrays() for e in np.unique(episode)}
     for name, deltas in delta_timestamps.items():
         steps = np.round(np.asarray(deltas, dtype=np.float64) * fps).astype(np.int64)
         raw = indices[:, None] + steps[None, :]
@@ -280,13 +279,11 @@ def ground_truth(episodes, delta_timestamps: Mapping[str, Sequence[float]], indi
         rows = []
         for e, steps_e in zip(episode, local):
             ep = episodes[e]
-            if name.startswith("observation.images."):
-                camera = name[len("observation.images."):]
-                rows.append(ep.frames(camera, start=int(bounds[e]))[steps_e])
-            elif name == "observation.state":
-                rows.append(ep.proprio[steps_e])
+            cameras = {ep.video_feature(c): c for c in ep.camera_names}
+            if name in cameras:
+                rows.append(ep.frames(cameras[name], start=int(bounds[e]))[steps_e])
             else:
-                rows.append(getattr(ep, name)[steps_e])
+                rows.append(arrays[int(e)][name][steps_e])
         out[name] = np.stack(rows)
     return out
 
@@ -295,8 +292,8 @@ def compare_samples(expected: Mapping[str, np.ndarray], got: Mapping[str, np.nda
                     keys: Sequence[str]) -> dict[str, Any]:
     """Compare two sample sets key by key; ``{"ok": bool, "keys": {key: details}, "problems": [str]}``.
 
-    keys: LeRobot feature names (``observation.images.<cam>``, ``observation.state``, ``action``); each one's
-    ``<key>_is_pad`` is compared too, and ``episode_index`` / ``frame_index`` where both sides have them.
+    keys: feature names (the same on both sides: ``observation.images.<cam>``, ``observation.state``, ``action``,
+    ...); each one's ``<key>_is_pad`` is compared too, and ``episode_index`` / ``frame_index`` where both sides have them.
     Non-video arrays must be equal exactly (same shape, bitwise for floats); frames must have the same shape and
     show the same pattern index in every frame (:func:`mmfeed.testing.read_index`); their largest pixel
     difference is reported, not judged (two decoders may round colour conversion differently).
@@ -360,12 +357,14 @@ def _lerobot_style(workers: int, steps: int):
 
 
 def check_small(python: str, *, video_backend: str, lib_dirs: Sequence[str], seed: int = 0) -> dict[str, Any]:
-    """Equality on a small two-camera directory with short episodes (clamping at both ends of every window)."""
+    """Equality on a small two-camera directory with short episodes (clamping at both ends of every window), on
+    five features: both cameras, the state, the action chunk and the reward."""
     from mmfeed.testing import make_episodes, write_lerobot
 
     episodes = make_episodes(4, seed=seed, min_length=6, max_length=14, height=48, width=64)
-    delta = delta_timestamps_for({"frames.cam_high": (-3, -1, 0), "frames.cam_wrist": (0, 2), "proprio": (-1, 0),
-                                  "action": tuple(range(8))}, 30.0)
+    step = 1 / 30.0
+    delta = {"observation.images.cam_high": [-3 * step, -step, 0.0], "observation.images.cam_wrist": [0.0, 2 * step],
+             "observation.state": [-step, 0.0], "action": [i * step for i in range(8)], "next.reward": [-step, 0.0]}
     with tempfile.TemporaryDirectory(prefix="mmfeed-lerobot-small-") as tmp:
         root = write_lerobot(Path(tmp) / "ds", episodes)
         indices = np.arange(sum(ep.length for ep in episodes))  # every sample
@@ -391,12 +390,14 @@ def run(python: str, *, video_backend: str = "torchcodec", lib_dirs: Sequence[st
     results: dict[str, Any] = {"small": check_small(python, video_backend=video_backend, lib_dirs=lib_dirs)}
     cfg = _lerobot_style(workers, steps)
     path = dataset_path(cfg)
-    from mmfeed.loaders.lerobot import LeRobotSource
+    from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     source = LeRobotSource(path)
     bounds = np.concatenate([[0], np.cumsum(source.lengths)])
-    delta = delta_timestamps_for(cfg.window().offsets, cfg.fps)
-    indices = edge_indices(bounds, cfg.window().span(), extra=extra, seed=cfg.seed)
+    window = cfg.window()
+    delta = delta_timestamps(window)
+    span = tuple(int(round(t * cfg.fps)) for t in window.span_s())
+    indices = edge_indices(bounds, span, extra=extra, seed=cfg.seed)
     child, theirs = lerobot_child(python, path, delta, indices=indices, video_backend=video_backend, lib_dirs=lib_dirs)
     ours = mmfeed_samples(path, delta, indices)
     results["bench_dir"] = {"path": str(path), "samples": len(indices),

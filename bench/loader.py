@@ -3,13 +3,15 @@
 In one run, on the same synthetic dataset (webdataset shards or a LeRobot v3 directory, cached under
 ``~/.cache/mmfeed/bench``), with the same number of worker processes:
 
-1. **mmfeed**: ``mmfeed.DataLoader(source, packing=...)``: windowed clip samples (history frames, the current
-   state, an action chunk) planned, packed into rows of ``capacity`` tokens and decoded batch by batch;
+1. **mmfeed**: ``mmfeed.DataLoader(source, packing=...)``: windowed clip samples (the last ``history`` frames of
+   ``observation.images.<camera>``, ``observation.state`` at the anchor and a ``horizon``-step ``action`` chunk,
+   in seconds by feature name) planned, packed into rows of ``capacity`` tokens and decoded batch by batch;
 2. **ceiling**: the very same frames of the very same batches decoded by the same backend in as many processes,
    into buffers allocated once, and nothing else (no collation, no packing, no transfer to the training process);
-3. **baseline**: torch's DataLoader over a per-sample dataset that opens, seeks and decodes each sample's frames
-   on its own (the way LeRobot reads video) and pads every batch to its longest sample; its batch size gives
-   the same token budget per batch as mmfeed's rows.
+3. **baseline**: torch's DataLoader over a per-sample dataset (the same samples and prices,
+   :class:`~mmfeed.loaders.items.EpisodeItems`) that opens, seeks and decodes each sample's frames on its own (the
+   way LeRobot reads video) and pads every batch to its longest sample; its batch size gives the same token
+   budget per batch as mmfeed's rows.
 
 Figures: samples/s, decoded frames/s, useful (non-padding) tokens/s, packing efficiency, and the ratios
 mmfeed/ceiling (frames) and mmfeed/baseline (useful tokens). ``python -m mmfeed.bench.loader --help``.
@@ -33,18 +35,30 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.bench.common import cache_dir, consecutive_views, environment, table
+from mmfeed.bench.common import cache_dir, consecutive_views, environment, robot_window, table
 from mmfeed.codecs.video import read_frames
-from mmfeed.loaders import (DataLoader, Packing, PackedEpisodeDataset, PlanConfig, TokenLayout, WindowSpec,
-                            open_dataset, stage)
-from mmfeed.loaders.sources import EpisodeRequest
+from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders.items import EpisodeItems
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
+from mmfeed.loaders.timing import stage
+from mmfeed.testing.synth_episodes import IMAGE_PREFIX
 
 log = logging.getLogger(__name__)
+
+DATASET_VERSION = 2
+"""Part of the cache key of the synthetic datasets: bumped when what they hold changes (2: features by name)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderBench:
-    """Settings of one loader benchmark (see the module docstring)."""
+    """Settings of one loader benchmark (see the module docstring).
+
+    cameras: the synthetic dataset's cameras; each is the video feature ``observation.images.<camera>``.
+    videos, video_fps: the video features read and their rates, for a given dataset (None: the synthetic
+        cameras' features, at ``fps``).
+    state, action: the features read at the anchor and as the action chunk (None: the dataset has none).
+    history, horizon: frames of each video before and at the anchor, and action steps from the anchor on.
+    """
 
     format: str = "webdataset"
     episodes: int = 12
@@ -56,6 +70,10 @@ class LoaderBench:
     gop: int = 30
     fps: float = 30.0
     cameras: tuple[str, ...] = ("cam_high",)
+    videos: tuple[str, ...] | None = None
+    video_fps: tuple[float, ...] | None = None
+    state: str | None = "observation.state"
+    action: str | None = "action"
     history: int = 4
     horizon: int = 50
     tokens_per_frame: int = 256
@@ -68,15 +86,24 @@ class LoaderBench:
     backend: str = "auto"
     seed: int = 0
 
+    @property
+    def video_features(self) -> tuple[str, ...]:
+        """The video features a sample reads."""
+        return tuple(self.videos) if self.videos is not None else tuple(IMAGE_PREFIX + c for c in self.cameras)
+
     def window(self) -> WindowSpec:
-        frames = tuple(range(-(self.history - 1), 1))
-        spec = {f"frames.{c}": frames for c in self.cameras}
-        return WindowSpec(offsets={**spec, "proprio": (0,), "action": tuple(range(self.horizon))})
+        """``history`` frames of every video (at its own rate), the state at the anchor, ``horizon`` actions."""
+        rates = self.video_fps or (self.fps,) * len(self.video_features)
+        return robot_window(dict(zip(self.video_features, rates)), fps=self.fps, history=self.history,
+                            horizon=self.horizon, state=self.state, action=self.action)
+
+    def layout(self) -> TokenLayout:
+        """``tokens_per_frame`` tokens per video frame; one per state and per action step."""
+        return TokenLayout(tokens_per_frame={f: self.tokens_per_frame for f in self.video_features})
 
     def packing(self) -> Packing:
-        layout = TokenLayout(tokens_per_frame={c: self.tokens_per_frame for c in self.cameras})
         plan = PlanConfig(capacity=self.capacity, rows_per_batch=self.rows_per_batch, episode_block=self.episode_block)
-        return Packing(layout=layout, window=self.window(), plan=plan, seed=self.seed)
+        return Packing(layout=self.layout(), window=self.window(), plan=plan, seed=self.seed)
 
 
 def dataset_path(cfg: LoaderBench, *, progress: Callable[[int], object] | None = None) -> Path:
@@ -84,8 +111,8 @@ def dataset_path(cfg: LoaderBench, *, progress: Callable[[int], object] | None =
 
     progress: called with the number of episodes just written (shard by shard), e.g. ``tqdm.update``.
     """
-    key = (f"{cfg.format}-{cfg.episodes}ep-{cfg.min_length}-{cfg.max_length}-{cfg.width}x{cfg.height}-{cfg.codec}"
-           f"-g{cfg.gop}-{cfg.fps:g}fps-{'+'.join(cfg.cameras)}-s{cfg.seed}")
+    key = (f"v{DATASET_VERSION}-{cfg.format}-{cfg.episodes}ep-{cfg.min_length}-{cfg.max_length}-{cfg.width}x"
+           f"{cfg.height}-{cfg.codec}-g{cfg.gop}-{cfg.fps:g}fps-{'+'.join(cfg.cameras)}-s{cfg.seed}")
     path = cache_dir("bench") / key
     done = path / ".complete"
     if not done.exists():
@@ -101,13 +128,13 @@ EPISODES_PER_SHARD = 4
 
 
 def _write_shard(args: tuple[LoaderBench, int, int, str]) -> tuple[int, str]:
-    """Pool worker: encode episodes ``start:stop`` of ``cfg`` into one shard under ``tmp``; (episodes, path)."""
+    """Pool worker: write episodes ``start:stop`` of ``cfg`` as one shard under ``tmp``; (episodes, path)."""
     from mmfeed.testing import make_episodes, write_webdataset
 
     cfg, start, stop, tmp = args
     episodes = _episodes(cfg, make_episodes)[start:stop]
     (shard,) = write_webdataset(Path(tmp) / f"part-{start:06d}", episodes, episodes_per_shard=stop - start,
-                                codec=cfg.codec, gop=cfg.gop, index=False)
+                                codec=cfg.codec, gop=cfg.gop)
     return stop - start, shard
 
 
@@ -120,12 +147,12 @@ def write_synthetic(path: str | Path, cfg: LoaderBench, *, progress: Callable[[i
                     processes: int | None = None) -> Path:
     """Write the synthetic dataset that ``cfg`` describes (format, episodes, size, codec, ...) at ``path``.
 
-    Webdataset shards of ``EPISODES_PER_SHARD`` episodes are encoded in up to ``processes`` processes (default:
-    one per CPU), then indexed (``mmfeed-index.parquet``); the bytes are those of ``write_webdataset(path,
-    episodes, episodes_per_shard=4)``. A LeRobot directory is written in one go. ``progress(n)`` is called as
-    ``n`` more episodes are done.
+    Webdataset shards of ``EPISODES_PER_SHARD`` episodes are written by :func:`mmfeed.testing.write_webdataset`
+    in up to ``processes`` processes (default: one per CPU), then indexed together (``mmfeed-index.parquet``);
+    the shards are those of ``write_webdataset(path, episodes, episodes_per_shard=4)``. A LeRobot directory is
+    written in one go. ``progress(n)`` is called as ``n`` more episodes are done.
     """
-    from mmfeed.loaders.index import INDEX_FILENAME, write_index
+    from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
     from mmfeed.testing import make_episodes, write_lerobot
 
     path = Path(path)
@@ -174,6 +201,7 @@ def run_mmfeed(cfg: LoaderBench, path: Path, *, step_s: float = 0.0, timer: bool
     """Iterate mmfeed's loader for ``warmup + steps`` batches; figures over the measured ones."""
     loader = DataLoader(open_dataset(path, backend=cfg.backend), packing=cfg.packing(), num_workers=cfg.workers,
                         timer=timer or None, persistent_workers=cfg.workers > 0)
+    videos = cfg.video_features
     batches = _forever(loader)
     for _ in range(cfg.warmup):
         next(batches)
@@ -182,7 +210,7 @@ def run_mmfeed(cfg: LoaderBench, path: Path, *, step_s: float = 0.0, timer: bool
     for _ in range(cfg.steps):
         batch = next(batches)
         samples += batch.num_documents
-        frames += sum(len(batch.data[f"frames.{c}"]) for c in cfg.cameras)
+        frames += sum(len(batch.data[f]) for f in videos if f in batch.data)
         useful += int((batch.document_ids >= 0).sum())
         slots += batch.document_ids.numel()
         if step_s:
@@ -199,17 +227,19 @@ def _forever(loader):
         yield from loader
 
 
-def _planned(cfg: LoaderBench, path: Path | str, backend: str | None = None) -> PackedEpisodeDataset:
-    return PackedEpisodeDataset(open_dataset(path, backend=backend or cfg.backend), layout=cfg.packing().layout,
-                                window=cfg.window(), plan=cfg.packing().plan, seed=cfg.seed)
+def _planned(cfg: LoaderBench, path: Path | str, backend: str | None = None) -> PlannedDataset:
+    """The planned dataset mmfeed's loader iterates (one rank of one)."""
+    return cfg.packing().dataset(open_dataset(path, backend=backend or cfg.backend))
 
 
-def _epoch_steps(ds: PackedEpisodeDataset, first: int, count: int) -> list[tuple[int, int]]:
+def _epoch_steps(ds: PlannedDataset, first: int, count: int) -> list[tuple[int, int]]:
     """The ``(epoch, step)`` of global steps ``first .. first + count - 1``, epochs back to back (as the loader
     runs them)."""
     out, epoch, offset = [], 0, 0
     while len(out) < count:
         n = ds.num_steps(epoch)
+        if n == 0:
+            raise ValueError("the plan has no batch; lower the capacity or the rows per batch")
         out.extend((epoch, s) for s in range(n) if offset + s >= first)
         offset, epoch = offset + n, epoch + 1
     return out[:count]
@@ -221,24 +251,23 @@ def _decode_steps(args: tuple[str, str, list[tuple[int, int]], LoaderBench]) -> 
     and touched before the clock starts, so the ceiling pays no page faults for its outputs."""
     path, backend, steps, cfg = args
     ds = _planned(cfg, path, backend)
-    frame_keys = [f"frames.{c}" for c in cfg.cameras]
+    videos = [f for f in cfg.video_features if f in ds.source.features]
     batches = []
     for epoch, step in steps:
-        requests = []
-        for s in ds.plan(epoch).batch_samples(0, step):
-            request, _ = ds.table.request(int(s), ds.source.lengths)
-            requests.append(EpisodeRequest(request.episode, {k: request.steps[k] for k in frame_keys}))
-        batches.append(requests)
-    most = max((sum(len(r.steps[k]) for r in b) for b in batches for k in frame_keys), default=0)
-    buffers = {k: np.ones((most, cfg.height, cfg.width, 3), dtype=np.uint8) for k in frame_keys}
+        samples = np.concatenate(ds.batch_samples(epoch, step)).astype(np.int64)
+        batches.append([EpisodeRequest(r.episode, {f: r.indices[f] for f in videos if f in r.indices})
+                        for r, _, _ in ds.items.requests(samples)])
+    most = {f: max((sum(len(r.indices.get(f, ())) for r in b) for b in batches), default=0) for f in videos}
+    shapes = {f: ds.source.features[f].shape for f in videos}
+    buffers = {f: np.ones((most[f], *shapes[f]), dtype=np.uint8) for f in videos}
     given = []
     for requests in batches:
-        views = {k: consecutive_views(buffers[k], [len(r.steps[k]) for r in requests]) for k in frame_keys}
-        given.append([replace(r, out={k: views[k][i] for k in frame_keys}) for i, r in enumerate(requests)])
+        views = {f: consecutive_views(buffers[f], [len(r.indices.get(f, ())) for r in requests]) for f in videos}
+        given.append([replace(r, out={f: views[f][i] for f in r.indices}) for i, r in enumerate(requests)])
     start, count = time.perf_counter(), 0
     for requests in given:
         for got in ds.source.read_many(requests):
-            count += sum(len(got[k]) for k in frame_keys)
+            count += sum(len(v) for v in got.values())
     return count, time.perf_counter() - start
 
 
@@ -257,45 +286,52 @@ def run_ceiling(cfg: LoaderBench, path: Path) -> dict[str, Any]:
 
 
 class PerSampleDataset(torch.utils.data.Dataset):
-    """The baseline: each sample reads its own bytes and opens, seeks and decodes its own frames."""
+    """The baseline: each sample reads its own bytes and opens, seeks and decodes its own frames.
+
+    Its samples, prices and frames are those of mmfeed's loader (:class:`~mmfeed.loaders.items.EpisodeItems`
+    with the same window and layout): ``{feature: [K, ...], "text", "tokens"}``.
+    """
 
     def __init__(self, cfg: LoaderBench, path: Path) -> None:
         self.cfg = cfg
-        self.inner = PackedEpisodeDataset(open_dataset(path, backend=cfg.backend), layout=cfg.packing().layout,
-                                          window=cfg.window(), capacity=cfg.capacity)
-        self.table = self.inner.table
+        source = open_dataset(path, backend=cfg.backend)
+        self.items = EpisodeItems(source, layout=cfg.layout(), window=cfg.window(), capacity=cfg.capacity)
+        self.videos = {f for f, feature in source.features.items() if feature.kind == "video"}
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """int64 ``[n]``: each sample's price in tokens."""
+        return self.items.tokens
 
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self.items)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        source, table = self.inner.source, self.table
-        request, pads = table.request(int(i), source.lengths)
-        keys = {k: v for k, v in request.steps.items() if not k.startswith("frames.")}
-        out = source.read_many([EpisodeRequest(request.episode, keys)])[0]
-        for camera in self.cfg.cameras:
-            key = f"frames.{camera}"
-            video, indices = _video_of(source, request.episode, camera, request.steps[key])
-            with stage("decode"):
-                out[key] = read_frames(video, indices=indices, backend=self.cfg.backend)  # a fresh open every sample
+        items, source = self.items, self.items.source
+        ((request, _, _),) = items.requests(np.array([i]))
+        arrays = {f: idx for f, idx in request.indices.items() if f not in self.videos}
+        out = source.read_many([EpisodeRequest(request.episode, arrays)])[0]
+        for feature, idx in request.indices.items():
+            if feature in self.videos:
+                out[feature] = _decode_alone(source, request.episode, feature, idx, self.cfg.backend)
         sample = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
-        sample["text"] = torch.from_numpy(table.text[table.episode[i]])
-        sample["tokens"] = torch.tensor(int(table.tokens[i]))
+        task = int(items.task[i])
+        sample["text"] = torch.from_numpy(items.text[task] if task >= 0 else np.zeros(0, np.int32))
+        sample["tokens"] = torch.tensor(int(items.tokens[i]))
         return sample
 
 
-def _video_of(source, episode: int, camera: str, steps: np.ndarray):
-    """The video (bytes or path) and frame selection of one camera for the baseline."""
-    from mmfeed.loaders.lerobot import LeRobotSource
+def _decode_alone(source: EpisodeSource, episode: int, feature: str, idx: np.ndarray, backend: str) -> np.ndarray:
+    """One sample's frames of one video, opened, sought and decoded on their own (a fresh open every sample)."""
+    from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     if isinstance(source, LeRobotSource):
-        path, times = source._frame_times(episode, camera, steps)
-        info = source._videos.info(path) if source._videos else None
-        from mmfeed.codecs.demux import frames_at_times, probe
-
-        return str(path), frames_at_times(info or probe(path), times)
-    data = source._member(episode, f"{camera}.mp4")
-    return data, steps
+        path, times = source._frame_times(episode, feature, idx)
+        with stage("decode"):
+            return read_frames(str(path), timestamps=times, tolerance_s=source.tolerance_s, backend=backend)
+    data = source._member(episode, feature)
+    with stage("decode"):
+        return read_frames(data, indices=idx, backend=backend)
 
 
 def pad_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -313,7 +349,7 @@ def pad_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
 def run_baseline(cfg: LoaderBench, path: Path) -> dict[str, Any]:
     """torch's DataLoader, per-sample decode, pad-to-longest; batch size matched to mmfeed's token budget."""
     ds = PerSampleDataset(cfg, path)
-    longest = int(ds.table.tokens.max())
+    longest = int(ds.tokens.max())
     batch_size = max(1, cfg.rows_per_batch * cfg.capacity // longest)
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=cfg.workers,
                                          collate_fn=pad_collate, generator=torch.Generator().manual_seed(cfg.seed),
@@ -327,7 +363,7 @@ def run_baseline(cfg: LoaderBench, path: Path) -> dict[str, Any]:
         batch = next(batches)
         n = len(batch["tokens"])
         samples += n
-        frames += sum(batch[f"frames.{c}"].shape[0] * batch[f"frames.{c}"].shape[1] for c in cfg.cameras)
+        frames += sum(batch[f].shape[0] * batch[f].shape[1] for f in cfg.video_features if f in batch)
         useful += int(batch["tokens"].sum())
         slots += n * int(batch["tokens"].max())
     out = _figures(time.perf_counter() - start, samples, frames, useful, slots)

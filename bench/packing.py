@@ -7,7 +7,7 @@ times process CPU time instead of wall time, for machines shared with other jobs
 - ``longtail``: Lomax (Pareto II) lengths 1 + 200 * X, X ~ Pareto(1.2) (median ~160, mean ~530 after clipping),
   clipped to [1, capacity]. (With a hard floor instead, 100 * (1 + X) with X ~ Pareto(1.1), BFD ends ~0.13%
   over the lower bound: no item shorter than 100 exists to fill the last gap of a row, which the bound ignores.)
-- ``robot``: quantized robot samples: frames x 256 tokens (1-6 frames) + 2 proprio tokens per frame + a 50-token
+- ``robot``: quantized robot samples: frames x 256 tokens (1-6 frames) + 2 state tokens per frame + a 50-token
   action chunk + 5-40 text tokens.
 
 The baseline is a pure-Python BFD (sorted lengths, ``bisect`` over a sorted list of remaining spaces), timed at

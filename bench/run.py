@@ -44,7 +44,8 @@ import torch
 
 from mmfeed.bench.common import environment, table
 from mmfeed.bench.loader import LoaderBench, PerSampleDataset, dataset_path, pad_collate
-from mmfeed.loaders import DataLoader, StepTimer, TimedBatch, TimedCollate, open_dataset
+from mmfeed.loaders import DataLoader, StepTimer, open_dataset
+from mmfeed.loaders.timing import TimedBatch, TimedCollate
 
 __all__ = ["BenchRun", "DEFAULT_DATASET", "LOAD_FRACTION", "QUICK_DATASET", "render", "run_bench",
            "write_json"]
@@ -59,7 +60,8 @@ DEFAULT_DATASET = LoaderBench(episodes=10, min_length=100, max_length=160, heigh
                               gop=30, cameras=("cam_high",), history=4, horizon=50, tokens_per_frame=256,
                               capacity=8192, rows_per_batch=2, episode_block=2, workers=2, steps=16, warmup=3)
 """What plain ``mmfeed bench`` measures: 10 episodes of 100-160 steps, one 320x240 H.264 camera (GOP 30),
-windows of 4 history frames + state + a 50-step action chunk, 256 tokens per frame, 2 rows of 8192 tokens."""
+windows of 4 history frames of ``observation.images.cam_high`` + ``observation.state`` + a 50-step ``action``
+chunk (seconds at 30 fps), 256 tokens per frame, 2 rows of 8192 tokens."""
 
 QUICK_DATASET = replace(DEFAULT_DATASET, episodes=4, min_length=30, max_length=40, height=64, width=96,
                         tokens_per_frame=16, capacity=512, steps=4, warmup=1)
@@ -135,17 +137,17 @@ def _mmfeed(cfg: LoaderBench, path: str, run: BenchRun) -> _System:
     timer = StepTimer(num_workers=cfg.workers)
     loader = DataLoader(open_dataset(path, backend=cfg.backend), packing=cfg.packing(), num_workers=cfg.workers,
                         persistent_workers=cfg.workers > 0, device=run.device, prefetch=run.prefetch, timer=timer)
-    tokens = loader.dataset.table.tokens
+    tokens = loader.dataset.items.tokens
     if len(tokens) and int(tokens.max()) > cfg.capacity:
         raise ValueError(f"samples cost up to {int(tokens.max())} tokens but --capacity is {cfg.capacity}: raise "
                          f"--capacity to at least {int(tokens.max())}")
     if len(loader) == 0:
         raise ValueError(f"{path}: the plan has no batch (episodes: {len(loader.dataset.source)}, samples: "
                          f"{len(tokens)}); lower --capacity or the rows per batch")
-    frame_keys = [f"frames.{c}" for c in cfg.cameras]
+    videos = cfg.video_features
 
     def count(batch: Any) -> tuple[int, int, int, int]:
-        frames = sum(len(batch.data[k]) for k in frame_keys if k in batch.data)
+        frames = sum(len(batch.data[f]) for f in videos if f in batch.data)
         return (batch.num_documents, frames, int((batch.document_ids >= 0).sum()), batch.document_ids.numel())
 
     return _System("mmfeed", loader, count, timer)
@@ -153,7 +155,7 @@ def _mmfeed(cfg: LoaderBench, path: str, run: BenchRun) -> _System:
 
 def _baseline(cfg: LoaderBench, path: str, run: BenchRun) -> _System:
     ds = PerSampleDataset(cfg, Path(path))
-    longest = int(ds.table.tokens.max())
+    longest = int(ds.tokens.max())
     batch_size = max(1, cfg.rows_per_batch * cfg.capacity // longest)
     cuda = torch.device(run.device).type == "cuda"
     loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=cfg.workers,
@@ -173,7 +175,7 @@ def _baseline(cfg: LoaderBench, path: str, run: BenchRun) -> _System:
 
     def count(batch: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
         n = len(batch["tokens"])
-        frames = sum(batch[f"frames.{c}"].shape[0] * batch[f"frames.{c}"].shape[1] for c in cfg.cameras)
+        frames = sum(batch[f].shape[0] * batch[f].shape[1] for f in cfg.video_features if f in batch)
         return n, frames, int(batch["tokens"].sum()), n * int(batch["tokens"].max())
 
     return _System("baseline", loader, count, timer, fetch, batch_size)
@@ -261,19 +263,30 @@ def _ratios(ours: dict[str, Any], base: dict[str, Any]) -> dict[str, float | Non
 
 
 def _source_settings(cfg: LoaderBench, run: BenchRun) -> tuple[LoaderBench, str, float]:
-    """The dataset to read (synthesized and cached unless ``run.data``) and the cameras it has."""
+    """The dataset to read (synthesized and cached unless ``run.data``), the features a sample reads from it, and
+    the seconds spent synthesizing."""
     start = time.perf_counter()
     if run.data is not None:
-        source = open_dataset(run.data, backend=cfg.backend)
-        if not source.cameras:
-            raise ValueError(f"{run.data}: no camera streams; mmfeed bench measures video loading")
-        return replace(cfg, cameras=tuple(source.cameras), format="given"), str(run.data), 0.0
+        return _given(cfg, open_dataset(run.data, backend=cfg.backend)), str(run.data), 0.0
     from tqdm import tqdm
 
     with tqdm(total=cfg.episodes, desc="synthesizing dataset (cached)", unit="episode", leave=False,
               disable=not run.progress or None) as bar:
         path = dataset_path(cfg, progress=bar.update)
     return cfg, str(path), time.perf_counter() - start
+
+
+def _given(cfg: LoaderBench, source: Any) -> LoaderBench:
+    """``cfg`` reading a given dataset: every video feature at its own rate, ``observation.state`` and ``action``
+    where the dataset has them, at its control clock."""
+    videos = tuple(f for f, feature in source.features.items() if feature.kind == "video")
+    if not videos:
+        raise ValueError(f"{source.name}: no video features; mmfeed bench measures video loading (its features: "
+                         f"{sorted(source.features)})")
+    rates = tuple(float(source.rates(f)[0]) for f in videos)
+    return replace(cfg, format="given", videos=videos, video_fps=rates, fps=float(source.fps[0]), cameras=(),
+                   state=cfg.state if cfg.state in source.features else None,
+                   action=cfg.action if cfg.action in source.features else None)
 
 
 def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) -> dict[str, Any]:
@@ -300,9 +313,10 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
     report["bottleneck"] = ours["bottleneck"]
     if run.sweep:
         report["sweep"] = _sweep(cfg, path, run, step_s, {cfg.workers: (ours, base)})
-    settings = {**asdict(cfg), "data": path, "repeats": run.repeats, "step_ms": run.step_ms,
-                "load_fraction": None if run.step_ms is not None else LOAD_FRACTION, "device": run.device,
-                "prefetch": run.prefetch, "sweep": list(run.sweep), "baseline_batch_size": base["batch_size"]}
+    settings = {**asdict(cfg), "videos": list(cfg.video_features), "data": path, "repeats": run.repeats,
+                "step_ms": run.step_ms, "load_fraction": None if run.step_ms is not None else LOAD_FRACTION,
+                "device": run.device, "prefetch": run.prefetch, "sweep": list(run.sweep),
+                "baseline_batch_size": base["batch_size"]}
     report["settings"] = settings
     report["environment"] = environment()
     report["details"] = {"step_s": step_s, "capacity_batches_per_s": ours["capacity_batches_per_s"],
@@ -366,7 +380,7 @@ def render(report: dict[str, Any]) -> str:
     step = (f"{d['step_s'] * 1e3:.1f} ms ({s['load_fraction']:.0%} of mmfeed's capacity)"
             if s["step_ms"] is None else f"{d['step_s'] * 1e3:.1f} ms (--step-ms)")
     video = f"{s['width']}x{s['height']} {s['codec']}" if s["format"] != "given" else "given dataset"
-    head = (f"mmfeed bench: {s['data']}\n  {video}, cameras {','.join(s['cameras'])}, {s['workers']} workers, "
+    head = (f"mmfeed bench: {s['data']}\n  {video}, videos {','.join(s['videos'])}, {s['workers']} workers, "
             f"capacity {s['capacity']} x {s['rows_per_batch']} rows (baseline batch {s['baseline_batch_size']}), "
             f"step {step}, median of {s['repeats']} x {s['steps']} batches")
     text = [head, "", table(out, [("figure", "figure"), ("mmfeed", "mmfeed"), ("baseline", "baseline"),

@@ -1,7 +1,7 @@
 """``python -m mmfeed.bench.scaling``: how the epoch plan scales from 8 to 1024 ranks, from the planner alone.
 
 No process is started and nothing is read: an index of synthetic episodes (one sample per episode, robot-like
-token prices: 1-6 frames x 256 tokens + 2 proprio tokens per frame + a 50-token action chunk + 5-40 text tokens)
+token prices: 1-6 frames x 256 tokens + 2 state tokens per frame + a 50-token action chunk + 5-40 text tokens)
 is planned with :func:`~mmfeed.packing.plan.plan_epoch` for each world size. Per world size the table gives the
 steps every rank runs, the rows each rank gets over the epoch, the samples dropped so that every rank runs the
 same number of steps, the packing efficiency, and the cost balance across ranks: ``epoch`` = mean / max of the

@@ -32,7 +32,8 @@ import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
-from mmfeed.loaders import DataLoader, StepTimer, stage
+from mmfeed.loaders import DataLoader, StepTimer
+from mmfeed.loaders.timing import stage
 
 log = logging.getLogger(__name__)
 

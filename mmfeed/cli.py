@@ -167,8 +167,8 @@ def _synth(args: argparse.Namespace) -> int:
               disable=args.no_progress or None) as bar:
         write_synthetic(out, cfg, progress=bar.update)
     what = "webdataset shards + mmfeed-index.parquet" if args.format == "webdataset" else "a LeRobot v3 directory"
-    print(f"wrote {args.episodes} episodes ({width}x{height} {codec}, cameras {','.join(args.cameras)}) as {what} "
-          f"to {out}")
+    print(f"wrote {args.episodes} episodes ({width}x{height} {codec}, videos {','.join(cfg.video_features)}) as "
+          f"{what} to {out}")
     return 0
 
 
@@ -177,13 +177,16 @@ def _index(args: argparse.Namespace) -> int:
         _check_exists(spec, "give a directory of .tar shards, a brace pattern, a glob or shard files")
         if os.path.isfile(os.path.join(spec, "meta", "info.json")):
             raise ValueError(f"{spec} is a LeRobot directory: it carries its own index in meta/episodes/")
-    from mmfeed.loaders import read_shard_index, write_index
-    from mmfeed.loaders.webdataset import expand_shards
+    from mmfeed.bench.inspection import describe_features, format_features
+    from mmfeed.loaders.sources.index import write_index
+    from mmfeed.loaders.sources.webdataset import WebDatasetSource, expand_shards
+
     shards = expand_shards(list(args.shards))
     path = write_index(shards, args.output)
-    index = read_shard_index(path)
-    steps = sum(index["length"].to_pylist())
-    print(f"wrote {path}: {index.num_rows} episodes, {steps} steps, {len(shards)} shard(s)")
+    source = WebDatasetSource(path)
+    steps = int(source.lengths.sum())
+    print(f"wrote {path}: {len(source)} episodes, {steps} steps, {len(shards)} shard(s)")
+    print("\n".join(format_features(describe_features(source))))
     return 0
 
 
@@ -192,11 +195,12 @@ def _inspect(args: argparse.Namespace) -> int:
     from mmfeed.bench.inspection import format_inspection, inspect_dataset, window_packing
     from mmfeed.loaders import open_dataset
 
-    cameras = list(open_dataset(args.path, backend=args.backend).cameras)
-    packing = window_packing(cameras, capacity=args.capacity, rows_per_batch=args.rows_per_batch,
+    source = open_dataset(args.path, backend=args.backend)
+    packing = window_packing(source, capacity=args.capacity, rows_per_batch=args.rows_per_batch,
                              history=args.history, horizon=args.horizon, tokens_per_frame=args.tokens_per_frame,
                              max_length=args.max_length, stride=args.stride, algorithm=args.algorithm, seed=args.seed)
-    info = inspect_dataset(args.path, packing, world_size=args.world_size, backend=args.backend)
+    info = inspect_dataset(source, packing, world_size=args.world_size)
+    info["path"] = str(args.path)
     print(format_inspection(info))
     if args.json:
         Path(args.json).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -281,9 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_compare)
 
     p = sub.add_parser("synth", help="write a synthetic robot dataset (webdataset shards or LeRobot v3)",
-                       description="Write seeded synthetic robot episodes (smooth proprio, actions, task text, "
-                                   "camera videos whose pixels carry their frame index) as webdataset shards with "
-                                   "their parquet index, or as a LeRobot v3 directory.", epilog=EPILOG)
+                       description="Write seeded synthetic robot episodes as webdataset shards (v2: every feature "
+                                   "a member under its own name) with their parquet index, or as a LeRobot v3 "
+                                   "directory: observation.state (smooth trajectories), action, "
+                                   "observation.velocity, next.reward, next.done, task text and one video "
+                                   "observation.images.<camera> per camera, whose pixels carry their frame "
+                                   "index.", epilog=EPILOG)
     p.add_argument("out", metavar="OUT", help="output directory (new or empty)")
     p.add_argument("--format", choices=["webdataset", "lerobot"], default="webdataset")
     p.add_argument("--episodes", type=INT1, default=10, help="number of episodes (default 10)")
@@ -293,32 +300,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-length", type=INT1, default=100, help="shortest episode in steps (default 100)")
     p.add_argument("--max-length", type=INT1, default=160, help="longest episode in steps (default 160)")
     p.add_argument("--fps", type=_positive(float, 1), default=30.0, help="steps and frames per second (default 30)")
-    p.add_argument("--cameras", type=_cameras, default=("cam_high",), help="comma-separated (default cam_high)")
+    p.add_argument("--cameras", type=_cameras, default=("cam_high",),
+                   help="comma-separated; camera C is feature observation.images.C (default cam_high)")
     p.add_argument("--gop", type=INT1, default=None, help="keyframe interval (default 30 for h264, 2 for av1)")
     p.add_argument("--seed", type=INT0, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_synth)
 
-    p = sub.add_parser("index", help="write the parquet index beside webdataset shards",
-                       description="Index webdataset shards (tar headers and each episode's meta.json only; no "
-                                   "video decoded) into mmfeed-index.parquet beside the first shard.", epilog=EPILOG)
+    p = sub.add_parser("index", help="write the parquet index (features and stats) beside webdataset shards",
+                       description="Index webdataset shards into mmfeed-index.parquet beside the first shard: every "
+                                   "feature of every episode under its own name (<key>.<feature>.npy or .mp4; "
+                                   "kind, dtype, step shape, rate, frame count, where its bytes lie) and the stats of "
+                                   "the numeric array features, merged over the dataset. Shards of ShardWriter "
+                                   "(meta.json lists the features) cost tar headers and meta.json alone; shards "
+                                   "written by hand (meta.json with fps, length and task only) have their arrays "
+                                   "read for the stats and their videos probed (no frame decoded). Prints the "
+                                   "features and stats found.", epilog=EPILOG)
     p.add_argument("shards", nargs="+", metavar="SHARDS",
                    help="a directory of .tar shards, a brace pattern or glob, or shard files")
     p.add_argument("-o", "--output", metavar="PATH", help="index file (default <shard dir>/mmfeed-index.parquet)")
     p.set_defaults(func=_index)
 
-    p = sub.add_parser("inspect", help="episodes, lengths, cameras and a packing forecast, from the index alone",
+    p = sub.add_parser("inspect", help="episodes, lengths, features, stats and a packing forecast, from the index",
                        description="Survey a dataset from its index alone (no pixel decoded): episodes, a length "
-                                   "histogram, fps, cameras, tasks, and a forecast of one epoch's packing "
+                                   "histogram, fps, every feature (kind, dtype, step shape, rate) with the stats "
+                                   "the index holds, tasks, and a forecast of one epoch's packing "
                                    "efficiency, rows, steps and tokens at --capacity, planned exactly as "
                                    "mmfeed.DataLoader(packing=...) would, beside pad-to-longest batches.",
                        epilog=EPILOG)
     p.add_argument("path", metavar="PATH", help="webdataset shards (directory, pattern) or a LeRobot v3 directory")
     p.add_argument("--capacity", type=INT1, default=8192, help="tokens per packed row (default 8192)")
     p.add_argument("--rows-per-batch", type=INT1, default=1, help="packed rows per batch (default 1)")
-    p.add_argument("--history", type=INT1, default=4, help="frames per camera in a window (default 4)")
-    p.add_argument("--horizon", type=INT1, default=50, help="action steps in a window (default 50)")
-    p.add_argument("--tokens-per-frame", type=INT1, default=256, help="tokens one frame costs (default 256)")
+    p.add_argument("--history", type=INT1, default=4,
+                   help="frames of each video feature in a window, at its own rate (default 4)")
+    p.add_argument("--horizon", type=INT1, default=50, help="`action` steps in a window (default 50)")
+    p.add_argument("--tokens-per-frame", type=INT1, default=256,
+                   help="tokens one video frame costs (default 256; a state or an action step costs 1)")
     p.add_argument("--stride", type=INT1, default=1, help="steps between window anchors (default 1)")
     p.add_argument("--max-length", type=INT1, default=None,
                    help="whole-episode chunks of at most this many steps instead of windows")

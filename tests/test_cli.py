@@ -3,6 +3,7 @@ real parquet, real worker processes)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 COMMANDS = ("bench", "compare", "synth", "index", "inspect")
+CAM = "observation.images.cam_high"
 FIGURES = ("samples_per_s", "tokens_per_s", "frames_per_s", "stall_fraction", "packing_efficiency", "wait_s")
 TINY = ("--size", "96x64", "--min-length", "20", "--max-length", "30")
 # quick bench settings sized for the tiny dataset: 16 tokens per frame -> about 90 tokens per sample
@@ -40,7 +42,7 @@ def shards(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "shards"
     got = mmfeed("synth", str(out), "--episodes", "3", *TINY, "--no-progress")
     assert got.returncode == 0, got.stderr
-    assert "wrote 3 episodes" in got.stdout
+    assert "wrote 3 episodes" in got.stdout and CAM in got.stdout
     return out
 
 
@@ -76,12 +78,25 @@ def test_bad_arguments_give_a_one_line_error_and_exit_2(args):
     assert_one_line_error(mmfeed(*args))
 
 
-def test_synth_writes_shards_and_index_and_refuses_a_non_empty_directory(shards):
+def test_synth_writes_v2_shards_and_index_and_refuses_a_non_empty_directory(shards):
     assert sorted(p.name for p in shards.iterdir()) == ["mmfeed-index.parquet", "shard-000000.tar"]
+    import tarfile
+
+    with tarfile.open(shards / "shard-000000.tar") as tar:
+        names = {m.name for m in tar.getmembers()}
+    assert {f"episode_000000.{CAM}.mp4", "episode_000000.observation.state.npy", "episode_000000.action.npy",
+            "episode_000000.meta.json"} <= names  # every feature a member under its own name
+    from mmfeed.loaders import open_dataset
+    from mmfeed.testing import make_episodes
+
+    ds = open_dataset(shards)
+    episodes = make_episodes(3, cameras=("cam_high",), height=64, width=96, min_length=20, max_length=30)
+    assert sorted(ds.features) == sorted(episodes[0].features())
+    np.testing.assert_array_equal(ds.episode(1)["observation.state"], episodes[1].proprio)
     assert_one_line_error(mmfeed("synth", str(shards), "--episodes", "1"))
 
 
-def test_index_rewrites_the_parquet_index_beside_the_shards(shards, tmp_path):
+def test_index_rewrites_the_parquet_index_beside_the_shards(shards):
     index = shards / "mmfeed-index.parquet"
     before = index.read_bytes()
     index.unlink()
@@ -91,7 +106,90 @@ def test_index_rewrites_the_parquet_index_beside_the_shards(shards, tmp_path):
     import pyarrow.parquet as pq
 
     assert pq.read_table(index).num_rows == 3
-    assert len(index.read_bytes()) == len(before)  # same schema, same rows
+    assert len(index.read_bytes()) == len(before)  # same schema, same rows, same merged stats
+    for feature in (CAM, "observation.state", "action", "next.reward"):
+        assert feature in out.stdout
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def hand_shards(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    """Two episodes written by hand with webdataset's TarWriter, as a user would: one npy member per array
+    feature, one mp4 per camera and a meta.json with fps, length and task only (no `features`, no stats)."""
+    import webdataset
+
+    from mmfeed.testing import frame_pattern, write_video
+
+    out = tmp_path_factory.mktemp("hand")
+    rng = np.random.default_rng(7)
+    arrays: dict[str, list[np.ndarray]] = {"observation.state": [], "gripper.force": []}
+    with open(out / "shard-000000.tar", "wb") as stream, webdataset.TarWriter(stream, encoder=False) as tar:
+        for i, length in enumerate((12, 9)):
+            state = rng.normal(size=(length, 3)).astype(np.float32)
+            force = rng.integers(0, 50, size=length).astype(np.int16)
+            arrays["observation.state"].append(state)
+            arrays["gripper.force"].append(force)
+            video = out / f"ep{i}.mp4"
+            write_video(video, frame_pattern(length, height=32, width=48), fps=10.0, codec="h264", gop=4)
+            tar.write({"__key__": f"ep{i}", "observation.state.npy": _npy(state), "gripper.force.npy": _npy(force),
+                       "observation.images.top.mp4": video.read_bytes(),
+                       "meta.json": json.dumps({"fps": 10.0, "length": length, "task": f"task {i}"}).encode()})
+            video.unlink()
+    return out, {k: np.concatenate(v) for k, v in arrays.items()}
+
+
+def test_index_of_hand_written_shards_computes_features_and_stats(hand_shards):
+    """`mmfeed index` on shards that carry no feature list: every member becomes a feature of the right kind,
+    dtype, shape and rate, and the stats of the numeric arrays over both episodes are the arrays' own."""
+    shards, arrays = hand_shards
+    out = mmfeed("index", str(shards))
+    assert out.returncode == 0, out.stderr
+    assert "2 episodes, 21 steps, 1 shard(s)" in out.stdout
+    from mmfeed.loaders import open_dataset
+
+    ds = open_dataset(shards)
+    assert {f: (v.kind, v.dtype, v.shape, v.fps) for f, v in ds.features.items()} == {
+        "observation.state": ("array", "float32", (3,), 10.0), "gripper.force": ("array", "int16", (), 10.0),
+        "observation.images.top": ("video", "uint8", (32, 48, 3), 10.0)}
+    for feature, values in arrays.items():
+        stats = ds.stats[feature]
+        wide = values.astype(np.float64)
+        np.testing.assert_allclose(stats["mean"], wide.mean(axis=0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(stats["std"], wide.std(axis=0), rtol=1e-6)
+        np.testing.assert_array_equal(stats["min"], wide.min(axis=0))
+        np.testing.assert_array_equal(stats["max"], wide.max(axis=0))
+        assert int(np.asarray(stats["count"]).reshape(-1)[0]) == len(values)
+    assert "observation.images.top" not in ds.stats  # a video has no stats
+    lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.startswith("  ")}
+    assert lines["gripper.force"].split()[1:3] == ["array", "int16"] and "(n=21)" in lines["gripper.force"]
+    assert "video" in lines["observation.images.top"] and "no stats" in lines["observation.images.top"]
+
+
+def test_inspect_lists_every_feature_with_its_stats(hand_shards, tmp_path):
+    """`mmfeed inspect` on the hand-written shards (indexed in memory if `mmfeed index` has not run) lists each
+    feature with its kind, dtype, shape, rate and stats, and windows read the features the dataset has."""
+    shards, arrays = hand_shards
+    report = tmp_path / "inspect.json"
+    out = mmfeed("inspect", str(shards), "--capacity", "1024", "--tokens-per-frame", "8", "--history", "2",
+                 "--json", str(report))
+    assert out.returncode == 0, out.stderr
+    assert "features (3):" in out.stdout
+    for feature in ("observation.state", "gripper.force", "observation.images.top"):
+        assert any(line.split()[:1] == [feature] for line in out.stdout.splitlines()), feature
+    info = json.loads(report.read_text())
+    state = info["features"]["observation.state"]
+    assert (state["kind"], state["dtype"], state["shape"], state["fps"]) == ("array", "float32", [3], 10.0)
+    np.testing.assert_allclose(state["stats"]["mean"], arrays["observation.state"].mean(axis=0), rtol=1e-6)
+    assert info["features"]["observation.images.top"]["stats"] == {}
+    # no `action` in these shards: the windows read the video and the state only
+    assert info["forecast"]["features"] == ["observation.images.top", "observation.state"]
+    # 2 frames x 8 tokens + 1 state token + the task text ("task 0": 6 bytes)
+    assert info["forecast"]["sample_tokens"]["min"] == 2 * 8 + 1 + 6
 
 
 def test_inspect_forecast_is_the_plan_the_loader_would_make(shards, tmp_path):
@@ -100,23 +198,26 @@ def test_inspect_forecast_is_the_plan_the_loader_would_make(shards, tmp_path):
     out = mmfeed("inspect", str(shards), "--capacity", "512", "--tokens-per-frame", "16", "--rows-per-batch", "2",
                  "--json", str(report))
     assert out.returncode == 0, out.stderr
-    for text in ("3 episodes", "episode length", "fps: 30", "cameras: cam_high", "forecast", "efficiency"):
+    for text in ("3 episodes", "episode length", "fps: 30", CAM, "video", "observation.state", "forecast",
+                 "efficiency"):
         assert text in out.stdout
     info = json.loads(report.read_text())
     from mmfeed.bench.inspection import window_packing
-    from mmfeed.codecs.text import ByteTokenizer
-    from mmfeed.loaders import open_dataset, plan_epoch
-    from mmfeed.loaders.samples import SamplingConfig, build_samples
+    from mmfeed.loaders import open_dataset
+    from mmfeed.loaders.items import EpisodeItems
+    from mmfeed.packing import plan_epoch
 
     source = open_dataset(shards)
-    packing = window_packing(["cam_high"], capacity=512, rows_per_batch=2, tokens_per_frame=16)
-    table = build_samples(source, SamplingConfig(window=packing.window), packing.layout, ByteTokenizer())
-    plan = plan_epoch(table.tokens, packing.plan, seed=0, epoch=0, groups=table.episode)
+    packing = window_packing(source, capacity=512, rows_per_batch=2, tokens_per_frame=16)
+    assert packing.window.deltas[CAM] == (-3 / 30, -2 / 30, -1 / 30, 0.0)  # 4 history frames, in seconds
+    items = EpisodeItems(source, layout=packing.layout, window=packing.window)
+    plan = plan_epoch(items.tokens, packing.plan, seed=0, epoch=0, groups=items.groups)
     packed = info["forecast"]["packed"]
     assert info["episodes"] == 3 and info["lengths"] == source.lengths.tolist()
+    assert len(items) == int(source.lengths.sum())  # one window per step
     assert packed["efficiency"] == pytest.approx(plan.efficiency)
     assert packed["steps"] == plan.num_steps
-    assert packed["samples"] + packed["dropped_samples"] == len(table.tokens)
+    assert packed["samples"] + packed["dropped_samples"] == len(items.tokens)
     assert packed["tokens"] == pytest.approx(packed["token_slots"] * plan.efficiency, rel=1e-6)
     assert 0 < info["forecast"]["padded"]["efficiency"] <= 1
 
@@ -145,6 +246,7 @@ def test_bench_on_given_shards_writes_the_json_schema_and_a_plot(shards, tmp_pat
     assert doc["samples_per_s"] == pytest.approx(float(np.median(doc["repeats"]["samples_per_s"])))
     s = doc["settings"]
     assert (s["workers"], s["capacity"], s["repeats"], s["data"]) == (2, 512, 2, str(shards))
+    assert (s["videos"], s["state"], s["action"]) == ([CAM], "observation.state", "action")  # read by name
     env = doc["environment"]
     assert env["cpu_count"] >= 1 and "torch" in env["versions"] and "git_revision" in env
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -176,4 +278,5 @@ def test_synth_lerobot_av1_is_inspectable_from_its_metadata(tmp_path):
     out = mmfeed("inspect", str(out_dir), "--capacity", "1024", "--max-length", "16", "--tokens-per-frame", "16")
     assert out.returncode == 0, out.stderr
     assert "2 episodes" in out.stdout and "chunks of <= 16 steps" in out.stdout
+    assert CAM in out.stdout and "q50" in out.stdout  # the features, and the quantiles of LeRobot's stats.json
     assert_one_line_error(mmfeed("index", str(out_dir)))  # a LeRobot directory carries its own index

@@ -1,7 +1,8 @@
 """mmfeed's LeRobot windows against LeRobot's rule: the comparison logic always, real LeRobot when a venv has it.
 
-Set ``MMFEED_LEROBOT_PYTHON=/path/to/venv/bin/python`` (a venv with ``lerobot`` installed) to run the real
-comparison; otherwise that test skips and says why.
+Both sides name features alike: the ``delta_timestamps`` LeRobot gets are the window mmfeed reads. Set
+``MMFEED_LEROBOT_PYTHON=/path/to/venv/bin/python`` (a venv with ``lerobot`` installed) to run the real comparison;
+otherwise that test skips and says why.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import os
 import numpy as np
 import pytest
 
-from mmfeed.bench.lerobot_compare import (check_small, compare_samples, delta_timestamps_for,
-                                          edge_indices, ground_truth, mmfeed_samples)
+from mmfeed.bench.lerobot_compare import (check_small, compare_samples, delta_timestamps, edge_indices,
+                                          ground_truth, mmfeed_samples)
+from mmfeed.bench.loader import LoaderBench
 from mmfeed.loaders import WindowSpec
+from mmfeed.loaders.sources.lerobot import LeRobotSource
 from mmfeed.testing import make_episodes, write_lerobot
 
 FPS = 30.0
-OFFSETS = {"frames.cam_high": (-2, 0), "proprio": (-1, 0), "action": tuple(range(6))}
+CAM = "observation.images.cam_high"
+DELTA = {CAM: [-2 / FPS, 0.0], "observation.state": [-1 / FPS, 0.0], "action": [i / FPS for i in range(6)]}
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +29,20 @@ def small(tmp_path_factory):
     """Three short single-camera episodes: windows reach past both ends of every episode."""
     episodes = make_episodes(3, seed=3, cameras=("cam_high",), min_length=5, max_length=9, height=48, width=64)
     root = write_lerobot(tmp_path_factory.mktemp("lerobot") / "ds", episodes)
-    delta = delta_timestamps_for(OFFSETS, FPS)
     indices = np.arange(sum(ep.length for ep in episodes))
-    return episodes, root, delta, indices
+    return episodes, root, DELTA, indices
 
 
-def test_delta_timestamps_round_trip_to_the_same_window():
-    """LeRobot-named delta_timestamps made from step offsets map back to exactly those offsets."""
-    delta = delta_timestamps_for(OFFSETS, FPS)
-    assert sorted(delta) == ["action", "observation.images.cam_high", "observation.state"]
-    assert WindowSpec.from_delta_timestamps(delta, FPS).offsets == OFFSETS
+def test_delta_timestamps_are_the_window_under_the_datasets_own_names(small):
+    """The delta_timestamps given to LeRobot and the window mmfeed reads are one mapping: same feature names,
+    same seconds, and every name is a feature of the LeRobot directory as LeRobot wrote it (no translation)."""
+    _, root, delta, _ = small
+    spec = WindowSpec.from_delta_timestamps(delta)
+    assert delta_timestamps(spec) == delta
+    assert WindowSpec.from_delta_timestamps(delta_timestamps(spec)) == spec
+    bench = LoaderBench(format="lerobot", history=2, horizon=50).window()
+    assert delta_timestamps(bench)[CAM] == [-1 / FPS, 0.0] and len(delta_timestamps(bench)["action"]) == 50
+    assert set(bench.features) <= set(LeRobotSource(root).features)
 
 
 def test_edge_indices_cover_every_episode_edge():
@@ -53,8 +61,20 @@ def test_mmfeed_reads_equal_lerobots_rule_on_its_own_directory(small):
     ours = mmfeed_samples(root, delta, indices)
     report = compare_samples(truth, ours, list(delta))
     assert report["ok"], report["problems"]
+    assert set(report["keys"]) >= {CAM, "observation.state", "action", f"{CAM}_is_pad", "episode_index"}
     assert truth["action_is_pad"][-1].tolist() == [False] + [True] * 5  # the last step: only the anchor is real
-    assert truth["observation.images.cam_high_is_pad"][0].tolist() == [True, False]
+    assert truth[f"{CAM}_is_pad"][0].tolist() == [True, False]
+
+
+def test_any_feature_is_compared_under_its_own_name(small):
+    """A feature beyond state and action (the reward, a scalar per step) is read and compared like the others."""
+    episodes, root, _, indices = small
+    delta = {"next.reward": [-1 / FPS, 0.0, 1 / FPS]}
+    truth = ground_truth(episodes, delta, indices, FPS)
+    ours = mmfeed_samples(root, delta, indices)
+    report = compare_samples(truth, ours, list(delta))
+    assert report["ok"], report["problems"]
+    assert ours["next.reward"].shape == (len(indices), 3) and report["keys"]["next.reward"]["equal"]
 
 
 def test_comparison_catches_a_flag_a_frame_and_one_ulp(small):
@@ -63,8 +83,7 @@ def test_comparison_catches_a_flag_a_frame_and_one_ulp(small):
     truth = ground_truth(episodes, delta, indices, FPS)
     cases = {
         "action_is_pad": lambda d: d["action_is_pad"].__setitem__((0, 0), True),
-        "observation.images.cam_high": lambda d: d["observation.images.cam_high"].__setitem__(
-            (3, 1), d["observation.images.cam_high"][4, 1]),
+        CAM: lambda d: d[CAM].__setitem__((3, 1), d[CAM][4, 1]),
         "observation.state": lambda d: d["observation.state"].__setitem__(
             (2, 1, 0), np.nextafter(d["observation.state"][2, 1, 0], np.float32(10))),
     }
@@ -89,8 +108,10 @@ def test_comparison_reports_a_missing_key_and_a_shape_change(small):
 
 def test_real_lerobot_returns_what_mmfeed_returns(lerobot_python):
     """Real LeRobotDataset (torchcodec) and mmfeed agree on every sample of a two-camera directory: frames
-    (same pattern index, pixels), state, action, every *_is_pad flag, episode and frame index, and task text."""
-    result = check_small(lerobot_python, video_backend=os.environ.get("MMFEED_LEROBOT_BACKEND", "torchcodec"), lib_dirs=[])
+    (same pattern index, pixels), state, action, reward, every *_is_pad flag, episode and frame index, and task
+    text, with the same feature names on both sides."""
+    backend = os.environ.get("MMFEED_LEROBOT_BACKEND", "torchcodec")
+    result = check_small(lerobot_python, video_backend=backend, lib_dirs=[])
     assert result["lerobot_vs_mmfeed"]["ok"], result["lerobot_vs_mmfeed"]["problems"]
     assert result["truth_vs_lerobot"]["ok"], result["truth_vs_lerobot"]["problems"]
     assert result["tasks_equal"]
