@@ -47,9 +47,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mmfeed.loaders.conversion_engines import ConvertError, Progress, encoder_versions, run_local, run_ray
-from mmfeed.loaders.conversion_sources import (estimate_generated, iter_generator, normalize_episode, open_reader,
-                                            source_kind)
-from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
 
 __all__ = ["MANIFEST", "ConvertError", "ConvertSummary", "add_arguments", "convert", "run"]
 
@@ -124,6 +121,8 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
         errors: "raise" stops at the first episode that fails, with a :class:`ConvertError` naming it and its
         source file; "skip" records it in the manifest and converts the rest. progress: a tqdm bar on stderr.
     """
+    from mmfeed.loaders.conversion_sources import iter_generator, open_reader  # heavy: not at `mmfeed --help`
+
     job, plan = _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size_mb, workers, engine,
                        errors, max_retries)
     started = time.perf_counter()
@@ -172,6 +171,8 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
 def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size_mb, workers, engine, errors,
            max_retries) -> tuple[Job, dict[str, Any]]:
     """The job and its shard plan settings, every argument validated before anything is read or written."""
+    from mmfeed.loaders.conversion_sources import source_kind
+
     from mmfeed.codecs.encode import encoder_name
 
     if codec != "copy":
@@ -232,6 +233,8 @@ def _tasks(job: Job, generated: Iterator | None, reader: Any, plan: dict[str, An
 
 
 def _generated(job: Job, generated: Iterator, estimate: bool) -> Iterator[tuple[int, dict, float]]:
+    from mmfeed.loaders.conversion_sources import estimate_generated, normalize_episode
+
     keys: dict[str, int] = {}
     for i, episode in enumerate(generated):
         item = normalize_episode(episode, i)
@@ -311,6 +314,8 @@ def _prepare(job: Job, manifest: _Manifest, resume: bool, overwrite: bool) -> tu
     """Make DST ready: refuse one holding another dataset (unless overwrite), or a conversion with other
     settings; return the shards a resumed job keeps (their files checked by size) and whether it was complete
     (then nothing is left to convert, and the source is not read again)."""
+    from mmfeed.loaders.sources.index import INDEX_FILENAME
+
     dst = job.dst
     os.makedirs(dst, exist_ok=True)
     ours = [os.path.join(dst, n) for n in (MANIFEST, INDEX_FILENAME)]
@@ -364,6 +369,8 @@ def _prepare(job: Job, manifest: _Manifest, resume: bool, overwrite: bool) -> tu
 
 def _finish(job: Job, manifest: _Manifest, done: dict[int, dict]) -> str | None:
     """Write the index of every finished shard (in shard order) and the manifest's completion line."""
+    from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+
     shards = [os.path.join(job.dst, done[k]["file"]) for k in sorted(done) if done[k]["file"]]
     index = os.path.join(job.dst, INDEX_FILENAME)
     footer = {"complete": True, "episodes": sum(r["written"] for r in done.values()),

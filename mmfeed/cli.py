@@ -36,6 +36,8 @@ NAMED_BENCHMARKS = {
     "decode": ("mmfeed.bench.decode", "video decode backends and GOP-aware batch decode"),
     "loader": ("mmfeed.bench.loader", "the loader beside its decode ceiling and a torch baseline"),
     "scaling": ("mmfeed.bench.scaling", "the epoch plan from 8 to 1024 ranks: steps, drops, balance"),
+    "scale": ("mmfeed.bench.scale", "planning cost and memory up to 1e8 samples and 4096 ranks, block masks"),
+    "convert": ("mmfeed.bench.convert", "mmfeed convert throughput: local processes and Ray"),
 }
 
 
@@ -345,6 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "decord", "pyav"], default="auto")
     p.add_argument("--json", metavar="FILE", help="also write the survey and forecast as JSON")
     p.set_defaults(func=_inspect)
+
+    from mmfeed.loaders import conversion
+
+    p = sub.add_parser("convert", help=conversion.HELP, description=conversion.DESCRIPTION, epilog=EPILOG)
+    conversion.add_arguments(p)
+    p.set_defaults(func=conversion.run)
     return parser
 
 

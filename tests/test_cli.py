@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-COMMANDS = ("bench", "compare", "synth", "index", "inspect")
+import procs
+
+COMMANDS = ("bench", "compare", "synth", "index", "inspect", "convert")
 CAM = "observation.images.cam_high"
 FIGURES = ("samples_per_s", "tokens_per_s", "frames_per_s", "stall_fraction", "packing_efficiency", "wait_s")
 TINY = ("--size", "96x64", "--min-length", "20", "--max-length", "30")
@@ -25,8 +27,7 @@ def mmfeed(*args: str, cache: Path | None = None, timeout: float = 120) -> subpr
     env = dict(os.environ)
     if cache is not None:
         env["MMFEED_CACHE"] = str(cache)
-    return subprocess.run([sys.executable, "-m", "mmfeed", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return procs.run([sys.executable, "-m", "mmfeed", *args], env=env, timeout=timeout)
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess) -> None:
@@ -280,3 +281,32 @@ def test_synth_lerobot_av1_is_inspectable_from_its_metadata(tmp_path):
     assert "2 episodes" in out.stdout and "chunks of <= 16 steps" in out.stdout
     assert CAM in out.stdout and "q50" in out.stdout  # the features, and the quantiles of LeRobot's stats.json
     assert_one_line_error(mmfeed("index", str(out_dir)))  # a LeRobot directory carries its own index
+
+
+def test_convert_turns_a_lerobot_directory_into_shards_open_dataset_reads(tmp_path):
+    """`mmfeed convert SRC DST`: every feature and the tasks of the source, from the command line."""
+    from mmfeed.loaders import open_dataset
+    from mmfeed.testing import make_episodes, write_lerobot
+
+    src = write_lerobot(tmp_path / "lr", make_episodes(3, seed=2, min_length=10, max_length=14, cameras=("cam_high",),
+                                                        height=32, width=32), codec="h264")
+    out = mmfeed("convert", str(src), str(tmp_path / "shards"), "--episodes-per-shard", "2", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    source, shards = open_dataset(src), open_dataset(tmp_path / "shards")
+    assert set(shards.features) >= set(source.features) - {"index"} and len(shards) == 3
+    for e in range(3):
+        assert np.array_equal(shards.episode(e)["observation.state"], source.episode(e)["observation.state"])
+        assert shards.task(e) == source.task(e)
+    again = mmfeed("convert", str(src), str(tmp_path / "shards"), "--no-progress")
+    assert_one_line_error(again)  # DST already holds a dataset: refused without --resume/--overwrite
+
+
+@pytest.mark.slow
+def test_bench_scale_quick_writes_the_plan_and_block_mask_figures(tmp_path):
+    out = mmfeed("bench", "scale", "--quick", "--json", str(tmp_path / "scale.json"), timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "scale.json").read_text())
+    plan, masks = report["plan"], report["block_mask"]
+    assert plan and {"samples", "world_size", "seconds", "peak_rss_bytes", "bytes_per_sample", "efficiency"} <= set(plan[0])
+    assert all(r["seconds"] > 0 and 0.9 < r["efficiency"] <= 1 for r in plan)
+    assert masks and all(r["seconds_per_row"] > 0 for r in masks)
