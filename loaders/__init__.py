@@ -22,7 +22,7 @@ Names are imported on first use, so ``import mmfeed.loaders`` stays fast.
 
 from __future__ import annotations
 
-import importlib
+from mmfeed._lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -47,14 +47,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mmfeed.loaders' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -12,7 +12,7 @@ The public names are imported on first use, so ``import mmfeed`` (and the ``mmfe
 
 from __future__ import annotations
 
-import importlib
+from mmfeed._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -27,14 +27,4 @@ _EXPORTS = {
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mmfeed' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

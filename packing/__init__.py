@@ -11,7 +11,7 @@ except the attention-metadata module, which is imported lazily on first use.
 
 from __future__ import annotations
 
-import importlib
+from mmfeed._lazy import lazy_exports
 
 from mmfeed.packing.balance import REMAINDER_POLICIES, RankPlan, balance, row_costs, step_balance
 from mmfeed.packing.bins import ALGORITHMS, PackPlan, pack
@@ -51,14 +51,4 @@ __all__ = sorted(
     ]
 )
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mmfeed.packing' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
