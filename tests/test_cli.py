@@ -93,7 +93,7 @@ def test_synth_writes_v2_shards_and_index_and_refuses_a_non_empty_directory(shar
     ds = open_dataset(shards)
     episodes = make_episodes(3, cameras=("cam_high",), height=64, width=96, min_length=20, max_length=30)
     assert sorted(ds.features) == sorted(episodes[0].features())
-    np.testing.assert_array_equal(ds.episode(1)["observation.state"], episodes[1].proprio)
+    np.testing.assert_array_equal(ds.episode(1)["observation.state"], episodes[1].state)
     assert_one_line_error(mmfeed("synth", str(shards), "--episodes", "1"))
 
 

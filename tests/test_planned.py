@@ -182,7 +182,7 @@ def test_a_mixture_reads_each_dataset_with_its_own_features():
 
 def test_a_mixture_refuses_one_name_with_two_shapes():
     one = array_source(n=1, name="one")
-    other = array_source(n=1, name="other", proprio_dim=3)
+    other = array_source(n=1, name="other", state_dim=3)
     with pytest.raises(ValueError, match=r"'observation.state'.*one.*other"):
         ConcatSource([one, other])
 

@@ -217,9 +217,9 @@ def test_v1_shards_read_as_features(tmp_path):
     assert src.features["cam_wrist"].fps == 15.0 and src.features["cam_high"].kind == "video"
     for e, ep in enumerate(eps):
         got = src.episode(e)
-        assert np.array_equal(got["proprio"], ep.proprio) and np.array_equal(got["action"], ep.action)
+        assert np.array_equal(got["proprio"], ep.state) and np.array_equal(got["action"], ep.action)
         assert read_index(got["cam_wrist"]).tolist() == list(range(ep.num_frames("cam_wrist")))
-    np.testing.assert_allclose(src.stats["proprio"]["mean"], np.concatenate([ep.proprio for ep in eps]).mean(0),
+    np.testing.assert_allclose(src.stats["proprio"]["mean"], np.concatenate([ep.state for ep in eps]).mean(0),
                                rtol=1e-6)
     # an index file of the first version is refused with the command that rebuilds it
     old = tmp_path / "old-index.parquet"
@@ -237,7 +237,7 @@ def test_write_webdataset_of_synthetic_episodes(tmp_path):
     src = WebDatasetSource(tmp_path)
     assert len(shards) == 2 and sorted(src.features) == sorted(eps[0].features())
     got = src.episode(1)
-    assert np.array_equal(got["observation.state"], eps[1].proprio)
+    assert np.array_equal(got["observation.state"], eps[1].state)
     wrist = "observation.images.cam_wrist"
     assert read_index(got[wrist]).tolist() == list(range(eps[1].num_frames("cam_wrist")))
 

@@ -65,7 +65,7 @@ def test_windows_at_episode_edges_are_clamped_and_flagged(kind, shards, tmp_path
                 if feature in (CAM, WRIST):
                     assert read_index(got[feature].numpy()).tolist() == [first[e] + j for j in want], (feature, t)
                 else:
-                    values = ep.proprio if feature == STATE else ep.action
+                    values = ep.state if feature == STATE else ep.action
                     np.testing.assert_array_equal(got[feature].numpy(), values[want])
 
 

@@ -102,7 +102,7 @@ def test_windowed_stream_carries_exactly_the_ground_truth_steps(shards, episodes
             truth = truth_of(episodes, e)
             assert read_index(frames[d]).tolist() == np.clip([t - 1, t], 0, truth.length - 1).tolist()
             assert frame_pads[d].tolist() == [t == 0, False]
-            np.testing.assert_array_equal(proprio[d], truth.proprio[[t]])
+            np.testing.assert_array_equal(proprio[d], truth.state[[t]])
             np.testing.assert_array_equal(actions[d], truth.action[np.clip(t + np.arange(4), 0, truth.length - 1)])
             assert pads[d].tolist() == [t + j >= truth.length for j in range(4)]
             assert float(batch.metadata["start_time"][d]) == pytest.approx(t / truth.fps)

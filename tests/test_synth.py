@@ -39,26 +39,26 @@ def test_episodes_are_seeded_and_prefix_stable():
         assert x.episode_id == y.episode_id and x.task == y.task and x.camera_seeds == y.camera_seeds
         fx, fy = x.features(), y.features()
         assert list(fx) == list(fy) and all(np.array_equal(fx[k], fy[k]) for k in fx)
-    assert not np.array_equal(a[0].proprio, c[0].proprio)
+    assert not np.array_equal(a[0].state, c[0].state)
     assert [e.episode_id for e in a] == [f"episode_{i:06d}" for i in range(4)]
 
 
 def test_episode_shapes_lengths_and_smooth_trajectories():
-    eps = make_episodes(12, seed=1, min_length=20, max_length=60, proprio_dim=6, action_dim=4)
+    eps = make_episodes(12, seed=1, min_length=20, max_length=60, state_dim=6, action_dim=4)
     lengths = [e.length for e in eps]
     assert all(20 <= n <= 60 for n in lengths) and len(set(lengths)) > 1, "lengths vary within the bounds"
     for e in eps:
         assert isinstance(e, SyntheticEpisode)
-        assert e.proprio.dtype == np.float32 and e.proprio.shape == (e.length, 6)
+        assert e.state.dtype == np.float32 and e.state.shape == (e.length, 6)
         assert e.action.dtype == np.float32 and e.action.shape == (e.length, 4)
         # actions are the next-step change of the state: state[t] + action[t] == state[t + 1]
-        np.testing.assert_allclose(e.proprio[:-1, :4] + e.action[:-1], e.proprio[1:, :4], atol=1e-5)
-        assert np.abs(np.diff(e.proprio, axis=0)).max() < 0.5, "trajectories are smooth at 30 fps"
+        np.testing.assert_allclose(e.state[:-1, :4] + e.action[:-1], e.state[1:, :4], atol=1e-5)
+        assert np.abs(np.diff(e.state, axis=0)).max() < 0.5, "trajectories are smooth at 30 fps"
         assert e.task and isinstance(e.task, str)
         arrays = e.arrays()
-        assert list(arrays) == ARRAYS and arrays["observation.state"] is e.proprio and arrays["action"] is e.action
+        assert list(arrays) == ARRAYS and arrays["observation.state"] is e.state and arrays["action"] is e.action
         np.testing.assert_array_equal(arrays["observation.velocity"], e.action * np.float32(30.0))
-        np.testing.assert_allclose(arrays["next.reward"], -np.abs(e.proprio).sum(axis=1), rtol=1e-6)
+        np.testing.assert_allclose(arrays["next.reward"], -np.abs(e.state).sum(axis=1), rtol=1e-6)
         assert arrays["next.reward"].dtype == np.float32 and arrays["next.reward"].shape == (e.length,)
         assert arrays["next.done"].dtype == bool and np.flatnonzero(arrays["next.done"]).tolist() == [e.length - 1]
         assert list(e.features()) == ARRAYS + ["observation.images.cam_high", "observation.images.cam_wrist"]
@@ -264,7 +264,7 @@ def test_lerobot_data_rows_match_the_episodes(lerobot):
         np.testing.assert_array_equal(frame_index[rows], np.arange(ep.length))
         assert set(data.column("episode_index").to_numpy()[rows]) == {e}
         assert set(data.column("task_index").to_numpy()[rows]) == {task_index[ep.task]}
-        np.testing.assert_array_equal(state[rows], ep.proprio)
+        np.testing.assert_array_equal(state[rows], ep.state)
         np.testing.assert_array_equal(action[rows], ep.action)
         for name, values in ep.arrays().items():
             column = data.column(name).combine_chunks()

@@ -1,11 +1,11 @@
 """Seeded synthetic robot episodes and the two on-disk formats mmfeed reads: webdataset shards and LeRobot v3.0.
 
-Every episode has smooth proprio trajectories (sums of sines), actions that are the next-step change of the
+Every episode has smooth state trajectories (sums of sines), actions that are the next-step change of the
 state, a task string, and one or more cameras whose pixels carry a frame index (:func:`frame_pattern`), so a test
 can check from decoded pixels alone that the frame it got is the frame it asked for::
 
     >>> eps = make_episodes(2, seed=0, min_length=20, max_length=30)
-    >>> eps[0].proprio.shape[1], eps[0].cameras["cam_high"].shape[1:]
+    >>> eps[0].state.shape[1], eps[0].cameras["cam_high"].shape[1:]
     (14, (48, 64, 3))
     >>> shards = write_webdataset(tmp_dir, eps)                       # doctest: +SKIP
     >>> root = write_lerobot(tmp_dir / "lerobot", eps, codec="av1")   # doctest: +SKIP
@@ -19,7 +19,7 @@ What the pattern index means, per format:
   dataset-wide ``index`` column: frame ``i`` of episode ``e`` reads ``dataset_from_index[e] + i``
   (``ep.frames(camera, start=dataset_from_index)``).
 
-Frames are not stored; they are generated on access, so hundreds of episodes cost only their proprio and actions.
+Frames are not stored; they are generated on access, so hundreds of episodes cost only their states and actions.
 
 This module gathers three parts: the episodes (:mod:`mmfeed.testing.synth_episodes`), the webdataset writer
 (:mod:`mmfeed.testing.synth_webdataset`) and the LeRobot writer (:mod:`mmfeed.testing.synth_lerobot`).

@@ -1,6 +1,6 @@
 """The seeded synthetic episodes of :mod:`mmfeed.testing.synth`: :class:`SyntheticEpisode` and :func:`make_episodes`.
 
-Smooth proprio trajectories, actions that are their next-step change, a task string and cameras whose frames are
+Smooth state trajectories, actions that are their next-step change, a task string and cameras whose frames are
 generated on access from :func:`~mmfeed.testing.video.frame_pattern`; also the checks the writers share (episode
 ids that are webdataset keys, integer arguments).
 """
@@ -59,8 +59,9 @@ class SyntheticEpisode:
     """One synthetic recording; ground truth for tests.
 
     episode_id:   str, webdataset-safe (letters, digits, ``_``, ``-``; no dots), e.g. ``"episode_000003"``.
-    fps:          step rate of ``proprio`` and ``action``.
-    proprio:      float32 ``[T, Dp]``, a smooth trajectory (sum of sines per dimension, seeded).
+    fps:          step rate of ``state`` and ``action``.
+    state:        float32 ``[T, Ds]``, a smooth trajectory (sum of sines per dimension, seeded); the feature
+                  ``observation.state``.
     action:       float32 ``[T, Da]``, the next-step change of the trajectory: ``x(t + 1/fps) - x(t)``.
     task:         task text.
     camera_seeds: camera -> the ``frame_pattern`` seed of its colours (cameras differ, index bands do not).
@@ -70,7 +71,7 @@ class SyntheticEpisode:
 
     episode_id: str
     fps: float
-    proprio: np.ndarray
+    state: np.ndarray
     action: np.ndarray
     task: str
     camera_seeds: Mapping[str, int]
@@ -81,7 +82,7 @@ class SyntheticEpisode:
     @property
     def length(self) -> int:
         """Number of steps ``T``."""
-        return int(self.proprio.shape[0])
+        return int(self.state.shape[0])
 
     @property
     def cameras(self) -> Mapping[str, np.ndarray]:
@@ -121,10 +122,10 @@ class SyntheticEpisode:
         done = np.zeros(self.length, dtype=bool)
         done[-1:] = True
         return {
-            "observation.state": self.proprio,
+            "observation.state": self.state,
             "action": self.action,
             "observation.velocity": (self.action * np.float32(self.fps)).astype(np.float32),
-            "next.reward": (-np.abs(self.proprio).sum(axis=1)).astype(np.float32),
+            "next.reward": (-np.abs(self.state).sum(axis=1)).astype(np.float32),
             "next.done": done,
         }
 
@@ -162,7 +163,7 @@ def make_episodes(
     fps: float = 30.0,
     min_length: int = 20,
     max_length: int = 60,
-    proprio_dim: int = 14,
+    state_dim: int = 14,
     action_dim: int = 14,
     camera_fps: Mapping[str, float] | None = None,
     tasks: Sequence[str] = DEFAULT_TASKS,
@@ -176,7 +177,7 @@ def make_episodes(
     _check_int("num_episodes", num_episodes, 0)
     _check_int("min_length", min_length, 1)
     _check_int("max_length", max_length, min_length)
-    _check_int("proprio_dim", proprio_dim, 1)
+    _check_int("state_dim", state_dim, 1)
     _check_int("action_dim", action_dim, 0)
     if not fps > 0:
         raise ValueError(f"fps must be > 0, got {fps!r}")
@@ -200,30 +201,30 @@ def make_episodes(
         raise ValueError(f"tasks must be a non-empty sequence of non-empty strings, got {tasks!r}")
     frame_pattern(1, height=height, width=width)  # validates the frame size early
     return [
-        _make_episode(i, seed, cameras, height, width, float(fps), min_length, max_length, proprio_dim, action_dim,
+        _make_episode(i, seed, cameras, height, width, float(fps), min_length, max_length, state_dim, action_dim,
                       camera_fps, tasks)
         for i in range(num_episodes)
     ]
 
 
-def _make_episode(index, seed, cameras, height, width, fps, min_length, max_length, proprio_dim, action_dim,
+def _make_episode(index, seed, cameras, height, width, fps, min_length, max_length, state_dim, action_dim,
                   camera_fps, tasks) -> SyntheticEpisode:
     rng = np.random.default_rng([seed, index])
     length = int(rng.integers(min_length, max_length + 1))
-    dims = max(proprio_dim, action_dim)
+    dims = max(state_dim, action_dim)
     amp = rng.uniform(0.05, 0.5, size=(3, dims))
     freq = rng.uniform(0.1, 1.5, size=(3, dims))  # Hz
     phase = rng.uniform(0.0, 2 * np.pi, size=(3, dims))
     offset = rng.uniform(-1.0, 1.0, size=dims)
     t = np.arange(length + 1, dtype=np.float64)[:, None, None] / fps  # one step past the end for the last action
     x = offset + (amp * np.sin(2 * np.pi * freq * t + phase)).sum(axis=1)  # [T + 1, dims]
-    proprio = x[:length, :proprio_dim].astype(np.float32)
+    state = x[:length, :state_dim].astype(np.float32)
     action = (x[1:, :action_dim] - x[:-1, :action_dim]).astype(np.float32)
     task = tasks[int(rng.integers(len(tasks)))]
     seeds = {camera: int(s) for camera, s in zip(cameras, rng.integers(0, 2**31 - 1, size=len(cameras)))}
     rates = {camera: float(camera_fps.get(camera, fps)) for camera in cameras}
     return SyntheticEpisode(
-        episode_id=f"episode_{index:06d}", fps=fps, proprio=proprio, action=action, task=task,
+        episode_id=f"episode_{index:06d}", fps=fps, state=state, action=action, task=task,
         camera_seeds=MappingProxyType(seeds), camera_fps=MappingProxyType(rates), height=height, width=width,
     )
 

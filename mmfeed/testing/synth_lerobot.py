@@ -99,7 +99,7 @@ def write_lerobot(
     per_episode_arrays = [ep.arrays() for ep in episodes]
     columns = {
         "action": np.concatenate([ep.action for ep in episodes]),
-        "observation.state": np.concatenate([ep.proprio for ep in episodes]),
+        "observation.state": np.concatenate([ep.state for ep in episodes]),
         **{name: np.concatenate([a[name] for a in per_episode_arrays])
            for name in per_episode_arrays[0] if name not in ("action", "observation.state")},
         "timestamp": (frame_index / fps).astype(np.float32),
@@ -188,7 +188,7 @@ def _check_lerobot(episodes: Sequence[SyntheticEpisode]) -> int:
         raise ValueError(f"LeRobot stores fps as an integer, got fps={first.fps}; make episodes with an integer fps")
 
     def layout(ep: SyntheticEpisode) -> tuple:
-        return ep.fps, ep.camera_names, ep.height, ep.width, ep.proprio.shape[1], ep.action.shape[1]
+        return ep.fps, ep.camera_names, ep.height, ep.width, ep.state.shape[1], ep.action.shape[1]
 
     for ep in episodes:
         if layout(ep) != layout(first):
@@ -212,7 +212,7 @@ def _lerobot_features(first: SyntheticEpisode, root: Path, video_keys: Sequence[
     """The ``features`` of info.json, in LeRobot's order: user features, then the five default columns. A
     feature of one number per step is declared shape ``[1]`` and stored as a scalar column, as LeRobot does."""
     features: dict[str, dict] = {}
-    for name, dim in (("action", first.action.shape[1]), ("observation.state", first.proprio.shape[1])):
+    for name, dim in (("action", first.action.shape[1]), ("observation.state", first.state.shape[1])):
         features[name] = {"dtype": "float32", "shape": [dim], "names": [f"motor_{i}" for i in range(dim)]}
     for name, values in first.arrays().items():
         if name not in features:

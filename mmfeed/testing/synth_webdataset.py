@@ -60,7 +60,7 @@ def write_webdataset_v1(
     """Write ``episodes`` as webdataset shards ``shard-000000.tar`` ... in ``out_dir``; return the shard paths.
 
     Each episode is one sample with key ``ep.episode_id``: ``<key>.<camera>.mp4`` (pattern index = frame number
-    within the episode), ``<key>.proprio.npy``, ``<key>.action.npy`` and ``<key>.meta.json`` (:meth:`meta`).
+    within the episode), ``<key>.state.npy``, ``<key>.action.npy`` and ``<key>.meta.json`` (:meth:`meta`).
     Written through ``webdataset.TarWriter`` with a fixed member mtime, so equal inputs give equal tar headers.
     With ``index`` the parquet index is written beside them (``mmfeed.loaders.sources.index.INDEX_FILENAME``).
     """
@@ -83,7 +83,7 @@ def write_webdataset_v1(
                         write_video(video, ep.frames(camera), fps=ep.camera_fps[camera], codec=codec, gop=gop)
                         sample[f"{camera}.mp4"] = video.read_bytes()
                         video.unlink()
-                    sample["proprio.npy"] = _npy_bytes(ep.proprio)
+                    sample["proprio.npy"] = _npy_bytes(ep.state)
                     sample["action.npy"] = _npy_bytes(ep.action)
                     sample["meta.json"] = json.dumps(ep.meta(), sort_keys=True).encode("utf-8")
                     writer.write(sample)
