@@ -137,6 +137,7 @@ class WebDatasetSource(EpisodeSource):
         self._member_names = {f: c["member"] for f, c in columns.items()}
         self.stats = dataset_stats(table)
         self._bytes: OrderedDict[tuple[int, str], bytes] = OrderedDict()
+        self._arrays: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
         self._checked: set[tuple[int, str]] = set()
         self._lock = threading.Lock()  # guards the caches: one source may serve loaders in several threads
@@ -194,7 +195,7 @@ class WebDatasetSource(EpisodeSource):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_bytes"], state["_videos"] = OrderedDict(), {}  # each worker reads and decodes its own bytes
+        state["_bytes"], state["_arrays"], state["_videos"] = OrderedDict(), OrderedDict(), {}  # each worker its own
         del state["_lock"]
         return state
 
@@ -222,9 +223,22 @@ class WebDatasetSource(EpisodeSource):
         return data
 
     def _array(self, episode: int, feature: str) -> np.ndarray:
+        """An array member decoded once and kept beside the member bytes (consecutive samples of an episode read
+        the same arrays); callers index it, which copies, so the kept array is never changed."""
+        key = (episode, feature)
+        with self._lock:
+            array = self._arrays.get(key)
+            if array is not None:
+                self._arrays.move_to_end(key)
+                return array
         f = self.features[feature]
-        return load_npy(self._member(episode, feature), key=f"{self.describe(episode)} feature {feature!r}",
-                        expect_dtype=f.dtype, expect_shape=(int(self._frames[feature][episode]), *f.shape))
+        array = load_npy(self._member(episode, feature), key=f"{self.describe(episode)} feature {feature!r}",
+                         expect_dtype=f.dtype, expect_shape=(int(self._frames[feature][episode]), *f.shape))
+        with self._lock:
+            self._arrays[key] = array
+            while len(self._arrays) > self.cache_episodes * len(self.features):
+                self._arrays.popitem(last=False)
+        return array
 
     def _cache(self, size: tuple[int, int] | None) -> VideoReaderCache:
         """The decoder cache of one frame size (it keeps one decoder per thread)."""
