@@ -112,10 +112,9 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
+        _add_absent(payload, items, read)
         if static_shapes:
-            _pad_static(payload, items, nrows * row_capacity, read)
-        else:
-            _add_absent(payload, items, read)
+            _pad_static(payload, items, nrows * row_capacity)
         row_lengths, row_segments, row_steps, d = [], [], [], 0
         for row in rows:
             n = len(row)
@@ -317,28 +316,19 @@ def _transform(items, samples, requests, read, pads, transform: Callable, epoch:
     return out
 
 
-def _pad_static(payload: dict[str, Any], items, slots: int, read: list) -> None:
-    """Pad every payload to the most ``slots`` tokens could hold; padded entries are flagged as padding."""
-    layout, features = items.layout, items.source.features
+def _pad_static(payload: dict[str, Any], items, slots: int) -> None:
+    """Pad every payload (all present, see :func:`_add_absent`) to the most ``slots`` tokens could hold; padded
+    entries are flagged as padding."""
+    layout = items.layout
     for key in [TEXT, *items.features]:
         per_item = layout.tokens_per_text_token if key == TEXT else layout.tokens(key)
-        most = slots // per_item
-        have = payload.get(key)
+        have = payload[key]
         if isinstance(have, torch.Tensor):
             have = have.numpy()
-        if have is None:
-            example = next((d[key] for d in read if d is not None and key in d), None)
-            if example is not None:
-                have = example[:0]
-            elif key == TEXT:
-                have = np.zeros(0, np.int32)
-            else:
-                have = np.zeros((0, *features[key].shape), np.dtype(features[key].dtype))
-        extra = most - len(have)
+        extra = slots // per_item - len(have)
         payload[key] = np.concatenate([have, np.zeros((extra, *have.shape[1:]), have.dtype)])
         if key != TEXT:
-            flags = payload.get(f"{key}_is_pad", np.zeros(0, bool))
-            payload[f"{key}_is_pad"] = np.concatenate([flags, np.ones(extra, bool)])
+            payload[f"{key}_is_pad"] = np.concatenate([payload[f"{key}_is_pad"], np.ones(extra, bool)])
 
 
 def _add_absent(payload: dict[str, Any], items, read: list) -> None:
