@@ -13,14 +13,16 @@ Frame indices in a request count frames of that feature at its own rate (frame `
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from mmfeed.packing.windows import frames_at_rate
 
-__all__ = ["FEATURE_KINDS", "EpisodeRequest", "EpisodeSource", "Feature"]
+__all__ = ["FEATURE_KINDS", "LRU", "EpisodeRequest", "EpisodeSource", "Feature"]
 
 FEATURE_KINDS = ("video", "array", "text")
 
@@ -60,6 +62,39 @@ class EpisodeRequest:
     episode: int
     indices: Mapping[str, np.ndarray]
     out: Mapping[str, np.ndarray] | None = None
+
+
+class LRU:
+    """A bounded map of what a reader keeps (member bytes, decoded arrays, data files), least recently used
+    dropped first, safe to share between threads; a pickled copy starts empty (each worker fills its own)."""
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable):
+        """The value kept for ``key``, or None."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value) -> None:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getstate__(self) -> dict:
+        return {"max_items": self.max_items}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["max_items"])
 
 
 class EpisodeSource:

@@ -19,7 +19,6 @@ import io
 import json
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import pyarrow.parquet as pq
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
-from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.loaders.timing import stage
 
@@ -87,9 +86,9 @@ class LeRobotSource(EpisodeSource):
         stats = self.root / "meta" / "stats.json"
         raw = from_json({k: v for k, v in _read_json(stats).items() if isinstance(v, dict)}) if stats.is_file() else {}
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
-        self._data_cache: OrderedDict[Path, dict[str, object]] = OrderedDict()
+        self._data_cache = LRU(2)  # path -> the non-video columns of one data file
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
-        self._lock = threading.Lock()  # guards the two caches: one source may serve loaders in several threads
+        self._lock = threading.Lock()  # guards _videos: one source may serve loaders in several threads
 
     def step_tasks(self, episode: int) -> np.ndarray:
         """The task id of every step of ``episode``, int64 ``[T]`` (read from its rows where the task changes)."""
@@ -147,7 +146,7 @@ class LeRobotSource(EpisodeSource):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_data_cache"], state["_videos"] = OrderedDict(), {}  # each worker opens its own files
+        state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
         del state["_lock"]
         return state
 
@@ -197,11 +196,9 @@ class LeRobotSource(EpisodeSource):
 
     def _data_file(self, path: Path, where: str) -> dict[str, object]:
         """Every non-video column of one data file, sorted by ``index`` (the last two files stay cached)."""
-        with self._lock:
-            cached = self._data_cache.get(path)
-            if cached is not None:
-                self._data_cache.move_to_end(path)
-                return cached
+        cached = self._data_cache.get(path)
+        if cached is not None:
+            return cached
         if not path.is_file():
             raise FileNotFoundError(f"{where}: data file {path} named by meta/episodes does not exist")
         try:
@@ -217,10 +214,7 @@ class LeRobotSource(EpisodeSource):
                 columns[name] = self._column(name, table[name].combine_chunks())[order]
             except (ValueError, pa.ArrowException) as err:
                 columns[name] = err  # raised when the feature is asked for, so other features still read
-        with self._lock:
-            self._data_cache[path] = columns
-            while len(self._data_cache) > 2:
-                self._data_cache.popitem(last=False)
+        self._data_cache.put(path, columns)
         return columns
 
     def _column(self, name: str, array: pa.Array) -> np.ndarray:

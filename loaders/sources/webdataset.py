@@ -19,7 +19,6 @@ import glob
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -30,7 +29,7 @@ from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
-from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats, memory_table,
                                           default_index_path, feature_columns, index_version, read_shard_index,
                                           resolve_shard, stale_shards)
@@ -136,11 +135,11 @@ class WebDatasetSource(EpisodeSource):
         self._members = {f: (c["offset"].astype(np.int64), c["size"].astype(np.int64)) for f, c in columns.items()}
         self._member_names = {f: c["member"] for f, c in columns.items()}
         self.stats = dataset_stats(table)
-        self._bytes: OrderedDict[tuple[int, str], bytes] = OrderedDict()
-        self._arrays: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
+        self._bytes = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> member bytes
+        self._arrays = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> decoded array
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
         self._checked: set[tuple[int, str]] = set()
-        self._lock = threading.Lock()  # guards the caches: one source may serve loaders in several threads
+        self._lock = threading.Lock()  # guards _videos and _checked: one source may serve loaders in several threads
 
     def episode_id(self, episode: int) -> str:
         """The webdataset key of ``episode``."""
@@ -195,7 +194,7 @@ class WebDatasetSource(EpisodeSource):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_bytes"], state["_arrays"], state["_videos"] = OrderedDict(), OrderedDict(), {}  # each worker its own
+        state["_videos"] = {}  # each worker opens its own decoders (the LRUs pickle empty)
         del state["_lock"]
         return state
 
@@ -208,36 +207,26 @@ class WebDatasetSource(EpisodeSource):
         if self._held is not None:
             return self._held[episode][self._member_names[feature][episode]]
         key = (episode, feature)
-        with self._lock:
-            data = self._bytes.get(key)
-            if data is not None:
-                self._bytes.move_to_end(key)
-                return data
+        data = self._bytes.get(key)
+        if data is not None:
+            return data
         offsets, sizes = self._members[feature]
         with stage("read"):
             data = read_member(self._shards[self._shard_of[episode]], offsets[episode], sizes[episode])
-        with self._lock:
-            self._bytes[key] = data
-            while len(self._bytes) > self.cache_episodes * len(self.features):
-                self._bytes.popitem(last=False)
+        self._bytes.put(key, data)
         return data
 
     def _array(self, episode: int, feature: str) -> np.ndarray:
         """An array member decoded once and kept beside the member bytes (consecutive samples of an episode read
         the same arrays); callers index it, which copies, so the kept array is never changed."""
         key = (episode, feature)
-        with self._lock:
-            array = self._arrays.get(key)
-            if array is not None:
-                self._arrays.move_to_end(key)
-                return array
+        array = self._arrays.get(key)
+        if array is not None:
+            return array
         f = self.features[feature]
         array = load_npy(self._member(episode, feature), key=f"{self.describe(episode)} feature {feature!r}",
                          expect_dtype=f.dtype, expect_shape=(int(self._frames[feature][episode]), *f.shape))
-        with self._lock:
-            self._arrays[key] = array
-            while len(self._arrays) > self.cache_episodes * len(self.features):
-                self._arrays.popitem(last=False)
+        self._arrays.put(key, array)
         return array
 
     def _cache(self, size: tuple[int, int] | None) -> VideoReaderCache:
