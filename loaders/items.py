@@ -157,18 +157,23 @@ class EpisodeItems:
             reads = window_requests(self.source, self.window, self.episode[samples], self.start[samples])
             out = []
             for s, (request, pads) in zip(samples, reads):
-                pieces = {f: d for f, d in self.window.deltas.items() if f in request.indices}
-                out.append((request, pads, self.sample_layout(pieces, int(self.task[s]))))
+                # a window's pieces are the spec's times of the features present: the names alone key its layout
+                names = tuple(request.indices)
+                pieces = {f: self.window.deltas[f] for f in names}
+                out.append((request, pads, self.sample_layout(pieces, int(self.task[s]), key=("window", names))))
             return out
         reads = chunk_requests(self.source, self.features, self.episode[samples], self.start[samples],
                                self.length[samples])
         return [(request, pads, self.sample_layout(times, int(self.task[s])))
                 for s, (request, pads, times) in zip(samples, reads)]
 
-    def sample_layout(self, pieces: Mapping[str, Sequence[float]], task: int) -> SampleLayout:
-        """The token layout of a sample with these frame times and task (cached: few distinct ones exist)."""
-        key = (task, tuple((f, tuple(np.round(np.asarray(t, dtype=np.float64) * 1e6).astype(np.int64).tolist()))
-                           for f, t in pieces.items()))
+    def sample_layout(self, pieces: Mapping[str, Sequence[float]], task: int, key: Any = None) -> SampleLayout:
+        """The token layout of a sample with these frame times and task (cached: few distinct ones exist);
+        ``key``, when given, identifies ``pieces`` without reading every time."""
+        if key is None:
+            key = tuple((f, tuple(np.round(np.asarray(t, dtype=np.float64) * 1e6).astype(np.int64).tolist()))
+                        for f, t in pieces.items())
+        key = (task, key)
         cached = self._layouts.get(key)
         if cached is None:
             cached = self._layouts[key] = self.layout.sample(pieces, len(self.text[task]) if task >= 0 else 0)
