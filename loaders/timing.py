@@ -218,6 +218,7 @@ class StepTimer:
         self._delivered_at: float | None = None
         self._pending: dict[str, Any] | None = None
         self._unresolved: list[tuple[str, Any, Any]] = []  # (list name, start event, end event)
+        self.epoch_starts: list[int] = []  # index of the first step of each epoch the loader began
 
     # -- hooks for the loader -------------------------------------------------------------------------------
     def request(self) -> None:
@@ -245,6 +246,10 @@ class StepTimer:
             gpu_start.record()
         self._pending = {"wait": wait, "stages": dict(stages or {}), "copy": copy_events,
                          "gpu_start": gpu_start, "delivered_at": now}
+
+    def begin_epoch(self) -> None:
+        """An epoch begins: its first batch is the next one delivered (the loader calls this at ``iter()``)."""
+        self.epoch_starts.append(len(self.wait_s) + (self._pending is not None))
 
     def exhausted(self) -> None:
         """The source ran out: close the last step at the moment it asked for more."""
