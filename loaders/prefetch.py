@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from mmfeed.loaders.flops import useful_fraction
 from mmfeed.loaders.timing import StepTimer, TimedBatch
 
 __all__ = ["DevicePrefetcher", "move_to", "pin", "walk_tensors"]
@@ -190,12 +191,14 @@ class DevicePrefetcher:
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
 
     # -- producer -------------------------------------------------------------------------------------------
-    def _prepare(self, item: Any) -> tuple[Any, dict[str, float] | None, Any, Any]:
-        stages = None
+    def _prepare(self, item: Any) -> tuple[Any, dict[str, Any] | None, Any, Any]:
+        info = None
         if isinstance(item, TimedBatch):
-            item, stages = item.batch, item.stages
+            item, info = item.batch, {"stages": item.stages, "spans": item.spans, "worker": item.worker}
+        if self.timer is not None:  # the non-padding share, read on the host before any copy
+            info = {**(info or {}), "useful": useful_fraction(item)}
         if not self._cuda:
-            return item, stages, None, None
+            return item, info, None, None
         if self.pin_memory:
             item = pin(item)
         timed = self.timer is not None
@@ -206,7 +209,7 @@ class DevicePrefetcher:
             item = move_to(item, self.device, non_blocking=True)
             ready = torch.cuda.Event(enable_timing=timed)
             ready.record(self._stream)
-        return item, stages, ready, (start, ready) if timed else None
+        return item, info, ready, (start, ready) if timed else None
 
     # -- consumer -------------------------------------------------------------------------------------------
     def __iter__(self) -> DevicePrefetcher:
@@ -235,7 +238,7 @@ class DevicePrefetcher:
             if isinstance(got, _Failure):
                 self._finish()
                 raise got.exc
-        item, stages, ready, copy_events = got
+        item, info, ready, copy_events = got
         if ready is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(ready)
@@ -243,7 +246,9 @@ class DevicePrefetcher:
                 if t.device.type == "cuda":
                     t.record_stream(current)
         if self.timer is not None:
-            self.timer.deliver(stages, copy_events, cuda=self._cuda)
+            info = info or {}
+            self.timer.deliver(info.get("stages"), copy_events, cuda=self._cuda, useful=info.get("useful"),
+                               spans=info.get("spans"), worker=info.get("worker"))
         return item
 
     def _finish(self) -> None:

@@ -10,9 +10,16 @@ Two halves:
   the worker queue with the batch. mmfeed's loader and :class:`~mmfeed.loaders.DevicePrefetcher` unwrap it in
   the main process, so the training loop always receives the batch itself, of its own type.
 * **Loop side.** :class:`StepTimer` records, per step, the data wait (time the loop blocked on ``next``), the
-  host-to-device copy (CUDA events), the compute time (from handing a batch over to asking for the next; CUDA
+  host-to-device copy (CUDA events), the busy time (from handing a batch over to asking for the next; CUDA
   events as well on a GPU) and the worker stages of that batch, and turns them into a report with the stall
-  fraction and the bottleneck named in plain words.
+  fraction and the bottleneck named in plain words (:mod:`mmfeed.loaders.diagnosis`).
+* **Communication and utilisation.** ``timer.watch(ddp_model)`` times DistributedDataParallel's gradient
+  collectives through a comm hook (:mod:`mmfeed.loaders.comm`), so the busy time splits into ``compute_s`` and
+  ``comm_s`` (communication not overlapped with backward), beside ``comm_total_s``. ``flops_per_step``
+  (:func:`count_flops`) and ``peak_flops`` give ``mfu``, and ``useful_mfu`` counts only the batches' non-padding
+  tokens (:mod:`mmfeed.loaders.flops`).
+* **Traces.** :meth:`StepTimer.export_chrome_trace` writes the latest steps' phases and each worker's stages as
+  a Chrome trace (:mod:`mmfeed.loaders.trace`).
 
 Example::
 
@@ -29,6 +36,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -36,13 +44,19 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["StepTimer", "TimedBatch", "TimedCollate", "drain_stages", "record_stage", "stage"]
+from mmfeed.loaders.comm import CommRecorder, resolve
+from mmfeed.loaders.diagnosis import diagnose
+from mmfeed.loaders.flops import count_flops, peak_flops, useful_fraction
+
+__all__ = ["StepTimer", "TimedBatch", "TimedCollate", "count_flops", "diagnose", "drain_spans", "drain_stages",
+           "record_stage", "stage"]
 
 logger = logging.getLogger(__name__)
 
 # One accumulator per thread, by design: the worker-side API must be callable from any dataset code without
 # passing an object around, and a thread-local keeps concurrent producers (a prefetch thread, the loop) apart.
 _local = threading.local()
+_MAX_SPANS = 4096  # spans kept per batch for the trace (stage seconds are always complete)
 
 
 def _accumulator() -> dict[str, float]:
@@ -51,12 +65,14 @@ def _accumulator() -> dict[str, float]:
     # recorded (say, loading in-process before) are never charged to the worker's first batch.
     if acc is None or getattr(_local, "pid", None) != os.getpid():
         acc = _local.stages = {}
+        _local.spans = []
         _local.pid = os.getpid()
     return acc
 
 
-def record_stage(name: str, seconds: float) -> None:
-    """Add ``seconds`` to stage ``name`` of the batch being built in this thread (worker process)."""
+def record_stage(name: str, seconds: float, *, end: float | None = None) -> None:
+    """Add ``seconds`` to stage ``name`` of the batch being built in this thread (worker process); the stage is
+    taken to have ended at ``end`` (``time.perf_counter()``; default now) for the trace."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"stage name must be a non-empty string, got {name!r}")
     seconds = float(seconds)
@@ -64,6 +80,10 @@ def record_stage(name: str, seconds: float) -> None:
         raise ValueError(f"stage {name!r}: seconds must be >= 0, got {seconds!r}")
     acc = _accumulator()
     acc[name] = acc.get(name, 0.0) + seconds
+    spans = _local.spans
+    if len(spans) < _MAX_SPANS:
+        stop = time.perf_counter() if end is None else float(end)
+        spans.append((name, stop - seconds, stop))
 
 
 @contextmanager
@@ -79,34 +99,58 @@ def stage(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        record_stage(name, time.perf_counter() - start)
+        stop = time.perf_counter()
+        record_stage(name, stop - start, end=stop)
 
 
 def drain_stages() -> dict[str, float]:
-    """Return and clear the stage seconds accumulated in this thread since the last drain."""
+    """Return and clear the stage seconds accumulated in this thread since the last drain (and its spans)."""
     acc = _accumulator()
     out = dict(acc)
     acc.clear()
+    _local.spans = []
     return out
 
 
+def drain_spans() -> tuple[dict[str, float], list[tuple[str, float, float]]]:
+    """Return and clear this thread's stage seconds and its ``(stage, start, end)`` spans (perf_counter)."""
+    acc = _accumulator()
+    spans, _local.spans = _local.spans, []
+    out = dict(acc)
+    acc.clear()
+    return out, spans
+
+
+def _worker_id() -> int | None:
+    info = torch.utils.data.get_worker_info()
+    return None if info is None else int(info.id)
+
+
 class TimedBatch:
-    """A batch with the worker stage seconds spent on it; unwrapped by the loader before the loop sees it."""
+    """A batch with the worker stage seconds spent on it; unwrapped by the loader before the loop sees it.
 
-    __slots__ = ("batch", "stages")
+    ``spans`` are the stages' ``(name, start, end)`` on the machine's monotonic clock (``time.perf_counter``,
+    shared by the processes of one host), ``worker`` the torch worker id that built it (None: in the loop's
+    process).
+    """
 
-    def __init__(self, batch: Any, stages: Mapping[str, float]) -> None:
+    __slots__ = ("batch", "spans", "stages", "worker")
+
+    def __init__(self, batch: Any, stages: Mapping[str, float], spans: list[tuple[str, float, float]] | None = None,
+                 worker: int | None = None) -> None:
         self.batch = batch
         self.stages = dict(stages)
+        self.spans = list(spans or ())
+        self.worker = worker
 
     def pin_memory(self) -> TimedBatch:
         """Pin the inner batch (torch's pin-memory thread calls this)."""
         from torch.utils.data._utils.pin_memory import pin_memory
 
-        return TimedBatch(pin_memory(self.batch), self.stages)
+        return TimedBatch(pin_memory(self.batch), self.stages, self.spans, self.worker)
 
     def __repr__(self) -> str:
-        return f"TimedBatch({type(self.batch).__name__}, stages={self.stages})"
+        return f"TimedBatch({type(self.batch).__name__}, stages={self.stages}, worker={self.worker})"
 
 
 class TimedCollate:
@@ -123,57 +167,8 @@ class TimedCollate:
     def __call__(self, samples: Any) -> TimedBatch:
         with stage("collate"):
             batch = self.collate_fn(samples)
-        return TimedBatch(batch, drain_stages())
-
-
-# stage name (lower case, substring match) -> advice when that stage is the bottleneck
-_ADVICE = {
-    "read": "faster storage (local SSD, larger reads, fewer small files) or more workers to overlap I/O",
-    "fetch": "faster storage (local SSD, larger reads, fewer small files) or more workers to overlap I/O",
-    "open": "faster storage (local SSD, larger reads, fewer small files) or more workers to overlap I/O",
-    "decode": "more workers, or a lower decode resolution / fewer frames per sample",
-    "pack": "more workers, or a cheaper packing algorithm",
-    "collate": "more workers, or a cheaper collate (build tensors in the dataset, avoid Python loops)",
-}
-
-
-def _advice(stage_name: str) -> str:
-    low = stage_name.lower()
-    for key, text in _ADVICE.items():
-        if key in low:
-            return text
-    return "more workers, or make this stage cheaper"
-
-
-def diagnose(stall_fraction: float, compute_s: float, copy_s: float | None, stages: Mapping[str, float],
-             num_workers: int | None, threshold: float = 0.05) -> dict[str, Any]:
-    """Name the bottleneck and a recommendation from per-step means (seconds); a pure function.
-
-    ``stages`` holds the mean worker seconds per batch of each stage; ``num_workers`` divides them into the
-    pipeline's per-batch load time (None or 0 counts as one process).
-    """
-    if stall_fraction <= threshold:
-        return {"stage": "compute", "recommendation":
-                f"input is not the bottleneck (stall {stall_fraction:.1%} <= {threshold:.0%}); speed up the model"}
-    if not stages:
-        return {"stage": "unknown", "recommendation":
-                f"the loop waits (stall {stall_fraction:.1%}) but no worker stage times were recorded: time the "
-                "dataset with stage(...) and mmfeed.DataLoader(timer=True); meanwhile try more workers or a "
-                "deeper prefetch"}
-    workers = max(int(num_workers or 1), 1)
-    load_s = sum(stages.values()) / workers
-    if copy_s is not None and copy_s > max(load_s, compute_s):
-        return {"stage": "copy", "recommendation":
-                "host-to-device copy dominates: pin memory, use a deeper prefetch, or send smaller dtypes (uint8)"}
-    if load_s >= compute_s:
-        top = max(stages, key=stages.get)
-        need = int(np.ceil(sum(stages.values()) / max(compute_s, 1e-9)))
-        return {"stage": top, "recommendation":
-                f"stage '{top}' is the bottleneck ({stages[top] * 1e3:.1f} ms per batch): {_advice(top)}; about "
-                f"{need} workers would keep up with a {compute_s * 1e3:.1f} ms step"}
-    return {"stage": "prefetch", "recommendation":
-            "the workers keep up on average but the loop still waits: deeper prefetch (prefetch=, "
-            "prefetch_factor=) to absorb jitter, or more workers"}
+        stages, spans = drain_spans()
+        return TimedBatch(batch, stages, spans, _worker_id())
 
 
 def _stats(values: list[float]) -> dict[str, float] | None:
@@ -183,46 +178,94 @@ def _stats(values: list[float]) -> dict[str, float] | None:
     return {"mean": float(arr.mean()), "median": float(np.median(arr)), "p95": float(np.percentile(arr, 95)),
             "total": float(arr.sum())}
 
-
 class StepTimer:
-    """Per-step wait / copy / compute / worker-stage times and their report.
+    """Per-step wait / copy / compute / exposed-communication / worker-stage times and their report.
 
     The loader (or prefetcher) calls :meth:`request` when the loop asks for a batch and :meth:`deliver` when it
-    hands one over; :meth:`record` adds a finished step directly. A report counts the step in hand (a batch
-    delivered and not yet followed by a request, as after a ``break``) with its compute up to the report. ``log_every=N`` logs one line every N steps
-    (logger ``mmfeed.loaders.timing``). ``warmup=N`` leaves the first N steps (worker start-up, the first
-    fill of the prefetch queue) out of the report. ``num_workers`` (set by mmfeed's DataLoader) turns worker
-    seconds into the pipeline's per-batch load time for the diagnosis.
+    hands one over; :meth:`record` adds a finished step directly. A step's time is its wait plus its busy time
+    (from the hand-over to the next request), and the busy time splits into compute and exposed communication
+    when a DistributedDataParallel model is :meth:`watch`-ed. A report counts the step in hand (a batch delivered
+    and not yet followed by a request, as after a ``break``) with its time up to the report.
+
+    Args:
+        log_every: log one line every N steps (logger ``mmfeed.loaders.timing``); 0 never.
+        warmup: leave the first N steps (worker start-up, the first fill of the prefetch queue) out of the report.
+        num_workers: set by mmfeed's DataLoader; turns worker seconds into the pipeline's per-batch load time for
+            the diagnosis (0: loading runs in the loop).
+        stall_threshold: the stall fraction under which input is not the bottleneck.
+        flops_per_step: the FLOPs of one training step (:func:`count_flops`), for ``mfu``.
+        peak_flops: the accelerator's peak FLOP/s, or ``"auto"`` to look a known CUDA device up
+            (:mod:`mmfeed.loaders.flops`).
+        trace_steps: the latest N steps kept with their timestamps for :meth:`export_chrome_trace` (0: none).
+        refill_steps: steps at the start of each epoch counted as its refill (default ``max(2, 2 * workers)``).
     """
 
     def __init__(self, *, log_every: int = 0, warmup: int = 0, num_workers: int | None = None,
-                 stall_threshold: float = 0.05) -> None:
-        if not isinstance(log_every, int) or log_every < 0:
-            raise ValueError(f"log_every must be an int >= 0 (0 = never), got {log_every!r}")
-        if not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (steps left out of the report), got {warmup!r}")
+                 stall_threshold: float = 0.05, flops_per_step: float | None = None,
+                 peak_flops: float | str | None = None, trace_steps: int = 10_000,
+                 refill_steps: int | None = None) -> None:
+        for name, value in (("log_every", log_every), ("warmup", warmup), ("trace_steps", trace_steps)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if refill_steps is not None and (not isinstance(refill_steps, int) or refill_steps < 1):
+            raise ValueError(f"refill_steps must be an int >= 1 or None, got {refill_steps!r}")
+        if flops_per_step is not None and not float(flops_per_step) > 0:
+            raise ValueError(f"flops_per_step must be > 0 (count_flops(step)), got {flops_per_step!r}")
+        if peak_flops is not None and peak_flops != "auto" and not float(peak_flops) > 0:
+            raise ValueError(f"peak_flops must be FLOP/s > 0 or 'auto', got {peak_flops!r}")
         self.log_every = log_every
         self.warmup = warmup
         self.num_workers = num_workers
         self.stall_threshold = stall_threshold
+        self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
+        self.peak_flops = peak_flops
+        self.trace_steps = trace_steps
+        self.refill_steps = refill_steps
+        self._comm: CommRecorder | None = None
         self.reset()
 
     def reset(self) -> None:
-        """Forget every recorded step."""
+        """Forget every recorded step (a watched model stays watched)."""
         self.wait_s: list[float] = []
-        self.compute_s: list[float] = []
+        self.busy_s: list[float] = []
         self.copy_s: list[float] = []
         self.gpu_compute_s: list[float] = []
         self.stages: list[dict[str, float]] = []
+        self.comm: list[Any] = []  # per step: (exposed_s, total_s), raw records (CUDA, resolved later) or None
+        self.useful: list[float | None] = []
+        self.trace: deque[dict[str, Any]] = deque(maxlen=self.trace_steps)
+        self.epoch_starts: list[int] = []  # index of the first step of each epoch the loader began
         self._requested_at: float | None = None
-        self._delivered_at: float | None = None
         self._pending: dict[str, Any] | None = None
         self._unresolved: list[tuple[str, Any, Any]] = []  # (list name, start event, end event)
-        self.epoch_starts: list[int] = []  # index of the first step of each epoch the loader began
+        if self._comm is not None:
+            self._comm.drain()
+
+    # -- set-up ---------------------------------------------------------------------------------------------
+    def watch(self, model: Any, hook: Callable[[Any, Any], Any] | None = None, state: Any = None) -> Any:
+        """Time ``model``'s gradient collectives (a ``DistributedDataParallel``): each step's busy time then
+        splits into ``compute_s`` and ``comm_s`` (collective time not overlapped with backward).
+
+        ``hook``/``state``: your own DDP comm hook and its state, timed and used instead of DDP's all-reduce
+        (``state`` defaults to the default process group). Call it before the first backward, once per model
+        (DDP takes one comm hook). Returns ``model``.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(model, DistributedDataParallel):
+            raise TypeError(f"watch() times DistributedDataParallel's comm hooks; got {type(model).__name__} "
+                            "(wrap the model in DistributedDataParallel first)")
+        if self._comm is not None:
+            raise RuntimeError("this StepTimer already watches a model")
+        cuda = any(p.is_cuda for p in model.parameters())
+        recorder = CommRecorder(hook, cuda=cuda)
+        model.register_comm_hook(state, recorder.hook)
+        self._comm = recorder
+        return model
 
     # -- hooks for the loader -------------------------------------------------------------------------------
     def request(self) -> None:
-        """The loop asks for the next batch: ends the compute of the previous step."""
+        """The loop asks for the next batch: ends the busy time of the previous step."""
         now = time.perf_counter()
         if self._pending is not None:
             pending, self._pending = self._pending, None
@@ -230,50 +273,68 @@ class StepTimer:
             if pending["gpu_start"] is not None:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
-            self._finish(pending, now - pending["delivered_at"], end)
+            self._finish(pending, now, end)
         self._requested_at = now
         self._resolve(block=False)
-
-    def deliver(self, stages: Mapping[str, float] | None = None, copy_events: tuple[Any, Any] | None = None,
-                cuda: bool = False) -> None:
-        """A batch is handed over: ends the wait; ``copy_events`` (start, end) time its device copy."""
-        now = time.perf_counter()
-        wait = 0.0 if self._requested_at is None else now - self._requested_at
-        self._requested_at = None
-        gpu_start = None
-        if cuda:
-            gpu_start = torch.cuda.Event(enable_timing=True)
-            gpu_start.record()
-        self._pending = {"wait": wait, "stages": dict(stages or {}), "copy": copy_events,
-                         "gpu_start": gpu_start, "delivered_at": now}
 
     def begin_epoch(self) -> None:
         """An epoch begins: its first batch is the next one delivered (the loader calls this at ``iter()``)."""
         self.epoch_starts.append(len(self.wait_s) + (self._pending is not None))
+
+    def deliver(self, stages: Mapping[str, float] | None = None, copy_events: tuple[Any, Any] | None = None,
+                cuda: bool = False, *, useful: float | None = None,
+                spans: list[tuple[str, float, float]] | None = None, worker: int | None = None) -> None:
+        """A batch is handed over: ends the wait. ``copy_events`` (start, end) time its device copy; ``useful``
+        is its non-padding share; ``spans`` and ``worker`` (from its :class:`TimedBatch`) go to the trace."""
+        now = time.perf_counter()
+        wait = 0.0 if self._requested_at is None else now - self._requested_at
+        gpu_start = None
+        if cuda:
+            gpu_start = torch.cuda.Event(enable_timing=True)
+            gpu_start.record()
+        self._pending = {"wait": wait, "stages": dict(stages or {}), "copy": copy_events, "gpu_start": gpu_start,
+                         "requested_at": self._requested_at, "delivered_at": now, "useful": useful,
+                         "spans": spans, "worker": worker}
+        self._requested_at = None
 
     def exhausted(self) -> None:
         """The source ran out: close the last step at the moment it asked for more."""
         self._requested_at = None
 
     def record(self, wait_s: float, compute_s: float, copy_s: float | None = None,
-               stages: Mapping[str, float] | None = None) -> None:
-        """Add one finished step from known seconds (no clocks read)."""
-        self._append(float(wait_s), float(compute_s), stages or {})
+               stages: Mapping[str, float] | None = None, *, comm_s: float | None = None,
+               comm_total_s: float | None = None, useful: float | None = None) -> None:
+        """Add one finished step from known seconds (no clocks read); ``compute_s`` excludes ``comm_s``."""
+        comm = None if comm_s is None else (float(comm_s), float(comm_s if comm_total_s is None else comm_total_s))
+        self._append(float(wait_s), float(compute_s) + (comm[0] if comm else 0.0), stages or {}, comm, useful)
         if copy_s is not None:
             self.copy_s.append(float(copy_s))
 
     # -- internals ------------------------------------------------------------------------------------------
-    def _finish(self, pending: dict[str, Any], compute: float, gpu_end: Any) -> None:
+    def _finish(self, pending: dict[str, Any], now: float, gpu_end: Any) -> None:
         if pending["copy"] is not None:
             self._unresolved.append(("copy_s", *pending["copy"]))
         if gpu_end is not None:
             self._unresolved.append(("gpu_compute_s", pending["gpu_start"], gpu_end))
-        self._append(pending["wait"], compute, pending["stages"])
+        comm: Any = None
+        if self._comm is not None:
+            records = self._comm.drain()
+            comm = records if self._comm.cuda else resolve(records)
+            if self.trace_steps and not self._comm.cuda:
+                pending["comm"] = [tuple(r) for r in records]
+        if self.trace_steps:
+            self.trace.append({"requested": pending["requested_at"], "delivered": pending["delivered_at"],
+                               "end": now, "worker": pending["worker"], "spans": pending["spans"] or [],
+                               "comm": pending.get("comm", []), "step": len(self.wait_s)})
+        self._append(pending["wait"], now - pending["delivered_at"], pending["stages"], comm, pending["useful"])
 
-    def _append(self, wait: float, compute: float, stages: Mapping[str, float]) -> None:
+    def _append(self, wait: float, busy: float, stages: Mapping[str, float], comm: Any,
+                useful: float | None) -> None:
         self.wait_s.append(wait)
-        self.compute_s.append(compute)
+        self.busy_s.append(busy)
         self.stages.append(dict(stages))
+        self.comm.append(comm)
+        self.useful.append(None if useful is None else float(useful))
         if self.log_every and len(self.wait_s) % self.log_every == 0:
             logger.info("%s", self._line())
 
@@ -287,60 +348,116 @@ class StepTimer:
             else:
                 keep.append((name, start, end))
         self._unresolved = keep
+        if block:
+            self.comm = [resolve(c) if isinstance(c, list) else c for c in self.comm]
 
     def _line(self) -> str:
         n = self.log_every
-        wait, comp = sum(self.wait_s[-n:]), sum(self.compute_s[-n:])
-        stall = wait / (wait + comp) if wait + comp > 0 else 0.0
-        return (f"steps={len(self.wait_s)} last{n}: wait={wait / n * 1e3:.2f}ms compute={comp / n * 1e3:.2f}ms "
-                f"stall={stall:.1%}")
+        wait, busy = sum(self.wait_s[-n:]), sum(self.busy_s[-n:])
+        stall = wait / (wait + busy) if wait + busy > 0 else 0.0
+        comm = [c for c in self.comm[-n:] if isinstance(c, tuple)]
+        tail = f" comm={sum(c[0] for c in comm) / n * 1e3:.2f}ms" if comm else ""
+        return (f"steps={len(self.wait_s)} last{n}: wait={wait / n * 1e3:.2f}ms busy={busy / n * 1e3:.2f}ms"
+                f"{tail} stall={stall:.1%}")
+
+    def _steps_now(self) -> dict[str, list[Any]]:
+        """Per-step lists including the step in hand, warm-up removed."""
+        waits, busy, stages = list(self.wait_s), list(self.busy_s), list(self.stages)
+        comm, useful = list(self.comm), list(self.useful)
+        if self._pending is not None:  # the step in hand (the loop broke out, or reports mid-step) counts up to now
+            waits.append(self._pending["wait"])
+            busy.append(time.perf_counter() - self._pending["delivered_at"])
+            stages.append(dict(self._pending["stages"]))
+            comm.append(None if self._comm is None else resolve(self._comm.peek()))
+            useful.append(self._pending["useful"])
+        w = self.warmup
+        return {"wait": waits[w:], "busy": busy[w:], "stages": stages[w:], "comm": comm[w:], "useful": useful[w:],
+                "first": w}
+
+    def _refill_share(self, waits: list[float], first: int) -> float | None:
+        """Share of the wait in the first steps of epochs after the first (None: too few epochs or steps)."""
+        starts = [s for s in self.epoch_starts[1:] if s >= first]
+        k = self.refill_steps or max(2, 2 * int(self.num_workers or 1))
+        total = float(sum(waits))
+        inside = {i - first for s in starts for i in range(s, s + k) if i - first < len(waits)}
+        if not starts or total <= 0 or len(inside) * 3 > len(waits):
+            return None
+        return float(sum(waits[i] for i in inside)) / total
 
     # -- report ---------------------------------------------------------------------------------------------
     def local_report(self) -> dict[str, Any]:
         """This process's report (no collective)."""
         self._resolve(block=True)
-        w = self.warmup
-        waits, computes, stages = list(self.wait_s), list(self.compute_s), list(self.stages)
-        if self._pending is not None:  # the step in hand (the loop broke out, or reports mid-step) counts up to now
-            waits.append(self._pending["wait"])
-            computes.append(time.perf_counter() - self._pending["delivered_at"])
-            stages.append(dict(self._pending["stages"]))
-        waits, computes, stages = waits[w:], computes[w:], stages[w:]
-        total_wait, total_compute = float(sum(waits)), float(sum(computes))
-        total = total_wait + total_compute
+        steps = self._steps_now()
+        waits, busy = steps["wait"], steps["busy"]
+        comm = [c for c in steps["comm"] if c is not None]
+        exposed = [c[0] if c is not None else 0.0 for c in steps["comm"]]
+        computes = [max(b - e, 0.0) for b, e in zip(busy, exposed)]
+        total_wait, total_busy = float(sum(waits)), float(sum(busy))
+        total = total_wait + total_busy
         stall = total_wait / total if total > 0 else 0.0
+        stages = steps["stages"]
         names = sorted({k for s in stages for k in s})
         n = max(len(stages), 1)
         stage_means = {k: sum(s.get(k, 0.0) for s in stages) / n for k in names}
         stage_total = sum(stage_means.values())
-        step = [a + b for a, b in zip(waits, computes)]
+        w = self.warmup
         copy = _stats(self.copy_s[w:])
-        mean_compute = total_compute / len(computes) if computes else 0.0
+        comm_s, comm_total = _stats([c[0] for c in comm]), _stats([c[1] for c in comm])
+        mean_compute = float(np.mean(computes)) if computes else 0.0
         report = {
             "steps": len(waits),
             "warmup_steps": min(w, len(self.wait_s) + (self._pending is not None)),
             "wait_s": _stats(waits),
             "compute_s": _stats(computes),
-            "step_s": _stats(step),
+            "comm_s": comm_s,
+            "comm_total_s": comm_total,
+            "step_s": _stats([a + b for a, b in zip(waits, busy)]),
             "copy_s": copy,
             "gpu_compute_s": _stats(self.gpu_compute_s[w:]),
             "stall_fraction": stall,
+            "phases": {"wait": total_wait / len(waits) if waits else 0.0,
+                       "copy": None if copy is None else copy["mean"], "compute": mean_compute,
+                       "comm": None if comm_s is None else comm_s["mean"]},
             "stages": {k: {"mean_s": v, "share": v / stage_total if stage_total > 0 else 0.0}
                        for k, v in stage_means.items()},
             "num_workers": self.num_workers,
+            "epoch_refill_share": self._refill_share(waits, steps["first"]),
         }
+        report.update(self._utilisation(total, len(waits), steps["useful"]))
         report["bottleneck"] = diagnose(stall, mean_compute, None if copy is None else copy["mean"], stage_means,
-                                        self.num_workers, self.stall_threshold)
+                                        self.num_workers, self.stall_threshold,
+                                        comm_s=None if comm_s is None else comm_s["mean"],
+                                        refill_share=report["epoch_refill_share"], mfu=report["mfu"])
         return report
+
+    def _utilisation(self, total_s: float, steps: int, useful: list[float | None]) -> dict[str, Any]:
+        known = [u for u in useful if u is not None]
+        fraction = float(np.mean(known)) if known else None
+        out: dict[str, Any] = {"useful_fraction": fraction, "achieved_flops_per_s": None, "mfu": None,
+                               "useful_mfu": None}
+        if self.flops_per_step is None or steps == 0 or total_s <= 0:
+            return out
+        achieved = self.flops_per_step * steps / total_s
+        peak = peak_flops() if self.peak_flops == "auto" else self.peak_flops
+        out["achieved_flops_per_s"] = achieved
+        if peak is not None:
+            out["mfu"] = achieved / float(peak)
+            out["useful_mfu"] = None if fraction is None else out["mfu"] * fraction
+        return out
 
     def report(self) -> dict[str, Any]:
         """The report as a dict; under torch.distributed every rank must call it (one all_gather).
 
-        Keys: ``steps``; ``wait_s``, ``compute_s``, ``step_s``, ``copy_s``, ``gpu_compute_s`` each
-        ``{mean, median, p95, total}`` or None; ``stall_fraction`` = total wait / total step time; ``stages``
-        ``{name: {mean_s, share}}`` (worker seconds per batch); ``bottleneck`` ``{stage, recommendation}``; and,
-        when torch.distributed is initialized, ``ranks``: ``{world_size, max, mean}`` over the ranks' scalar
-        figures (the slowest rank sets the pace).
+        Keys: ``steps``; ``wait_s``, ``compute_s``, ``comm_s`` (exposed communication), ``comm_total_s``,
+        ``step_s``, ``copy_s``, ``gpu_compute_s`` each ``{mean, median, p95, total}`` or None; ``phases`` the
+        mean seconds per step of wait, copy, compute and comm; ``stall_fraction`` = total wait / total step
+        time; ``stages`` ``{name: {mean_s, share}}`` (worker seconds per batch); ``epoch_refill_share`` (the
+        share of the wait in the first ``refill_steps`` of epochs after the first, or None);
+        ``useful_fraction`` (non-padding share of the batches), ``achieved_flops_per_s``, ``mfu``,
+        ``useful_mfu`` (None unless ``flops_per_step``/``peak_flops`` are set); ``bottleneck`` ``{stage,
+        recommendation}``; and, when torch.distributed is initialized, ``ranks``: ``{world_size, max, mean}``
+        over the ranks' scalar figures (the slowest rank sets the pace).
         """
         report = self.local_report()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -354,13 +471,23 @@ class StepTimer:
             json.dump(report, f, indent=2, sort_keys=True)
         return report
 
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write the kept steps as a Chrome trace (Perfetto, chrome://tracing) to ``path`` and return it: the
+        loop's phases on one track, each worker's stages on its own (:mod:`mmfeed.loaders.trace`)."""
+        from mmfeed.loaders.trace import chrome_trace, write_trace
+
+        return write_trace(chrome_trace(list(self.trace), epoch_starts=self.epoch_starts), path)
+
 
 def _scalars(report: Mapping[str, Any]) -> dict[str, float]:
     out = {"steps": float(report["steps"]), "stall_fraction": float(report["stall_fraction"])}
-    for key in ("wait_s", "compute_s", "step_s", "copy_s", "gpu_compute_s"):
+    for key in ("wait_s", "compute_s", "comm_s", "comm_total_s", "step_s", "copy_s", "gpu_compute_s"):
         if report.get(key):
             for stat in ("mean", "median", "p95"):
                 out[f"{key}.{stat}"] = float(report[key][stat])
+    for key in ("mfu", "useful_mfu", "useful_fraction"):
+        if report.get(key) is not None:
+            out[key] = float(report[key])
     for name, vals in report["stages"].items():
         out[f"stages.{name}.mean_s"] = float(vals["mean_s"])
     return out
