@@ -6,7 +6,9 @@ Three panels (matplotlib, Agg backend, no display needed):
    one measured point of each);
 2. the mean training step split into compute (the simulated step) and input wait, per system, labelled with
    the stall fraction;
-3. the worker seconds per batch of each stage (read, decode, collate), per system.
+3. the worker seconds per batch of each stage (read, decode, collate), per system;
+4. the phases step by step (input wait stacked on compute, one bar per step) of the stepped stretch nearest
+   the median stall, per system: where stalls cluster (an epoch start, a slow shard) shows here.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     systems = {"mmfeed": report, "baseline": report["baseline"]}
     step_s = report["details"]["step_s"]
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, ((ax1, ax2), (ax3, ax4)) = plt.subplots(2, 2, figsize=(14, 9))
 
     sweep = report.get("sweep")
     if sweep:
@@ -73,6 +75,24 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     ax3.set_title("stage breakdown (worker time per batch)")
     if stages:
         ax3.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(stages), fontsize=8, frameon=False)
+
+    per_step = report["details"].get("per_step") or {}
+    offset = 0
+    for name in names:
+        steps = per_step.get(name)
+        if not steps:
+            continue
+        xs = [offset + i for i in range(len(steps["wait_s"]))]
+        compute = [v * 1e3 for v in steps["compute_s"]]
+        ax4.bar(xs, compute, width=1.0, color="#999999", label="compute" if offset == 0 else None)
+        ax4.bar(xs, [v * 1e3 for v in steps["wait_s"]], bottom=compute, width=1.0, color=_COLORS[name],
+                label=f"input wait ({name})")
+        offset += len(xs) + 2
+    ax4.set_xlabel("step (mmfeed, then the baseline)")
+    ax4.set_ylabel("ms")
+    ax4.set_title("phases step by step")
+    if per_step:
+        ax4.legend(fontsize=8)
 
     fig.suptitle(f"mmfeed bench: {report['settings']['workers']} workers, capacity {report['settings']['capacity']}, "
                  f"step {step_s * 1e3:.1f} ms", fontsize=10)

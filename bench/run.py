@@ -199,10 +199,11 @@ def _segment(system: _System, steps: int, step_s: float, tick: Callable[[], obje
     seconds = time.perf_counter() - start
     system.timer.request()  # closes the last step
     report = system.timer.local_report()
+    per_step = system.timer.per_step()
     system.timer.reset()
     return {"seconds": seconds, "batches_per_s": steps / seconds, "samples_per_s": samples / seconds,
             "tokens_per_s": useful / seconds, "frames_per_s": frames / seconds,
-            "packing_efficiency": useful / slots if slots else 0.0, "report": report}
+            "packing_efficiency": useful / slots if slots else 0.0, "report": report, "per_step": per_step}
 
 
 def _measure(system: _System, cfg: LoaderBench, run: BenchRun, step_s: float | None, repeats: int,
@@ -229,6 +230,7 @@ def _measure(system: _System, cfg: LoaderBench, run: BenchRun, step_s: float | N
     figures["repeats"] = reps
     typical = min(stepped, key=lambda s: abs(s["report"]["stall_fraction"] - figures["stall_fraction"]))
     figures["bottleneck"] = typical["report"]["bottleneck"]  # the diagnosis of the repeat nearest the median
+    figures["per_step"] = {k: typical["per_step"][k] for k in ("wait_s", "compute_s")}
     figures["capacity_batches_per_s"] = statistics.median(c["batches_per_s"] for c in capacity)
     return figures, step_s
 
@@ -307,8 +309,9 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
     t2 = time.perf_counter()
     base = {"name": BASELINE_NAME, **base}
     report: dict[str, Any] = {"benchmark": "mmfeed bench", "schema_version": SCHEMA_VERSION}
-    report.update({k: v for k, v in ours.items() if k not in ("bottleneck", "capacity_batches_per_s")})
-    report["baseline"] = {k: v for k, v in base.items() if k not in ("bottleneck", "capacity_batches_per_s")}
+    internal = ("bottleneck", "capacity_batches_per_s", "per_step")
+    report.update({k: v for k, v in ours.items() if k not in internal})
+    report["baseline"] = {k: v for k, v in base.items() if k not in internal}
     report["ratios"] = _ratios(ours, base)
     report["bottleneck"] = ours["bottleneck"]
     if run.sweep:
@@ -322,6 +325,8 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
     report["details"] = {"step_s": step_s, "capacity_batches_per_s": ours["capacity_batches_per_s"],
                          "baseline_capacity_batches_per_s": base["capacity_batches_per_s"],
                          "baseline_bottleneck": base["bottleneck"],
+                         # the stepped stretch nearest the median stall, step by step (mmfeed bench --plot)
+                         "per_step": {"mmfeed": ours["per_step"], "baseline": base["per_step"]},
                          "wall_s": {"synthesis": synth_s, "mmfeed": t1 - t0, "baseline": t2 - t1,
                                     "total": time.perf_counter() - begin}}
     return report

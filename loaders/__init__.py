@@ -28,6 +28,7 @@ from mmfeed._lazy import lazy_exports
 _EXPORTS = {
     "DataLoader": "mmfeed.loaders.dataloader",
     "convert": "mmfeed.loaders.conversion",
+    "count_flops": "mmfeed.loaders.flops",
     "DevicePrefetcher": "mmfeed.loaders.prefetch",
     "ErrorPolicy": "mmfeed.loaders.errors",
     "Feature": "mmfeed.loaders.sources.base",

@@ -385,6 +385,15 @@ class StepTimer:
         return float(sum(waits[i] for i in inside)) / total
 
     # -- report ---------------------------------------------------------------------------------------------
+    def per_step(self) -> dict[str, list[float]]:
+        """The steps after the warm-up, one value each: ``wait_s``, ``compute_s``, ``comm_s`` (0 when nothing is
+        watched) and ``step_s`` (for plots of the phases step by step)."""
+        self._resolve(block=True)
+        steps = self._steps_now()
+        comm = [c[0] if c is not None else 0.0 for c in steps["comm"]]
+        return {"wait_s": steps["wait"], "compute_s": [max(b - c, 0.0) for b, c in zip(steps["busy"], comm)],
+                "comm_s": comm, "step_s": [w + b for w, b in zip(steps["wait"], steps["busy"])]}
+
     def local_report(self) -> dict[str, Any]:
         """This process's report (no collective)."""
         self._resolve(block=True)

@@ -251,6 +251,10 @@ def test_bench_on_given_shards_writes_the_json_schema_and_a_plot(shards, tmp_pat
     env = doc["environment"]
     assert env["cpu_count"] >= 1 and "torch" in env["versions"] and "git_revision" in env
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    per_step = doc["details"]["per_step"]  # what the plot's step-by-step panel draws
+    for name in ("mmfeed", "baseline"):
+        assert len(per_step[name]["wait_s"]) == len(per_step[name]["compute_s"]) == s["steps"]
+        assert min(per_step[name]["compute_s"]) >= doc["details"]["step_s"] * 0.9  # the simulated step is compute
     same = mmfeed("compare", str(report), str(report))
     assert same.returncode == 0, same.stdout + same.stderr
 
