@@ -114,7 +114,8 @@ def resolve(records: Sequence[Sequence[Any]]) -> tuple[float, float]:
     origin = records[0][0]
     times = []
     for c, r, d in records:
-        end = d if d is not None else r
-        end.synchronize()
-        times.append(tuple(origin.elapsed_time(e) / 1e3 for e in (c, r, end)))
+        events = (c, r, d if d is not None else r)
+        for e in events:
+            e.synchronize()
+        times.append(tuple(origin.elapsed_time(e) / 1e3 for e in events))
     return exposed(times)

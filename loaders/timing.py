@@ -248,7 +248,10 @@ class StepTimer:
 
         ``hook``/``state``: your own DDP comm hook and its state, timed and used instead of DDP's all-reduce
         (``state`` defaults to the default process group). Call it before the first backward, once per model
-        (DDP takes one comm hook). Returns ``model``.
+        (DDP takes one comm hook). Returns ``model``. On CUDA the collectives are timed with CUDA events (the hook
+        call on the compute stream, the completion on the stream the future's callback runs on); ``compute_s``
+        is then the wall-clock busy time less that device-side exposed time. FSDP is not covered (its comm hooks
+        take other arguments).
         """
         from torch.nn.parallel import DistributedDataParallel
 
