@@ -229,11 +229,12 @@ def read_shard_index(path: str | os.PathLike) -> pa.Table:
     return table.select(INDEX_SCHEMA.names)
 
 
-def feature_columns(table: pa.Table) -> dict[str, dict[str, Any]]:
+def feature_columns(table: pa.Table, *, arrow_members: bool = False) -> dict[str, dict[str, Any]]:
     """Each feature of an index table as columns over its episodes, in the order features first appear:
     ``{name: {"kind", "dtype", "shape" (of the first episode), "fps", "frames", "offset", "size" (numpy [E]),
-    "member" (object [E])}}``. Vectorized, so 1e5 episodes take milliseconds. ValueError naming two episodes
-    (shard and key) when a feature is missing from one or differs in kind, dtype or step shape."""
+    "member" (object [E], or Arrow strings with ``arrow_members``)}}``. Vectorized, so 1e5 episodes take
+    milliseconds. ValueError naming two episodes (shard and key) when a feature is missing from one or differs
+    in kind, dtype or step shape."""
     n = table.num_rows
     if n == 0:
         return {}
@@ -268,7 +269,9 @@ def feature_columns(table: pa.Table) -> dict[str, dict[str, Any]]:
         out[name] = {"kind": kind_of[kinds[idx[0]]], "dtype": dtype_of[dtypes[idx[0]]],
                      "shape": tuple(int(s) for s in (shapes[0] if d else ())),
                      **{k: flat[k].take(pa.array(idx)).to_numpy(zero_copy_only=False)
-                        for k in ("fps", "frames", "offset", "size", "member")}}
+                        for k in ("fps", "frames", "offset", "size", *(() if arrow_members else ("member",)))}}
+        if arrow_members:
+            out[name]["member"] = flat["member"].take(pa.array(idx))
     return out
 
 

@@ -31,8 +31,8 @@ from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats, memory_table,
-                                          default_index_path, feature_columns, index_version, read_shard_index,
-                                          resolve_shard, stale_shards)
+                                          default_index_path, index_version, resolve_shard)
+from mmfeed.loaders.sources.index_arrays import IndexArrays, derive, index_arrays, stale
 from mmfeed.loaders.sources.tar import read_member
 from mmfeed.loaders.timing import stage
 
@@ -89,8 +89,8 @@ class WebDatasetSource(EpisodeSource):
             raise ValueError(f"cache_episodes must be an int >= 1, got {cache_episodes!r}")
         DecodeOptions(backend=backend)  # an unknown backend fails now, not at the first read
         self.backend, self.cache_episodes = backend, cache_episodes
-        table, index_path, indexed = _open_index(path, check_index)
-        self._from_table(table, index_path, str(index_path if indexed else path), frame_size)
+        arrays, index_path, indexed = _open_index(path, check_index)
+        self._from_arrays(arrays, index_path, str(index_path if indexed else path), frame_size)
 
     @classmethod
     def from_memory(cls, name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]], *, backend: str = "auto",
@@ -99,42 +99,24 @@ class WebDatasetSource(EpisodeSource):
         :func:`~mmfeed.loaders.sources.tar.iter_shard` yields them), read exactly as indexed shards are."""
         self = cls.__new__(cls)
         self.backend, self.cache_episodes = backend, max(1, len(episodes))
-        self._from_table(memory_table(name, episodes), name, name, frame_size)
+        self._from_arrays(IndexArrays(derive(memory_table(name, episodes))), name, name, frame_size)
         self._held = [dict(members) for _, members in episodes]
         return self
 
-    def _from_table(self, table: pa.Table, index_path: str, name: str, frame_size: FrameSize) -> None:
+    def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, frame_size: FrameSize) -> None:
         self.name = name
         self._held: list[dict[str, bytes]] | None = None
-        if table.num_rows == 0:
+        if len(arrays) == 0:
             raise ValueError(f"{self.name}: the shards hold no episodes")
-        shards = table["shard"].to_pylist()
-        relative = list(dict.fromkeys(shards))
-        self._shards = [resolve_shard(index_path, s) for s in relative]
-        self._shard_of = _codes(shards, relative)
-        self._ids = table["episode_id"].to_pylist()
-        self._lengths = table["length"].to_numpy().astype(np.int64)
-        self._fps = table["fps"].to_numpy().astype(np.float64)
-        task_names = table["task"].to_pylist()
-        runs = table["task_runs"].to_pylist()
-        self.tasks = list(dict.fromkeys([*task_names, *(r["task"] for rs in runs for r in rs)]))
-        self._episode_tasks = _codes(task_names, self.tasks)
-        self._task_runs = {e: (np.array([r["start"] for r in rs], np.int64), _codes([r["task"] for r in rs],
-                                                                                     self.tasks))
-                           for e, rs in enumerate(runs) if rs}
-        self._episode_tasks[list(self._task_runs)] = -1
-        full = table.set_column(table.schema.get_field_index("shard"), "shard",
-                                pa.array([self._shards[i] for i in self._shard_of], pa.string()))
-        columns = feature_columns(full)  # errors name full shard paths
-        self._sizes = _frame_sizes(frame_size, {f: c["kind"] for f, c in columns.items()})
-        self._stored_shape = {f: c["shape"] for f, c in columns.items()}
+        self._index = arrays
+        self._shards = [resolve_shard(index_path, s) for s in arrays.shards]
+        self.tasks = list(arrays.tasks)
+        kinds = {f: c["kind"] for f, c in arrays.features.items()}
+        self._sizes = _frame_sizes(frame_size, kinds)
+        self._bind()
         self.features = {f: Feature(c["kind"], c["dtype"], self._sizes[f] + (3,) if self._sizes.get(f) else c["shape"],
-                                    float(c["fps"][0])) for f, c in columns.items()}
-        self._rates = {f: c["fps"].astype(np.float64) for f, c in columns.items()}
-        self._frames = {f: c["frames"].astype(np.int64) for f, c in columns.items()}
-        self._members = {f: (c["offset"].astype(np.int64), c["size"].astype(np.int64)) for f, c in columns.items()}
-        self._member_names = {f: c["member"] for f, c in columns.items()}
-        self.stats = dataset_stats(table)
+                                    float(c["fps"][0])) for f, c in arrays.features.items()}
+        self.stats = dataset_stats(pa.table({}).replace_schema_metadata({"mmfeed": arrays.metadata}))
         self._bytes = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> member bytes
         self._arrays = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> decoded array
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
@@ -143,7 +125,7 @@ class WebDatasetSource(EpisodeSource):
 
     def episode_id(self, episode: int) -> str:
         """The webdataset key of ``episode``."""
-        return self._ids[self._check_episode(episode)]
+        return self._ids[self._check_episode(episode)].as_py()
 
     def step_tasks(self, episode: int) -> np.ndarray:
         """The task id of every step of ``episode``, int64 ``[T]`` (from the index's task runs where it changes)."""
@@ -160,7 +142,7 @@ class WebDatasetSource(EpisodeSource):
 
     def describe(self, episode: int) -> str:
         """Where an episode lives, for error messages: its shard and key."""
-        return f"{self._shards[self._shard_of[episode]]} key {self._ids[episode]!r}"
+        return f"{self._shards[self._shard_of[episode]]} key {self._ids[episode].as_py()!r}"
 
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
         """The requested frames of each request: npy members loaded whole (per episode) and indexed, every video
@@ -190,22 +172,42 @@ class WebDatasetSource(EpisodeSource):
 
     def episode(self, index: int) -> dict:
         """The whole episode (every feature, videos decoded), ``task``, ``fps`` and ``episode_id``."""
-        return {**super().episode(index), "episode_id": self._ids[index]}
+        return {**super().episode(index), "episode_id": self._ids[index].as_py()}
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_videos"] = {}  # each worker opens its own decoders (the LRUs pickle empty)
         del state["_lock"]
+        for key in _BOUND:  # views of the index arrays: rebound from them (a mapped index travels as its path)
+            state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._bind()
+
+    def _bind(self) -> None:
+        """Attributes that are views of the index arrays (numpy over mapped pages, Arrow strings)."""
+        arrays = self._index
+        self._shard_of = arrays.shard_of
+        self._ids = arrays.ids
+        self._lengths = np.asarray(arrays.lengths, dtype=np.int64)
+        self._fps = np.asarray(arrays.fps, dtype=np.float64)
+        self._episode_tasks = np.asarray(arrays.task_of, dtype=np.int64)
+        self._task_runs = arrays.runs
+        columns = arrays.features
+        self._stored_shape = {f: c["shape"] for f, c in columns.items()}
+        self._rates = {f: np.asarray(c["fps"], dtype=np.float64) for f, c in columns.items()}
+        self._frames = {f: np.asarray(c["frames"], dtype=np.int64) for f, c in columns.items()}
+        self._members = {f: (np.asarray(c["offset"], dtype=np.int64), np.asarray(c["size"], dtype=np.int64))
+                         for f, c in columns.items()}
+        self._member_names = {f: c["member"] for f, c in columns.items()}
 
     # -- internals -------------------------------------------------------------------------------------------
     def _member(self, episode: int, feature: str) -> bytes:
         if self._held is not None:
-            return self._held[episode][self._member_names[feature][episode]]
+            return self._held[episode][self._member_names[feature][episode].as_py()]
         key = (episode, feature)
         data = self._bytes.get(key)
         if data is not None:
@@ -257,24 +259,24 @@ class WebDatasetSource(EpisodeSource):
         self._checked.add((episode, feature))
 
 
-def _open_index(path, check_index: bool) -> tuple[pa.Table, str, bool]:
-    """The index table of ``path``, the path it is (or would be) stored at, and whether it was read from there."""
+def _open_index(path, check_index: bool) -> tuple[IndexArrays, str, bool]:
+    """The index arrays of ``path``, the path it is (or would be) stored at, and whether it was read from there."""
     index_path = _index_path(path)
     if index_path is not None and os.path.isdir(os.fspath(path)) and index_version(index_path) == 1:
         log.warning("%s is a version 1 index: indexing the shards in memory instead; rebuild it with `mmfeed index`",
                     index_path)
         index_path = None
     if index_path is not None:
-        table = read_shard_index(index_path)
-        stale = stale_shards(index_path, table) if check_index else []
-        if stale:
-            raise ValueError(f"{index_path} is out of date with its shards (changed or missing: {stale[:5]}); "
+        arrays = index_arrays(index_path)
+        changed = stale(index_path, arrays) if check_index else []
+        if changed:
+            raise ValueError(f"{index_path} is out of date with its shards (changed or missing: {changed[:5]}); "
                              "rebuild it with `mmfeed index`")
-        return table, index_path, True
+        return arrays, index_path, True
     shards = expand_shards(path)
     log.info("indexing %d shard(s) in memory (no version %d %s beside them); `mmfeed index` makes this a one-time "
              "cost", len(shards), INDEX_VERSION, INDEX_FILENAME)
-    return build_index(shards), default_index_path(shards), False
+    return IndexArrays(derive(build_index(shards))), default_index_path(shards), False
 
 
 def _index_path(path) -> str | None:
@@ -305,6 +307,6 @@ def _frame_sizes(frame_size: FrameSize, kinds: Mapping[str, str]) -> dict[str, t
     return {f: (int(s[0]), int(s[1])) for f, s in sizes.items()}
 
 
-def _codes(values: list[str], uniques: list[str]) -> np.ndarray:
-    code = {v: i for i, v in enumerate(uniques)}
-    return np.asarray([code[v] for v in values], dtype=np.int64)
+# attributes of a source that are views of its index arrays (rebound after unpickling)
+_BOUND = ("_shard_of", "_ids", "_lengths", "_fps", "_episode_tasks", "_task_runs", "_stored_shape", "_rates",
+          "_frames", "_members", "_member_names")
