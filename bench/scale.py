@@ -8,10 +8,18 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   8192, 4 rows per batch, mode "pack"; ``efficiency`` is the plan's packing efficiency.
 - ``block_mask``: :func:`mmfeed.packing.metadata.block_tables` (block 128) of one row filled with documents of
   64-4096 tokens (alternately token-causal text and block-causal video of 256-token frames), best of 3 calls.
+- ``open``: a :class:`~mmfeed.loaders.sources.webdataset.WebDatasetSource` over a synthetic shard index
+  (:func:`mmfeed.testing.synth_index.write_synthetic_index`: two cameras, state, action; written once into the
+  bench cache), opened ``cold`` (an empty index-array cache: the parquet is read and its arrays derived and
+  cached) and then ``warm`` (a fresh process mapping the cached arrays); ``rss_bytes`` is what the open added
+  to the process, and two forked workers then read every index column: ``worker_private_bytes`` is the most
+  one of them grew its private memory by (what a worker adds beyond the shared index pages) and
+  ``worker_pss_bytes`` its proportional set size after the read (the index's pages split between the
+  processes that map them).
 
 ``--before CODE_DIR`` times modules copied from an earlier commit instead (``plan.py``, ``balance.py`` and
 ``metadata.py`` read from that folder by path, e.g. ``git show REV:packing/balance.py > DIR/balance.py``).
-The "windows" and "open" sections of the JSON are left empty here.
+The "windows" section of the JSON is left empty here.
 """
 
 from __future__ import annotations
@@ -30,10 +38,10 @@ import numpy as np
 __all__ = ["main"]
 
 QUICK = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 1024)],
-         "block_mask": [8192, 32768, 131072]}
+         "block_mask": [8192, 32768, 131072], "open": [10**5]}
 FULL = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 8), (10**7, 1024), (10**7, 4096),
                  (10**8, 4096)],
-        "block_mask": [8192, 32768, 131072, 1048576]}
+        "block_mask": [8192, 32768, 131072, 1048576], "open": [10**6]}
 
 
 def _rss() -> int:
@@ -111,12 +119,80 @@ def _case_block_mask(capacity: int, before: str | None) -> dict:
     return {"capacity": capacity, "documents": len(lengths), "seconds_per_row": best}
 
 
-def _child(kind: str, args: list[int], before: str | None, timeout: float) -> dict | None:
+def _memory(pid: str = "self") -> dict[str, int]:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    kb = {k: int(v.split()[0]) * 1024 for k, v in fields.items() if v.strip().endswith("kB")}
+    return {"private": kb["Private_Clean"] + kb["Private_Dirty"], "pss": kb["Pss"]}
+
+
+def _touch(source) -> int:
+    total = int(source._lengths.sum()) + int(source._fps.sum()) + int(source._shard_of.sum())
+    for f in source.features:
+        offsets, sizes = source._members[f]
+        total += int(offsets.sum() + sizes.sum() + source._frames[f].sum() + source._rates[f].sum())
+    return total
+
+
+def _worker(source, conn) -> None:
+    before = _memory()
+    _touch(source)
+    after = _memory()
+    conn.send({"private": after["private"] - before["private"], "pss": after["pss"]})
+
+
+def _case_open(episodes: int, directory: str) -> dict:
+    import multiprocessing as mp
+
+    from mmfeed.loaders.sources.webdataset import WebDatasetSource
+
+    base = _rss()
+    start = time.perf_counter()
+    source = WebDatasetSource(directory)
+    seconds = time.perf_counter() - start
+    rss = _rss() - base
+    _touch(source)  # the training process reads its index too
+    ctx = mp.get_context("fork")
+    workers = []
+    for _ in range(2):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(source, child))
+        proc.start()
+        workers.append(parent.recv())
+        proc.join(60)
+    return {"format": "webdataset", "episodes": episodes, "seconds": seconds, "rss_bytes": max(rss, 0),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "worker_private_bytes": max(w["private"] for w in workers),
+            "worker_pss_bytes": max(w["pss"] for w in workers)}
+
+
+def _open_rows(episodes: int, timeout: float) -> list[dict]:
+    """The cold and the warm open of the synthetic index of ``episodes`` (written into the bench cache once)."""
+    import tempfile
+
+    from mmfeed.bench.common import cache_dir
+    from mmfeed.loaders.sources.index import INDEX_FILENAME
+    from mmfeed.testing.synth_index import write_synthetic_index
+
+    directory = cache_dir("scale-index") / str(episodes)
+    if not (directory / INDEX_FILENAME).exists():
+        write_synthetic_index(directory, episodes)
+    rows = []
+    with tempfile.TemporaryDirectory() as arrays:
+        for state in ("cold", "warm"):
+            row = _child("open", [episodes, str(directory)], None, timeout, env={"MMFEED_CACHE": arrays})
+            rows.append({"cache": state, **row})
+    return rows
+
+
+def _child(kind: str, args: list, before: str | None, timeout: float,
+           env: dict[str, str] | None = None) -> dict | None:
     cmd = [sys.executable, "-m", "mmfeed.bench.scale", "--case", kind, *map(str, args)]
     if before:
         cmd += ["--before", before]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True).stdout
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True,
+                             env={**os.environ, **(env or {})}).stdout
     except subprocess.TimeoutExpired:
         return {"kind": kind, "args": args, "error": f"over {timeout:.0f} s"}
     except subprocess.CalledProcessError as err:
@@ -136,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         kind, *nums = args.case
         if kind == "plan":
             print(json.dumps(_case_plan(int(nums[0]), int(nums[1]), args.before)))
+        elif kind == "open":
+            print(json.dumps(_case_open(int(nums[0]), nums[1])))
         else:
             print(json.dumps(_case_block_mask(int(nums[0]), args.before)))
         return 0
@@ -158,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{capacity:>9}  {row['error']}")
         else:
             print(f"{capacity:>9} {row['documents']:>9} {row['seconds_per_row'] * 1e3:>10.2f}")
+    print(f"\n{'episodes':>9} {'cache':>5} {'seconds':>8} {'RSS MB':>7} {'worker private MB':>17} "
+          f"{'worker PSS MB':>13}")
+    for episodes in cases["open"] if not args.before else ():
+        for row in _open_rows(episodes, args.timeout):
+            out["open"].append(row)
+            if "error" in row:
+                print(f"{episodes:>9} {row['cache']:>5}  {row['error']}")
+            else:
+                print(f"{episodes:>9} {row['cache']:>5} {row['seconds']:>8.2f} {row['rss_bytes'] / 2**20:>7.0f} "
+                      f"{row['worker_private_bytes'] / 2**20:>17.1f} {row['worker_pss_bytes'] / 2**20:>13.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -307,10 +307,14 @@ def test_convert_turns_a_lerobot_directory_into_shards_open_dataset_reads(tmp_pa
 
 @pytest.mark.slow
 def test_bench_scale_quick_writes_the_plan_and_block_mask_figures(tmp_path):
-    out = mmfeed("bench", "scale", "--quick", "--json", str(tmp_path / "scale.json"), timeout=300)
+    out = mmfeed("bench", "scale", "--quick", "--json", str(tmp_path / "scale.json"), cache=tmp_path / "cache",
+                 timeout=300)
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "scale.json").read_text())
     plan, masks = report["plan"], report["block_mask"]
     assert plan and {"samples", "world_size", "seconds", "peak_rss_bytes", "bytes_per_sample", "efficiency"} <= set(plan[0])
     assert all(r["seconds"] > 0 and 0.9 < r["efficiency"] <= 1 for r in plan)
     assert masks and all(r["seconds_per_row"] > 0 for r in masks)
+    cold, warm = report["open"]  # a 1e5-episode index: derived once, then mapped
+    assert (cold["cache"], warm["cache"]) == ("cold", "warm") and cold["episodes"] == warm["episodes"] == 10**5
+    assert warm["rss_bytes"] < cold["rss_bytes"] and warm["worker_private_bytes"] < 20 * 2**20
