@@ -12,6 +12,18 @@ numeric figure is found by its dotted path (``stage_s.decode``) and sorted into 
   ``ceiling`` or ``ratios``: shown with its change, never a failure (a slower torch is not an mmfeed
   regression, but it does mean the machine changed: read the ratios).
 
+Every figure also gets the **phase** of a training step it measures, from the words of its dotted path, the
+innermost that names one: ``input`` (``wait``, ``stall``, ``input`` and the worker stages under ``stage_s`` or
+``stages``: ``stage_s.decode``), ``copy`` (``copy``, ``h2d``), ``compute`` (``compute``: ``gpu_compute_s``) or
+``comm`` (``comm``: ``comm_s``, ``comm_total_s``); a figure of the whole step (``step_s``, ``samples_per_s``) has
+none. The verdict names the phases that regressed, each with its worst figure ("regressed: compute
+(measured.w2.compute_s +21%)"), and :attr:`Comparison.regressed_phases` lists them, worst first.
+
+Figures are the numbers of the report's objects, found by dotted path; a ``rows`` list holds either figures of
+the packing benchmark (``{name, value, unit}``: one figure called ``name``, judged by its unit) or groups of
+figures (``{name, <figures>...}`` without ``value``: the figures under ``<path>.<name>``, as ``mmfeed bench
+scaling --measure`` writes one row per world size: ``measured.w2.compute_s``).
+
 Only throughput, stall and time can regress. A figure regressed when it got worse by more than ``tolerance``
 (relative to the base), AND by more than the noise both runs observed, AND by more than an absolute floor
 (``min_stall`` points of stall fraction, ``min_time_s`` seconds), so that a stall going 0.3% -> 0.5% or a
@@ -34,6 +46,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,9 +55,14 @@ from typing import Any
 
 from mmfeed.bench.common import table
 
-__all__ = ["Change", "Comparison", "ReportError", "compare", "figures", "format_comparison", "load_report"]
+__all__ = ["Change", "Comparison", "PHASES", "ReportError", "compare", "figures", "format_comparison",
+           "load_report", "phase_of"]
 
 GATED = ("throughput", "stall", "time")
+PHASES = ("input", "copy", "compute", "comm")
+# a word of a path component (split at "_" and non-letters) -> the phase it names
+_PHASE_WORDS = {"wait": "input", "stall": "input", "input": "input", "stage": "input", "stages": "input",
+                "copy": "copy", "h2d": "copy", "compute": "compute", "comm": "comm"}
 _SKIP = frozenset({"settings", "environment", "repeats", "details", "sweep", "bottleneck"})
 _INFO_PARENTS = frozenset({"baseline", "ceiling", "ratios"})
 
@@ -63,6 +81,7 @@ class Figure:
     direction: int
     samples: tuple[float, ...] = ()
     seconds: float = 1.0  # seconds per unit, for times (the absolute floor is in seconds)
+    phase: str | None = None  # input, copy, compute, comm or None (see phase_of)
 
     @property
     def noise(self) -> float:
@@ -74,7 +93,7 @@ class Figure:
 class Change:
     """One figure in both reports and the verdict: ``status`` is "regressed", "improved", "ok" (within
     tolerance), "noise" (beyond tolerance but within the observed noise or the floor), "info", "only in base"
-    or "only in new"."""
+    or "only in new"; ``phase`` the step phase the figure measures (:func:`phase_of`)."""
 
     name: str
     kind: str
@@ -83,6 +102,7 @@ class Change:
     relative: float | None
     noise: float
     status: str
+    phase: str | None = None
 
 
 @dataclass
@@ -97,6 +117,26 @@ class Comparison:
     @property
     def regressed(self) -> list[str]:
         return [c.name for c in self.changes if c.status == "regressed"]
+
+    @property
+    def regressed_phases(self) -> list[str]:
+        """The phases with a regressed figure, the worst relative change first (figures without a phase, like
+        the whole step, name none)."""
+        return list(self.worst_by_phase())
+
+    def worst_by_phase(self) -> dict[str, Change]:
+        """``{phase: its regressed figure that got relatively worst}``, the worst phase first."""
+        worst: dict[str, Change] = {}
+        for c in self.changes:
+            if c.status == "regressed" and c.phase is not None:
+                if c.phase not in worst or _badness(c) > _badness(worst[c.phase]):
+                    worst[c.phase] = c
+        return dict(sorted(worst.items(), key=lambda kv: -_badness(kv[1])))
+
+
+def _badness(c: Change) -> float:
+    """How much worse a change is, relative (a throughput that fell counts as much as a time that rose)."""
+    return abs(c.relative) if c.relative is not None else 0.0
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
@@ -154,6 +194,21 @@ def _kind(path: tuple[str, ...], unit: str | None = None) -> tuple[str, int, flo
     return kind, direction, seconds
 
 
+def phase_of(path: str | tuple[str, ...]) -> str | None:
+    """The step phase a figure measures, from its dotted path (see the module docstring), or None.
+
+        >>> [phase_of(p) for p in ("stage_s.decode", "measured.w2.comm_total_s", "ranks.max.compute_s.mean",
+        ...                        "copy_s", "step_s", "samples_per_s")]
+        ['input', 'comm', 'compute', 'copy', None, None]
+    """
+    parts = path.split(".") if isinstance(path, str) else path
+    for part in reversed(parts):
+        for word in re.split(r"[^a-z0-9]+", part.lower()):
+            if word in _PHASE_WORDS:
+                return _PHASE_WORDS[word]
+    return None
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -164,14 +219,25 @@ def figures(report: Mapping[str, Any]) -> dict[str, Figure]:
     """Every numeric figure of ``report`` by dotted path (see the module docstring for kinds and repeats)."""
     out: dict[str, Figure] = {}
     _walk(report, (), out)
-    rows = report.get("rows")
-    if isinstance(rows, list):  # the packing benchmark: [{name, value, unit, ...}]
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict) or "name" not in row or _number(row.get("value")) is None:
-                raise ValueError(f"rows[{i}] is not a {{name, value, unit}} object: {row!r:.80}")
-            kind, direction, seconds = _kind((str(row["name"]),), str(row.get("unit", "")))
-            out[str(row["name"])] = Figure(_number(row["value"]), kind, direction, (), seconds)
     return out
+
+
+def _rows(rows: list[Any], path: tuple[str, ...], out: dict[str, Figure]) -> None:
+    """A ``rows`` list: packing-benchmark figures ``{name, value, unit}`` or groups ``{name, <figures>}``."""
+    where = ".".join(path + ("rows",))
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or "name" not in row:
+            raise ValueError(f"{where}[{i}] is not a {{name, value, unit}} object nor a {{name, figures...}} "
+                             f"group: {row!r:.80}")
+        name = str(row["name"])
+        if "value" not in row:  # a group of figures: <path>.<name>.<figure>
+            _walk({k: v for k, v in row.items() if k != "name"}, path + (name,), out)
+            continue
+        if _number(row.get("value")) is None:
+            raise ValueError(f"{where}[{i}] is not a {{name, value, unit}} object: {row!r:.80}")
+        kind, direction, seconds = _kind((name,), str(row.get("unit", "")))
+        out[".".join(path + (name,))] = Figure(_number(row["value"]), kind, direction, (), seconds,
+                                               phase_of(path + (name,)))
 
 
 def _walk(node: Mapping[str, Any], path: tuple[str, ...], out: dict[str, Figure]) -> None:
@@ -179,9 +245,13 @@ def _walk(node: Mapping[str, Any], path: tuple[str, ...], out: dict[str, Figure]
     if repeats is not None and not isinstance(repeats, dict):
         raise ValueError(f"{'.'.join(path + ('repeats',))} must map figure names to lists of numbers")
     for key, value in node.items():
-        if key in _SKIP or key == "rows":
+        if key in _SKIP:
             continue
         here = path + (str(key),)
+        if key == "rows":
+            if isinstance(value, list):
+                _rows(value, path, out)
+            continue
         if isinstance(value, dict):
             _walk(value, here, out)
             continue
@@ -191,14 +261,15 @@ def _walk(node: Mapping[str, Any], path: tuple[str, ...], out: dict[str, Figure]
         samples = _samples(repeats, str(key), path)
         kind, direction, seconds = _kind(here)
         out[".".join(here)] = Figure(statistics.median(samples) if samples else number, kind, direction, samples,
-                                     seconds)
+                                     seconds, phase_of(here))
     for key, values in (repeats or {}).items():  # repeats of nested figures: "stage_s.decode"
         if "." in key:
             name = ".".join(path + (key,))
             if name in out:
                 samples = _samples(repeats, key, path)
                 old = out[name]
-                out[name] = Figure(statistics.median(samples), old.kind, old.direction, samples, old.seconds)
+                out[name] = Figure(statistics.median(samples), old.kind, old.direction, samples, old.seconds,
+                                   old.phase)
 
 
 def _samples(repeats: Mapping[str, Any] | None, key: str, path: tuple[str, ...]) -> tuple[float, ...]:
@@ -236,7 +307,7 @@ def compare(base: Mapping[str, Any], new: Mapping[str, Any], *, tolerance: float
         if b is None or n is None:
             one = b or n
             changes.append(Change(name, one.kind, None if b is None else b.value, None if n is None else n.value,
-                                  None, one.noise, "only in new" if b is None else "only in base"))
+                                  None, one.noise, "only in new" if b is None else "only in base", one.phase))
             continue
         changes.append(_judge(name, b, n, tolerance, min_stall, min_time_s))
     return Comparison(changes, _diff(base.get("settings"), new.get("settings")),
@@ -261,11 +332,12 @@ def _judge(name: str, b: Figure, n: Figure, tolerance: float, min_stall: float, 
             status = "noise"
         else:
             status = "regressed" if worse > 0 else "improved"
-    return Change(name, b.kind, b.value, n.value, relative, noise, status)
+    return Change(name, b.kind, b.value, n.value, relative, noise, status, b.phase)
 
 
 def format_comparison(cmp: Comparison, *, all_figures: bool = True) -> str:
-    """The table of changes, then the settings and environment that differ, then the verdict."""
+    """The table of changes, then the settings and environment that differ, then the verdict: the figures that
+    regressed and, one line each, the phases they belong to with the worst figure of each."""
     def num(x: float | None) -> str:
         return "" if x is None else f"{x:.4g}"
 
@@ -274,11 +346,11 @@ def format_comparison(cmp: Comparison, *, all_figures: bool = True) -> str:
         if not all_figures and c.status in ("ok", "info"):
             continue
         rel = "" if c.relative is None else ("inf" if math.isinf(c.relative) else f"{c.relative:+.1%}")
-        rows.append({"figure": c.name, "kind": c.kind, "base": num(c.base), "new": num(c.new), "change": rel,
-                     "noise": f"±{c.noise:.3g}" if c.noise else "",
+        rows.append({"figure": c.name, "kind": c.kind, "phase": c.phase or "", "base": num(c.base),
+                     "new": num(c.new), "change": rel, "noise": f"±{c.noise:.3g}" if c.noise else "",
                      "status": c.status.upper() if c.status == "regressed" else c.status})
-    lines = [table(rows, [("figure", "figure"), ("kind", "kind"), ("base", "base"), ("new", "new"),
-                          ("change", "change"), ("noise", "noise"), ("status", "status")])]
+    lines = [table(rows, [("figure", "figure"), ("kind", "kind"), ("phase", "phase"), ("base", "base"),
+                          ("new", "new"), ("change", "change"), ("noise", "noise"), ("status", "status")])]
     for title, diffs in (("settings that differ", cmp.settings), ("environment that differs", cmp.environment)):
         if diffs:
             lines.append(f"\n{title}:")
@@ -287,4 +359,10 @@ def format_comparison(cmp: Comparison, *, all_figures: bool = True) -> str:
     lines.append("")
     lines.append(f"REGRESSED beyond {cmp.tolerance:.0%} and the noise: {', '.join(bad)}" if bad
                  else f"no regression beyond {cmp.tolerance:.0%} (and the observed noise)")
+    for phase, worst in cmp.worst_by_phase().items():
+        lines.append(f"regressed: {phase} ({worst.name} {_relative(worst.relative)})")
     return "\n".join(lines)
+
+
+def _relative(rel: float | None) -> str:
+    return "" if rel is None else ("inf" if math.isinf(rel) else f"{rel:+.0%}")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mmfeed.bench.compare import ReportError, compare, figures, format_comparison, load_report
+from mmfeed.bench.compare import ReportError, compare, figures, format_comparison, load_report, phase_of
 
 
 def bench_report(samples: float = 200.0, stall: float = 0.01, decode: float = 0.05, *, spread: float = 0.0,
@@ -174,3 +174,84 @@ def test_unreadable_files_exit_2_with_one_line(tmp_path):
 def test_negative_tolerance_is_an_argument_error(tmp_path):
     out = run_compare(tmp_path, bench_report(), bench_report(), "--tolerance", "-0.1")
     assert out.returncode == 2 and "--tolerance" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- phases: which part of the step regressed -----------------------------------------------------------------
+def scaling_report(compute: float = 0.050, comm: float = 0.004, wait: float = 0.0002, *, spread: float = 0.01) -> dict:
+    """A report shaped like ``mmfeed bench scaling --measure --json``: one row of figures per world size, each
+    figure's per-stretch values (median +- spread) under ``measured.repeats``."""
+    rows, repeats = [], {}
+    for world in (1, 2):
+        row = {"name": f"w{world}", "world_size": world, "step_s": wait + compute + comm * (world - 1),
+               "wait_s": wait, "copy_s": None, "compute_s": compute, "comm_s": comm * (world - 1),
+               "comm_total_s": comm * (world - 1), "stall_fraction": wait / (wait + compute),
+               "stage_s": {"decode": 0.004}, "efficiency": 1.0}
+        rows.append(row)
+        for key in ("step_s", "wait_s", "compute_s", "comm_s", "comm_total_s", "stall_fraction"):
+            repeats[f"w{world}.{key}"] = [row[key] * (1 - spread), row[key], row[key] * (1 + spread)]
+        repeats[f"w{world}.stage_s.decode"] = [0.004, 0.004, 0.004]
+    return {"benchmark": "mmfeed bench scaling --measure", "measured": {"world_sizes": [1, 2], "rows": rows,
+                                                                        "repeats": repeats},
+            "settings": {"compute_ms": compute * 1e3}}
+
+
+def test_every_figure_gets_its_phase_from_its_name():
+    assert [phase_of(name) for name in ("wait_s", "stall_fraction", "stage_s.decode", "stages.read.mean_s",
+                                        "copy_s", "compute_s", "gpu_compute_s", "comm_s", "comm_total_s",
+                                        "ranks.max.comm_s.mean", "step_s", "samples_per_s", "packing_efficiency")] \
+        == ["input", "input", "input", "input", "copy", "compute", "compute", "comm", "comm", "comm", None, None,
+            None]
+    phases = {name: f.phase for name, f in figures(bench_report()).items()}
+    assert phases["wait_s"] == phases["stall_fraction"] == phases["stage_s.decode"] == "input"
+    assert phases["samples_per_s"] is None and phases["baseline.stall_fraction"] == "input"
+    measured = figures(scaling_report())
+    assert measured["measured.w2.compute_s"].phase == "compute" and measured["measured.w2.comm_s"].phase == "comm"
+    assert measured["measured.w2.compute_s"].samples == (0.0495, 0.05, 0.0505)  # the stretches, as noise
+    assert "measured.w2.copy_s" not in measured  # None on CPU: not a figure
+
+
+def test_regressed_phase_is_named_with_its_worst_figure(tmp_path):
+    base, slow = scaling_report(compute=0.050), scaling_report(compute=0.0605)  # +21%
+    result = compare(base, slow)
+    assert result.regressed_phases == ["compute"]
+    assert {"measured.w1.compute_s", "measured.w2.compute_s", "measured.w2.step_s"} <= set(result.regressed)
+    assert "regressed: compute (measured.w1.compute_s +21%)" in format_comparison(result)
+    out = run_compare(tmp_path, base, slow)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "regressed: compute (measured.w" in out.stdout and "+21%)" in out.stdout
+    assert "regressed: comm" not in out.stdout and "regressed: input" not in out.stdout
+
+
+def test_phases_are_listed_worst_first_and_improvements_name_none():
+    result = compare(scaling_report(compute=0.050, comm=0.004), scaling_report(compute=0.058, comm=0.008))
+    assert result.regressed_phases == ["comm", "compute"]  # +100% before +16%
+    text = format_comparison(result)
+    assert text.index("regressed: comm (measured.w2.comm") < text.index("regressed: compute")
+    faster = compare(scaling_report(compute=0.050), scaling_report(compute=0.035))
+    assert faster.regressed_phases == [] and "regressed:" not in format_comparison(faster)
+    assert {c.name: c.status for c in faster.changes}["measured.w2.compute_s"] == "improved"
+
+
+def test_a_phase_within_the_stretches_spread_is_noise_and_names_nothing(tmp_path):
+    """+21% compute, but the stretches of both runs spread by +-25%: noise, no phase named, exit 0; the same change
+    with tight stretches names compute."""
+    noisy = compare(scaling_report(compute=0.050, spread=0.25), scaling_report(compute=0.0605, spread=0.25))
+    assert noisy.regressed_phases == [] and noisy.regressed == []
+    assert {c.name: c.status for c in noisy.changes}["measured.w2.compute_s"] == "noise"
+    out = run_compare(tmp_path, scaling_report(compute=0.050, spread=0.25), scaling_report(compute=0.0605,
+                                                                                           spread=0.25))
+    assert out.returncode == 0 and "regressed:" not in out.stdout, out.stdout
+    assert compare(scaling_report(compute=0.050, spread=0.02),
+                   scaling_report(compute=0.0605, spread=0.02)).regressed_phases == ["compute"]
+
+
+def test_unchanged_scaling_report_names_nothing():
+    result = compare(scaling_report(), scaling_report())
+    assert result.regressed == [] and result.regressed_phases == []
+
+
+def test_rows_of_figure_groups_need_a_name():
+    report = scaling_report()
+    del report["measured"]["rows"][1]["name"]
+    with pytest.raises(ValueError, match=r"measured\.rows\[1\]"):
+        figures(report)
