@@ -1,5 +1,6 @@
-"""mmfeed.codecs: bytes to arrays. Video frames (decord and PyAV backends, GOP-coalesced batch decode), npy/npz
-and parquet arrays, and text tokenizers.
+"""mmfeed.codecs: bytes to arrays. Video frames (decord and PyAV backends, GOP-coalesced batch decode, RGB or
+YUV 4:2:0 planes converted later on the device by ``yuv420_to_rgb``), npy/npz and parquet arrays, and text
+tokenizers.
 
 >>> import tempfile, os
 >>> from mmfeed.codecs import read_frames
@@ -11,6 +12,7 @@ and parquet arrays, and text tokenizers.
 
 from mmfeed.codecs.arrays import check_array, column_to_numpy, load_npy, load_npz
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, decode_batch
+from mmfeed.codecs.colour import yuv420_to_rgb
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.demux import VideoInfo, probe
 from mmfeed.codecs.encode import encode_video
@@ -39,5 +41,6 @@ __all__ = sorted(
         "open_reader",
         "probe",
         "read_frames",
+        "yuv420_to_rgb",
     ]
 )

@@ -5,6 +5,10 @@ before the first one, decodes forward keeping only wanted frames, and, before ea
 between decoding through (it is in the current GOP, or only a few frames away) and seeking to its own keyframe
 (the keyframe flags of the demux index say which GOP holds each frame). Each frame that comes out of the decoder
 is identified by its pts, never by counting frames after a seek, so an inexact seek cannot shift the output.
+
+Frames come out as RGB (one swscale conversion per frame, through one reformatter per file) or, with
+``frame_format="yuv420"``, as the decoder's own I420 planes (scaled inside swscale when a size is asked), without
+a colour conversion: :mod:`mmfeed.codecs.colour` converts them later, on the device.
 """
 
 from __future__ import annotations
@@ -34,10 +38,19 @@ class PyAVReader:
     name = "pyav"
 
     def __init__(
-        self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None
+        self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None,
+        frame_format: str = "rgb24",
     ) -> None:
+        if frame_format not in ("rgb24", "yuv420"):
+            raise ValueError(f"frame_format must be 'rgb24' or 'yuv420', got {frame_format!r}")
+        h, w = size if size is not None else (info.height, info.width)
+        if frame_format == "yuv420" and (h % 2 or w % 2):
+            raise ValueError(f"{info.path}: frame_format='yuv420' needs an even frame size, got {h}x{w}")
         self.info = info
         self._size = size
+        self.frame_format = frame_format
+        self.colour: tuple[str, bool] | None = None  # yuv420: (matrix, full_range) of the frames, once one is seen
+        self._convert = self._rgb if frame_format == "rgb24" else self._yuv
         self._container = open_container(source)
         if not self._container.streams.video:
             self._container.close()
@@ -61,9 +74,11 @@ class PyAVReader:
         return self._size if self._size is not None else (self.info.height, self.info.width)
 
     def decode(self, indices: np.ndarray) -> np.ndarray:
-        """Frames at the sorted, unique, in-range ``indices`` as uint8 ``[N, H, W, 3]``."""
+        """Frames at the sorted, unique, in-range ``indices`` as uint8 ``[N, H, W, 3]`` (yuv420:
+        ``[N, H * 3 // 2, W]``)."""
         h, w = self.out_shape
-        out = np.empty((len(indices), h, w, 3), dtype=np.uint8)
+        step = (h, w, 3) if self.frame_format == "rgb24" else (h * 3 // 2, w)
+        out = np.empty((len(indices), *step), dtype=np.uint8)
 
         def store(k: int, frame: np.ndarray) -> None:
             out[k] = frame
@@ -73,9 +88,11 @@ class PyAVReader:
 
     def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None]) -> None:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order; ``frame`` is an
-        ``[H, W, 3]`` uint8 view that is valid only during the call (copy what you keep)."""
+        ``[H, W, 3]`` (yuv420: ``[H * 3 // 2, W]``) uint8 array that is valid only during the call (copy what you
+        keep)."""
+        convert = self._convert
         for k, target in enumerate(indices.tolist()):
-            sink(k, self._rgb(self._decode_one(int(target))))
+            sink(k, convert(self._decode_one(int(target))))
 
     def close(self) -> None:
         """Close the container (idempotent)."""
@@ -164,6 +181,31 @@ class PyAVReader:
         # every frame, which costs more than decoding a 640x480 H.264 frame.
         h, w = self.out_shape
         return self._reformatter.reformat(frame, format="rgb24", width=w, height=h).to_ndarray()
+
+    def _yuv(self, frame) -> np.ndarray:
+        # The decoder's planes as they are when they already are yuv420p at the wanted size (one copy, into the
+        # [H * 3 // 2, W] array); otherwise swscale scales (and converts the pixel format) to yuv420p.
+        h, w = self.out_shape
+        if frame.format.name != "yuv420p" or frame.height != h or frame.width != w:
+            frame = self._reformatter.reformat(frame, format="yuv420p", width=w, height=h)
+        if self.colour is None:
+            self._note_colour(frame)
+        return frame.to_ndarray()
+
+    def _note_colour(self, frame) -> None:
+        """Record the matrix and range the frames are tagged with; the RGB path (swscale) converts with them, so
+        ``yuv420_to_rgb`` must be given the same to match it (BT.601 limited range is its default)."""
+        matrix = _MATRICES.get(int(frame.colorspace), "bt601")
+        full = int(frame.color_range) == 2  # AVCOL_RANGE_JPEG
+        self.colour = (matrix, full)
+        if matrix != "bt601" or full:
+            log.warning("%s: frames are tagged %s%s; convert its yuv420 frames with yuv420_to_rgb(matrix=%r, "
+                        "full_range=%s) to match the RGB path", self.info.path, matrix,
+                        ", full range" if full else "", matrix, full)
+
+
+# AVColorSpace -> the matrix swscale converts with (anything else, unspecified included, is BT.601).
+_MATRICES = {1: "bt709", 4: "fcc", 7: "smpte240m", 9: "bt2020", 10: "bt2020"}
 
 
 class _Overshot(Exception):

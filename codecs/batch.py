@@ -51,7 +51,8 @@ class FrameRequest:
     timestamps: ArrayLike | None = None
     tolerance_s: float = DEFAULT_TOLERANCE_S
     out: np.ndarray | None = None
-    """Optional uint8 ``[N, H, W, 3]`` array to decode into (and return), e.g. a slice of a batch's payload."""
+    """Optional uint8 ``[N, H, W, 3]`` array (``[N, H * 3 // 2, W]`` for yuv420 frames) to decode into (and
+    return), e.g. a slice of a batch's payload."""
 
     @classmethod
     def coerce(cls, request: "FrameRequest | tuple") -> "FrameRequest":
@@ -102,13 +103,15 @@ class VideoReaderCache:
         threads: int = 1,
         size: tuple[int, int] | None = None,
         crop: tuple[int, int, int, int] | None = None,
+        frame_format: str = "rgb24",
         options: DecodeOptions | None = None,
     ) -> None:
         if not isinstance(max_open, int) or isinstance(max_open, bool) or max_open < 1:
             raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
         self.max_open = max_open
-        # ``options`` (a DecodeOptions) replaces the four keywords when given, as when unpickling.
-        self.options = options or DecodeOptions(backend=backend, threads=threads, size=size, crop=crop)
+        # ``options`` (a DecodeOptions) replaces the five keywords when given, as when unpickling.
+        self.options = options or DecodeOptions(backend=backend, threads=threads, size=size, crop=crop,
+                                                frame_format=frame_format)
         self._readers: OrderedDict[Any, tuple[VideoReader, Any]] = OrderedDict()
         self._lock = threading.RLock()
         self._pid = os.getpid()
@@ -225,7 +228,8 @@ class VideoReaderCache:
 def decode_batch(
     requests: Iterable[FrameRequest | tuple], cache: VideoReaderCache | None = None
 ) -> list[np.ndarray]:
-    """Decode many requests, one uint8 ``[N_i, H, W, 3]`` array per request, in request order.
+    """Decode many requests, one uint8 ``[N_i, H, W, 3]`` array per request (``[N_i, H * 3 // 2, W]`` with a
+    cache whose options ask for yuv420), in request order.
 
     ``requests`` are :class:`FrameRequest` objects or ``(path, indices)`` pairs. For each file, the union of all
     frames wanted from it is sorted and decoded in one forward pass per run of GOPs: seek to the keyframe at or

@@ -1,4 +1,5 @@
-"""Video frames as uint8 ``[N, H, W, 3]`` numpy arrays, by frame index or by presentation time.
+"""Video frames as uint8 ``[N, H, W, 3]`` numpy arrays (or I420 planes ``[N, H * 3 // 2, W]`` with
+``frame_format="yuv420"``, see :mod:`mmfeed.codecs.colour`), by frame index or by presentation time.
 
 Two backends sit behind one small protocol (:class:`VideoReader`) in the :data:`BACKENDS` registry: ``"decord"``
 (H.264/HEVC, fast single-frame seeks) and ``"pyav"`` (everything FFmpeg decodes, AV1 through libdav1d).
@@ -26,6 +27,7 @@ from numpy.typing import ArrayLike
 
 from mmfeed.codecs._decord import DecordReader
 from mmfeed.codecs._pyav import PyAVReader
+from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
 from mmfeed.codecs.demux import VideoInfo, VideoSource, frames_at_times, probe, validate_indices
 
 __all__ = [
@@ -51,7 +53,8 @@ class VideoReader(Protocol):
     out_shape: tuple[int, int]
 
     def decode(self, indices: np.ndarray) -> np.ndarray:
-        """uint8 ``[len(indices), H, W, 3]`` (H, W = ``out_shape``, after any decode-time resize)."""
+        """uint8 ``[len(indices), H, W, 3]`` (H, W = ``out_shape``, after any decode-time resize), or
+        ``[len(indices), H * 3 // 2, W]`` for a reader opened with ``frame_format="yuv420"``."""
         ...
 
     def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None]) -> None:
@@ -64,7 +67,8 @@ class VideoReader(Protocol):
 
 
 BACKENDS: dict[str, type] = {"decord": DecordReader, "pyav": PyAVReader}
-"""Backend name -> reader class; every class takes ``(source, info, *, threads, size)``."""
+"""Backend name -> reader class; every class takes ``(source, info, *, threads, size)``; PyAV also
+``frame_format``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,12 +79,16 @@ class DecodeOptions:
     - ``threads``: decoder threads per open video (default 1: one per worker process is the usual layout).
     - ``size``: ``(height, width)`` to scale every frame to inside the decoder's converter, or None.
     - ``crop``: ``(top, left, height, width)`` cut from each frame after any resize, or None.
+    - ``frame_format``: ``"rgb24"`` (uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, as
+      decoded, without a colour conversion; PyAV only, even sizes and crops; :func:`mmfeed.codecs.colour.
+      yuv420_to_rgb` converts them later, on the device).
     """
 
     backend: str = "auto"
     threads: int = 1
     size: tuple[int, int] | None = None
     crop: tuple[int, int, int, int] | None = None
+    frame_format: str = "rgb24"
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and self.backend not in BACKENDS:
@@ -98,12 +106,28 @@ class DecodeOptions:
                 raise ValueError(f"crop must be (top, left, height, width) with top, left >= 0 and sizes >= 1, "
                                  f"got {self.crop!r}")
             object.__setattr__(self, "crop", crop)
+        if self.frame_format not in FRAME_FORMATS:
+            raise ValueError(f"frame_format must be one of {list(FRAME_FORMATS)}, got {self.frame_format!r}")
+        if self.frame_format == "yuv420":
+            if self.backend == "decord":
+                raise ValueError("backend 'decord' cannot deliver frame_format='yuv420' (decord only gives RGB); "
+                                 "use backend='pyav' or 'auto'")
+            if self.size is not None and (self.size[0] % 2 or self.size[1] % 2):
+                raise ValueError(f"frame_format='yuv420' needs an even frame size (4:2:0 chroma covers 2x2 pixels), "
+                                 f"got size {self.size}")
+            if self.crop is not None and any(v % 2 for v in self.crop):
+                raise ValueError(f"frame_format='yuv420' needs an even crop (top, left, height, width), got "
+                                 f"{self.crop}")
 
     def check_crop(self, info: VideoInfo) -> None:
-        """Raise ValueError when the crop does not fit inside the (resized) frames of ``info``."""
+        """Raise ValueError when the crop does not fit inside the (resized) frames of ``info``, or when yuv420
+        frames of ``info`` would have an odd size."""
+        h, w = self.size if self.size is not None else (info.height, info.width)
+        if self.frame_format == "yuv420" and (h % 2 or w % 2):
+            raise ValueError(f"{info.path}: frame_format='yuv420' needs an even frame size, but the frames are "
+                             f"{h}x{w}; give an even size to scale them to")
         if self.crop is None:
             return
-        h, w = self.size if self.size is not None else (info.height, info.width)
         top, left, ch, cw = self.crop
         if top + ch > h or left + cw > w:
             raise ValueError(f"{info.path}: crop {self.crop} (top, left, height, width) does not fit in {h}x{w} frames")
@@ -129,7 +153,8 @@ def open_reader(
     info = info if info is not None else probe(source)
     options.check_crop(info)
     name = choose_backend(info, options.backend)
-    return BACKENDS[name](source, info, threads=options.threads, size=options.size)
+    extra = {"frame_format": options.frame_format} if options.frame_format != "rgb24" else {}
+    return BACKENDS[name](source, info, threads=options.threads, size=options.size, **extra)
 
 
 def read_frames(
@@ -142,8 +167,10 @@ def read_frames(
     threads: int = 1,
     size: tuple[int, int] | None = None,
     crop: tuple[int, int, int, int] | None = None,
+    frame_format: str = "rgb24",
 ) -> np.ndarray:
-    """Decode frames of one video as uint8 ``[N, H, W, 3]`` (C-contiguous: ``torch.from_numpy`` shares it).
+    """Decode frames of one video as uint8 ``[N, H, W, 3]`` (C-contiguous: ``torch.from_numpy`` shares it), or
+    as I420 planes ``[N, H * 3 // 2, W]`` with ``frame_format="yuv420"``.
 
     Give ``indices`` (frame numbers in presentation order) or ``timestamps`` (seconds; the nearest frame by
     presentation time, an error when farther than ``tolerance_s``), or neither for every frame. Frames come back in
@@ -151,7 +178,7 @@ def read_frames(
     path, the bad index or time and the video's length. For many requests use :func:`decode_batch` with a
     :class:`VideoReaderCache`, which keeps files open between calls.
     """
-    options = DecodeOptions(backend=backend, threads=threads, size=size, crop=crop)
+    options = DecodeOptions(backend=backend, threads=threads, size=size, crop=crop, frame_format=frame_format)
     info = probe(path)
     wanted = resolve_request(info, indices, timestamps, tolerance_s)
     options.check_crop(info)
@@ -170,15 +197,17 @@ def decode_requests(
 ) -> list[np.ndarray]:
     """Decode the union of several requests on one file once and copy each frame straight into every request's
     output array that asked for it (one copy per delivered frame, crop applied on the way). ``outs`` may give
-    a request its own output (uint8 ``[N, H, W, 3]``, e.g. a slice of a batch's payload) to be filled in place."""
+    a request its own output (uint8 ``[N, H, W, 3]``, or ``[N, H * 3 // 2, W]`` for yuv420; e.g. a slice of a
+    batch's payload) to be filled in place."""
     h, w = options.size if options.size is not None else (info.height, info.width)
     top, left, oh, ow = options.crop if options.crop is not None else (0, 0, h, w)
+    step = frame_step_shape(oh, ow, options.frame_format)
     given = list(outs) if outs is not None else [None] * len(wanted)
     for out, x in zip(given, wanted):
-        if out is not None and (out.shape != (len(x), oh, ow, 3) or out.dtype != np.uint8):
-            raise ValueError(f"{info.path}: an output for {len(x)} frames must be uint8 {(len(x), oh, ow, 3)}, got "
+        if out is not None and (out.shape != (len(x), *step) or out.dtype != np.uint8):
+            raise ValueError(f"{info.path}: an output for {len(x)} frames must be uint8 {(len(x), *step)}, got "
                              f"{out.dtype} {out.shape}")
-    outs = [np.empty((len(x), oh, ow, 3), dtype=np.uint8) if out is None else out for out, x in zip(given, wanted)]
+    outs = [np.empty((len(x), *step), dtype=np.uint8) if out is None else out for out, x in zip(given, wanted)]
     total = sum(len(x) for x in wanted)
     if total == 0:
         return outs
@@ -197,13 +226,38 @@ def decode_requests(
             targets[k].append((out, row))
         start += len(x)
 
-    def sink(k: int, frame: np.ndarray) -> None:
-        part = frame[top : top + oh, left : left + ow]
-        for out, row in targets[k]:
-            out[row] = part
+    if options.frame_format == "yuv420" and options.crop is not None:
+        def sink(k: int, frame: np.ndarray) -> None:
+            for out, row in targets[k]:
+                crop_yuv420(frame, out[row], top, left)
+    elif options.frame_format == "yuv420":
+        def sink(k: int, frame: np.ndarray) -> None:
+            for out, row in targets[k]:
+                out[row] = frame
+    else:
+        def sink(k: int, frame: np.ndarray) -> None:
+            part = frame[top : top + oh, left : left + ow]
+            for out, row in targets[k]:
+                out[row] = part
 
     reader.decode_each(union, sink)
     return outs
+
+
+def crop_yuv420(frame: np.ndarray, out: np.ndarray, top: int, left: int) -> None:
+    """Write the ``out``-sized crop at even ``(top, left)`` of the I420 ``frame`` ``[H * 3 // 2, W]`` into the
+    C-contiguous I420 ``out`` ``[h * 3 // 2, w]``, plane by plane (each chroma plane at half the offsets)."""
+    big_h, big_w = frame.shape[0] * 2 // 3, frame.shape[1]
+    h, w = out.shape[0] * 2 // 3, out.shape[1]
+    if not out.flags.c_contiguous:
+        raise ValueError(f"a yuv420 output frame must be C-contiguous, got strides {out.strides}")
+    src, dst = np.ascontiguousarray(frame).reshape(-1), out.reshape(-1)
+    dst[: h * w].reshape(h, w)[...] = src[: big_h * big_w].reshape(big_h, big_w)[top : top + h, left : left + w]
+    for p in range(2):
+        s0, d0 = big_h * big_w + p * (big_h * big_w // 4), h * w + p * (h * w // 4)
+        plane = src[s0 : s0 + big_h * big_w // 4].reshape(big_h // 2, big_w // 2)
+        dst[d0 : d0 + h * w // 4].reshape(h // 2, w // 2)[...] = \
+            plane[top // 2 : (top + h) // 2, left // 2 : (left + w) // 2]
 
 
 def resolve_request(
