@@ -38,6 +38,7 @@ NAMED_BENCHMARKS = {
     "scaling": ("mmfeed.bench.scaling", "the epoch plan from 8 to 1024 ranks: steps, drops, balance"),
     "scale": ("mmfeed.bench.scale", "planning cost and memory up to 1e8 samples and 4096 ranks, block masks"),
     "convert": ("mmfeed.bench.convert", "mmfeed convert throughput: local processes and Ray"),
+    "train": ("mmfeed.bench.train", "training on packed rows vs pad-to-longest: useful tokens/s, padding, loss"),
 }
 
 
