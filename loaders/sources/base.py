@@ -33,14 +33,18 @@ class Feature:
 
     kind: "video" (uint8 frames ``[H, W, 3]``), "array" (a number or vector per step) or "text".
     dtype: numpy dtype name of one element ("uint8" for video).
-    shape: shape of one step (video: ``(H, W, 3)`` as decoded, after any ``frame_size``).
+    shape: shape of one step (video: ``(H, W, 3)`` as decoded, after any ``frame_size``; ``(H * 3 // 2, W)``
+        for yuv420 frames).
     fps: the feature's rate (of the first episode, where episodes differ; see ``EpisodeSource.rates``).
+    frame_format: how a video feature's frames are delivered: "rgb24" (the default) or "yuv420" (I420 planes, see
+        :mod:`mmfeed.codecs.colour`); None for other kinds.
     """
 
     kind: str
     dtype: str
     shape: tuple[int, ...]
     fps: float
+    frame_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FEATURE_KINDS:
@@ -48,6 +52,28 @@ class Feature:
         object.__setattr__(self, "dtype", str(np.dtype(self.dtype)))
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         object.__setattr__(self, "fps", float(self.fps))
+        if self.kind != "video":
+            if self.frame_format is not None:
+                raise ValueError(f"only video features have a frame_format, got {self.frame_format!r} for a "
+                                 f"{self.kind} feature")
+        elif self.frame_format is None:
+            object.__setattr__(self, "frame_format", "rgb24")
+        elif self.frame_format not in ("rgb24", "yuv420"):
+            raise ValueError(f"frame_format must be 'rgb24' or 'yuv420', got {self.frame_format!r}")
+
+    @property
+    def frame_size(self) -> tuple[int, int] | None:
+        """``(height, width)`` of a video feature's pictures (whatever the frame format), else None."""
+        if self.kind != "video":
+            return None
+        if self.frame_format == "yuv420" and len(self.shape) == 2:
+            return (self.shape[0] * 2 // 3, self.shape[1])
+        return tuple(self.shape[:2]) if len(self.shape) == 3 else None
+
+    def __repr__(self) -> str:
+        fmt = f", frame_format={self.frame_format!r}" if self.kind == "video" else ""
+        return (f"Feature(kind={self.kind!r}, dtype={self.dtype!r}, shape={self.shape!r}, fps={self.fps!r}"
+                f"{fmt})")
 
 
 @dataclass(frozen=True)
