@@ -32,7 +32,7 @@ Timing: all batches are built (and moved to the device) before training. After o
 (trained on, not timed), ``repeats`` stretches of ``steps`` optimizer steps per side, interleaved (A B C, then
 C B A, ...), each side continuing its own training. A stretch's useful tokens/s is its non-padding tokens over
 its wall time (CUDA synchronised) and, as ``cpu_useful_tokens_per_s``, over the process CPU time (steadier on a
-shared machine); figures are medians with the per-stretch values under ``repeats``; a ratio is the median of
+shared machine; on CUDA it is only the host's share); figures are medians with the per-stretch values under ``repeats``; a ratio is the median of
 the ratios of neighbouring stretches (stretch k of both sides). CPU runs use one torch thread by default
 (``--threads``): the model is small, a second thread buys little, and on a machine shared with other jobs the
 threads' barriers make timings erratic. Loss: per label term, over each side's last stretch, and after training
@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import logging
 import math
 import statistics
 import time
@@ -63,10 +62,8 @@ from mmfeed.packing import PackedBatch, PlanConfig, plan_epoch
 from mmfeed.packing.layout import TEXT, TokenLayout
 from mmfeed.testing.model import TinyModelConfig, TinyWorldModel
 
-__all__ = ["DEFAULT", "QUICK", "Doc", "TrainBench", "build_batch", "corpus", "main", "padded_batch",
-           "packed_steps", "run_bench", "train_step"]
-
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT", "QUICK", "SIDES", "Doc", "TrainBench", "build_batch", "corpus", "main", "modalities",
+           "model_config", "padded_batch", "packed_steps", "render", "run_bench", "stretches", "train_step"]
 
 FPS = 30.0
 CAM_HIGH, CAM_WRIST, FRONT = ("observation.images.cam_high", "observation.images.cam_wrist",
@@ -76,8 +73,8 @@ DIM = 14  # state and action dimensions
 PATCH = 2  # TinyModelConfig.patch_pixels: a frame of k tokens is its grid of k PATCH x PATCH patches
 # embodiment -> camera feature -> (fps, tokens per frame)
 EMBODIMENTS = {"bimanual": {CAM_HIGH: (15.0, 16), CAM_WRIST: (30.0, 4)}, "single_arm": {FRONT: (10.0, 36)}}
-LAYOUT = TokenLayout(tokens_per_frame={CAM_HIGH: 16, CAM_WRIST: 4, FRONT: 36}, chunk_features=(ACTION,),
-                     causal_chunk=True, interleave_chunk=True)
+LAYOUT = TokenLayout(tokens_per_frame={f: n for cams in EMBODIMENTS.values() for f, (_, n) in cams.items()},
+                     chunk_features=(ACTION,), causal_chunk=True, interleave_chunk=True)
 HISTORY, HORIZON = 2, 16  # policy windows: camera frames, action steps
 WORDS = ("pick", "up", "the", "red", "blue", "green", "cube", "cup", "place", "it", "in", "on", "bin", "tray",
          "open", "close", "drawer", "left", "right", "fold", "towel", "stack", "blocks", "and", "then", "wipe")
@@ -393,7 +390,8 @@ def _report(cfg: TrainBench, docs, rows, work, runs) -> dict[str, Any]:
     report["workload"] = {
         "samples": len(docs), "trained_samples": len(trained), "distinct_samples_trained": len(set(trained)),
         "tokens": _stats([d.tokens for d in docs]), "by_kind": {k: _stats(v) for k, v in sorted(kinds.items())},
-        "token_share_world_chunks": sum(d.tokens for d in docs if d.kind == "world_chunk") / sum(d.tokens for d in docs),
+        "token_share_world_chunks": sum(d.tokens for d in docs if d.kind == "world_chunk")
+        / sum(d.tokens for d in docs),
         "samples_per_step": statistics.mean(sum(map(len, r)) for r in rows)}
     report["settings"] = {**asdict(cfg), "threads": torch.get_num_threads(),
                           "layout": {"tokens_per_frame": dict(LAYOUT.tokens_per_frame),
