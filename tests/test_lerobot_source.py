@@ -231,3 +231,18 @@ def test_a_missing_episode_column_or_a_wrong_version_is_named(fresh):
     open(path / "meta/info.json", "w").write(json.dumps({**info, "codebase_version": "v2.1"}))
     with pytest.raises(ValueError, match="v2.1"):
         LeRobotSource(root)
+
+
+def test_a_task_missing_from_tasks_parquet_names_the_episode(tmp_path, episodes):
+    """Task ids are mapped column-wise (the meta/episodes task lists read as dictionary codes); a text the
+    tasks table lacks still fails naming the episode and the text."""
+    root = write_lerobot(tmp_path / "ds", episodes[:3])
+    table = pq.read_table(f"{root}/meta/tasks.parquet")
+    missing = LeRobotSource(root).task(1)
+    keep = pa.array([t != missing for t in table["task"].to_pylist()])
+    kept = table.filter(keep)
+    assert kept.num_rows < table.num_rows
+    kept = kept.set_column(kept.column_names.index("task_index"), "task_index", pa.array(range(kept.num_rows)))
+    pq.write_table(kept, f"{root}/meta/tasks.parquet")
+    with pytest.raises(ValueError, match=rf"episode 1: task {missing!r} is not in"):
+        LeRobotSource(root)

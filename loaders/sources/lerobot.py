@@ -10,7 +10,8 @@ the frames a batch asks for, one decode pass per video file for all the frames o
 Kinds follow the declared dtypes: ``video`` and ``image`` (PNG or JPEG bytes in the parquet) are uint8
 ``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str) and every numeric dtype is an
 array of that dtype. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
-read as shape ``()``.
+read as shape ``()``. With ``frame_format="yuv420"`` frames come as I420 planes ``[H * 3 // 2, W]`` instead
+(:mod:`mmfeed.codecs.colour`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
@@ -56,10 +59,14 @@ class LeRobotSource(EpisodeSource):
     tolerance_s: how far a decoded frame's timestamp may be from the one asked for (LeRobot's default 1e-4 s).
     frame_size: ``(height, width)`` for every camera, ``{feature: (height, width)}`` for some, or None: frames
         are resized inside the decoder and the features report that size.
+    frame_format: ``"rgb24"`` (frames uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, half
+        the bytes, converted on the device by :func:`mmfeed.codecs.colour.yuv420_to_rgb`; PyAV only).
     """
 
     def __init__(self, root: str | os.PathLike, *, backend: str = "auto", tolerance_s: float = 1e-4,
-                 frame_size: FrameSize = None) -> None:
+                 frame_size: FrameSize = None, frame_format: str = "rgb24") -> None:
+        DecodeOptions(backend=backend, frame_format=frame_format)  # fails now, not at the first read
+        self.frame_format = frame_format
         self.root = Path(root)
         self.name = str(self.root)
         self.tolerance_s = float(tolerance_s)
@@ -76,8 +83,9 @@ class LeRobotSource(EpisodeSource):
         if self._video_keys and not self.info.get("video_path"):
             raise ValueError(f"{self.root / 'meta' / 'info.json'}: video features but no 'video_path'")
         self._sizes = _frame_sizes(frame_size, specs, self.root)
-        self._options = {size: DecodeOptions(backend=backend, size=size) for size in set(self._sizes.values())}
-        self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root) for k, s in specs.items()}
+        self._options = {size: DecodeOptions(backend=backend, size=size, frame_format=frame_format)
+                         for size in set(self._sizes.values())}
+        self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, frame_format) for k, s in specs.items()}
         self._meta = _read_episodes(self.root, self._video_keys)
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
@@ -97,6 +105,11 @@ class LeRobotSource(EpisodeSource):
             return super().step_tasks(e)
         steps = np.arange(self._lengths[e], dtype=np.int64)
         return self._rows(e, "task_index", steps).astype(np.int64, copy=False)
+
+    def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
+        """``(height, width)`` of a video feature's decoded pictures (in either frame format), else None."""
+        f = self.features.get(feature)
+        return f.frame_size if f is not None else None
 
     def describe(self, episode: int) -> str:
         """The root and the episode's ``episode_index``, for error messages."""
@@ -155,16 +168,28 @@ class LeRobotSource(EpisodeSource):
         self._lock = threading.Lock()
 
     # -- internals -------------------------------------------------------------------------------------------
-    def _task_ids(self, episode_tasks: list[list[str] | None]) -> np.ndarray:
-        """The id of each episode's one task, -1 where it lists several (or none: its rows then say)."""
+    def _task_ids(self, episode_tasks: pa.Array | None) -> np.ndarray:
+        """The id of each episode's one task, -1 where it lists several (or none: its rows then say); vectorized
+        over the ``tasks`` list column (its texts as dictionary codes or plain strings)."""
+        out = np.full(len(self._lengths), -1, dtype=np.int64)
+        if episode_tasks is None:
+            return out
+        counts = pc.fill_null(pc.list_value_length(episode_tasks), 0).to_numpy(zero_copy_only=False)
+        values = episode_tasks.flatten()
+        if not pa.types.is_dictionary(values.type):
+            values = pc.dictionary_encode(values)
         ids = {t: i for i, t in enumerate(self.tasks)}
-        out = np.full(len(episode_tasks), -1, dtype=np.int64)
-        for e, names in enumerate(episode_tasks):
-            for name in names or ():
-                if name not in ids:
-                    raise ValueError(f"{self.describe(e)}: task {name!r} is not in {self.root / 'meta/tasks.parquet'}")
-            if names and len(names) == 1:
-                out[e] = ids[names[0]]
+        texts = values.dictionary.to_pylist()
+        known = np.array([ids.get(t, -1) for t in texts], dtype=np.int64)
+        codes = values.indices.to_numpy(zero_copy_only=False)
+        flat = known[codes] if len(codes) else np.zeros(0, np.int64)
+        if (flat < 0).any():
+            k = int(np.flatnonzero(flat < 0)[0])
+            e = int(np.searchsorted(np.cumsum(counts), k, side="right"))
+            raise ValueError(f"{self.describe(e)}: task {texts[codes[k]]!r} is not in "
+                             f"{self.root / 'meta/tasks.parquet'}")
+        single = counts == 1
+        out[single] = flat[(np.cumsum(counts) - counts)[single]]
         return out
 
     def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[Path, np.ndarray]:
@@ -236,33 +261,40 @@ class LeRobotSource(EpisodeSource):
         return flat.astype(feature.dtype, copy=False).reshape(rows, *feature.shape)
 
     def _decode_images(self, episode: int, feature: str, encoded: np.ndarray, into: np.ndarray | None) -> np.ndarray:
-        """PNG or JPEG bytes as uint8 ``[n, H, W, 3]`` (resized to the feature's shape), with PyAV."""
+        """PNG or JPEG bytes as uint8 ``[n, H, W, 3]`` (resized to the feature's size; yuv420: ``[n, H * 3 // 2,
+        W]``), with PyAV."""
         import av
 
-        h, w, _ = self.features[feature].shape
-        out = into if into is not None else np.empty((len(encoded), h, w, 3), dtype=np.uint8)
+        f = self.features[feature]
+        (h, w), fmt = f.frame_size, "rgb24" if f.frame_format == "rgb24" else "yuv420p"
+        out = into if into is not None else np.empty((len(encoded), *f.shape), dtype=np.uint8)
         for i, data in enumerate(encoded):
             try:
                 if data is None:
                     raise ValueError("the row holds no image bytes")
                 with av.open(io.BytesIO(data)) as container:
                     frame = next(container.decode(video=0))
-                out[i] = frame.reformat(width=w, height=h, format="rgb24").to_ndarray()
+                out[i] = frame.reformat(width=w, height=h, format=fmt).to_ndarray()
             except (av.error.FFmpegError, StopIteration, ValueError) as err:
                 raise SampleError(f"{self.describe(episode)} feature {feature!r}: image {i} of the request cannot "
                                   f"be decoded: {err}") from err
         return out
 
 
-def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None, root: Path) -> Feature:
-    """The :class:`Feature` that one entry of info.json's ``features`` declares."""
+def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None, root: Path,
+             frame_format: str = "rgb24") -> Feature:
+    """The :class:`Feature` that one entry of info.json's ``features`` declares (frames in ``frame_format``)."""
     dtype, shape = spec.get("dtype"), tuple(int(s) for s in spec.get("shape") or ())
     if dtype in _FRAMES:
         if len(shape) != 3:
             raise ValueError(f"{root}: feature {name!r} ({dtype}) has shape {list(shape)}; expected [H, W, 3]")
         channels_first = list(spec.get("names") or [])[:1] == ["channels"]
         h, w = size or (shape[1:3] if channels_first else shape[:2])
-        return Feature("video", "uint8", (h, w, 3), fps)
+        try:
+            step = frame_step_shape(h, w, frame_format)
+        except ValueError as err:
+            raise ValueError(f"{root}: feature {name!r}: {err}; give an even frame_size") from err
+        return Feature("video", "uint8", step, fps, frame_format=frame_format)
     if dtype == "string":
         return Feature("text", "object", (), fps)
     try:
@@ -308,11 +340,17 @@ def _read_episodes(root: Path, video_keys: Sequence[str]) -> dict:
         missing = [c for c in wanted if c not in present and c != "tasks"]
         if missing:
             raise ValueError(f"{f}: meta/episodes has no columns {missing}")
-        tables.append(pq.read_table(f, columns=[c for c in wanted if c in present]))
-    table = pa.concat_tables(tables, promote_options="default")
-    table = table.take(pa.array(np.argsort(table["episode_index"].to_numpy(), kind="stable")))
+        # the task lists' strings read as parquet dictionary codes: a few distinct texts, however many episodes
+        leaves = pq.ParquetFile(f).schema
+        task_leaves = [leaves.column(i).path for i in range(len(leaves)) if leaves.column(i).path.startswith("tasks.")]
+        reader = pq.ParquetFile(f, read_dictionary=task_leaves)
+        tables.append(reader.read(columns=[c for c in wanted if c in present]).unify_dictionaries())
+    table = pa.concat_tables(tables, promote_options="default").unify_dictionaries()
+    order = table["episode_index"].to_numpy()
+    if (np.diff(order) < 0).any():
+        table = table.take(pa.array(np.argsort(order, kind="stable")))
     meta = {c: table[c].to_numpy() for c in table.column_names if c != "tasks"}
-    meta["tasks"] = table["tasks"].to_pylist() if "tasks" in table.column_names else [None] * table.num_rows
+    meta["tasks"] = table["tasks"].combine_chunks() if "tasks" in table.column_names else None
     bad = np.flatnonzero(meta["dataset_to_index"] - meta["dataset_from_index"] != meta["length"])
     if bad.size:
         raise ValueError(f"{root} episode {int(meta['episode_index'][bad[0]])}: meta/episodes gives length "
