@@ -21,9 +21,21 @@ import numpy as np
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.demux import VideoInfo, VideoSource, open_container
 
-__all__ = ["PyAVReader", "seek_cost_frames"]
+__all__ = ["PyAVReader", "decode_totals", "seek_cost_frames"]
 
 log = logging.getLogger(__name__)
+
+# Readers opened, frames decoded and seeks by every PyAVReader of this process: readers come and go (caches close
+# them), a benchmark takes differences of these running totals around the work it measures.
+_totals = {"opened": 0, "frames_decoded": 0, "seeks": 0}
+
+
+def decode_totals() -> dict[str, int]:
+    """``{"opened", "frames_decoded", "seeks"}`` of every PyAV reader in this process so far (running totals; a
+    forked child starts from its parent's): readers opened, frames the decoder produced (GOP dependencies
+    included) and seeks."""
+    return dict(_totals)
+
 
 def seek_cost_frames(threads: int) -> int:
     """Frames of useless decoding that one seek is worth: decode through to the next wanted GOP when at most this
@@ -66,6 +78,7 @@ class PyAVReader:
         self._frames = None  # the live decode generator, or None when the next read must seek
         self._pos = -1  # presentation index of the last frame the decoder produced
         self.frames_decoded = 0  # running counters, for benchmarks and tests
+        _totals["opened"] += 1
         self.seeks = 0
 
     @property
@@ -146,6 +159,7 @@ class PyAVReader:
                 duration=self.info.duration,
             ) from exc
         self.seeks += 1
+        _totals["seeks"] += 1
         self._frames = self._container.decode(self._stream)
         self._pos = -1
 
@@ -155,6 +169,7 @@ class PyAVReader:
         try:
             for frame in self._frames:
                 self.frames_decoded += 1
+                _totals["frames_decoded"] += 1
                 idx = self._index_of.get(frame.pts, -1) if frame.pts is not None else -1
                 if idx < 0:
                     continue

@@ -275,6 +275,21 @@ def test_plain_bench_synthesizes_its_dataset_into_the_cache_and_sweeps_workers(t
     assert sweep["mmfeed"]["samples_per_s"][1] == doc["samples_per_s"]  # the main run is the workers=1 point
 
 
+def test_decode_totals_count_the_frames_the_decoder_produced_gop_dependencies_included(tmp_path):
+    """The counter `mmfeed bench` reads decoded frames from: a frame costs the frames from its keyframe on."""
+    from mmfeed.codecs._pyav import decode_totals
+    from mmfeed.codecs.video import read_frames
+    from mmfeed.testing import frame_pattern, read_index, write_video
+
+    path = write_video(tmp_path / "v.mp4", frame_pattern(40, height=48, width=64), gop=10)
+    before = decode_totals()
+    frames = read_frames(path, indices=[3, 25, 26])
+    after = decode_totals()
+    assert read_index(frames).tolist() == [3, 25, 26]
+    # keyframes 0 and 20: frames 0..3, then a seek and 20..26
+    assert {k: after[k] - before[k] for k in after} == {"opened": 1, "frames_decoded": 4 + 7, "seeks": 2}
+
+
 def test_synth_lerobot_av1_is_inspectable_from_its_metadata(tmp_path):
     out_dir = tmp_path / "lerobot"
     made = mmfeed("synth", str(out_dir), "--format", "lerobot", "--episodes", "2", *TINY, "--no-progress")
