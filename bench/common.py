@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: the environment record, medians of repeats, a cache folder, tables,
+"""Shared pieces of the benchmarks: the environment record, medians and spreads of repeats, a cache folder, tables,
 back-to-back output views of one buffer, and the robot window that ``mmfeed bench`` and ``mmfeed inspect`` read."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from mmfeed.packing.windows import WindowSpec
 
-__all__ = ["cache_dir", "consecutive_views", "environment", "median_time", "robot_window", "table"]
+__all__ = ["cache_dir", "consecutive_views", "environment", "median_time", "robot_window", "spread", "table"]
 
 
 def cache_dir(name: str) -> Path:
@@ -111,3 +111,15 @@ def robot_window(videos: Mapping[str, float], *, fps: float, history: int, horiz
     if action is not None:
         deltas[action] = tuple(i / float(fps) for i in range(horizon))
     return WindowSpec(deltas=deltas)
+
+
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """``{min, max, range}`` of the repeats of one figure, ``range`` = (max - min) / median (None at median 0).
+
+    >>> spread([9.0, 10.0, 12.0])["range"]
+    0.3
+    """
+    values = [float(v) for v in values]
+    mid = statistics.median(values)
+    lo, hi = min(values), max(values)
+    return {"min": lo, "max": hi, "range": (hi - lo) / abs(mid) if mid else None}

@@ -1,47 +1,50 @@
-"""Benchmark: the packed, planned loader on synthetic robot video, beside its ceiling and a torch baseline.
+"""The workload of ``mmfeed bench``: its settings, its synthetic datasets (cached), its samples, and the baseline.
 
-In one run, on the same synthetic dataset (webdataset shards or a LeRobot v3 directory, cached under
-``~/.cache/mmfeed/bench``), with the same number of worker processes:
+The default workload is a mixture of two embodiments (two datasets, one list given to ``open_dataset``): an arm
+with one 320x240 camera at the 30 Hz control clock, and a robot with two 256x192 cameras (a front camera at
+15 fps, a wrist camera at 30 fps); tasks are texts of 5 to 600 bytes. Its samples are of two kinds, side by side in
+one epoch (:class:`WindowsAndChunks`): windowed policy samples (the last ``history`` frames of every camera at
+its own rate, ``observation.state`` at the anchor, a ``horizon``-step ``action`` chunk, LeRobot-style) and
+whole-episode chunks for a world model (every frame of every camera, state and action over up to
+``chunk_steps`` steps, cut shorter where a chunk would not fit a row). Samples thus cost from about 1,100 to
+8,000 tokens, and padding them is what a per-sample loader pays.
 
-1. **mmfeed**: ``mmfeed.DataLoader(source, packing=...)``: windowed clip samples (the last ``history`` frames of
-   ``observation.images.<camera>``, ``observation.state`` at the anchor and a ``horizon``-step ``action`` chunk,
-   in seconds by feature name) planned, packed into rows of ``capacity`` tokens and decoded batch by batch;
-2. **ceiling**: the very same frames of the very same batches decoded by the same backend in as many processes,
-   into buffers allocated once, and nothing else (no collation, no packing, no transfer to the training process);
-3. **baseline**: torch's DataLoader over a per-sample dataset (the same samples and prices,
-   :class:`~mmfeed.loaders.items.EpisodeItems`) that opens, seeks and decodes each sample's frames on its own (the
-   way LeRobot reads video) and pads every batch to its longest sample; its batch size gives the same token
-   budget per batch as mmfeed's rows.
+The baseline (:class:`PerSampleDataset`, under ``torch.utils.data.DataLoader``) reads the very same samples with
+the same prices: each sample opens, seeks and decodes its own frames (the way LeRobot reads video) and every
+batch is padded to its longest sample (:func:`pad_collate`).
 
-Figures: samples/s, decoded frames/s, useful (non-padding) tokens/s, packing efficiency, and the ratios
-mmfeed/ceiling (frames) and mmfeed/baseline (useful tokens). ``python -m mmfeed.bench.loader --help``.
+``python -m mmfeed.bench.loader``: the single-camera, windows-only workload of earlier versions (or
+``--lerobot-style``) through the same measurement as ``mmfeed bench`` (``--help``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing as mp
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmfeed.bench.common import cache_dir, consecutive_views, environment, robot_window, table
+from mmfeed.bench.common import cache_dir, robot_window
+from mmfeed.codecs._pyav import decode_totals
 from mmfeed.codecs.video import read_frames
 from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.items import EpisodeItems
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.loaders.timing import stage
-from mmfeed.testing.synth_episodes import IMAGE_PREFIX
+from mmfeed.testing.synth_episodes import DEFAULT_TASKS, IMAGE_PREFIX
+
+__all__ = ["Embodiment", "LoaderBench", "PerSampleDataset", "VARIED_TASKS", "WindowsAndChunks", "data_spec",
+           "dataset_path", "leaf", "pad_collate", "run_mmfeed", "write_synthetic"]
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +52,58 @@ DATASET_VERSION = 2
 """Part of the cache key of the synthetic datasets: bumped when what they hold changes (2: features by name)."""
 
 
+def _varied_tasks() -> tuple[str, ...]:
+    """Task texts of 5 to about 600 bytes (UTF-8 bytes are tokens): eight instructions built from fixed clauses."""
+    clauses = ("pick up the red cube", "then place it in the blue bowl on the left side of the table",
+               "without touching the glass", "open the top drawer halfway", "fold the towel in half twice",
+               "and wipe the counter from left to right", "push the green button once the light turns on",
+               "finally return the gripper to its home pose above the tray")
+    out = ["stack"]
+    for target in (24, 48, 96, 160, 260, 400, 600):
+        text, k = "", 0
+        while len(text) < target:
+            text += ("" if not text else ", ") + clauses[k % len(clauses)]
+            k += 1
+        out.append(text[:target].rstrip(", ") + ".")
+    return tuple(out)
+
+
+VARIED_TASKS = _varied_tasks()
+"""The tasks of the default workload: eight texts of 5 to about 600 bytes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Embodiment:
+    """One robot of a synthetic mixture: its cameras (feature ``observation.images.<camera>``), their frame size,
+    the cameras that run at their own rate (``camera_fps``: ``((camera, fps), ...)``; others at the control clock)
+    and its episodes (None: ``LoaderBench.episodes``)."""
+
+    name: str
+    cameras: tuple[str, ...]
+    height: int
+    width: int
+    camera_fps: tuple[tuple[str, float], ...] = ()
+    episodes: int | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderBench:
-    """Settings of one loader benchmark (see the module docstring).
+    """Settings of one loader workload (see the module docstring).
 
-    cameras: the synthetic dataset's cameras; each is the video feature ``observation.images.<camera>``.
+    format, episodes, min_length, max_length, height, width, codec, gop, fps, cameras, camera_fps, tasks: the
+        synthetic dataset (``tasks``: "default" or "varied", :data:`VARIED_TASKS`).
+    embodiments: a mixture of synthetic datasets, one per embodiment (their own cameras, size and rates; the
+        other dataset settings shared); empty: the one dataset above.
     videos, video_fps: the video features read and their rates, for a given dataset (None: the synthetic
-        cameras' features, at ``fps``).
+        cameras' features, at their rates).
     state, action: the features read at the anchor and as the action chunk (None: the dataset has none).
-    history, horizon: frames of each video before and at the anchor, and action steps from the anchor on.
+    history, horizon, stride: frames of each video before and at the anchor, action steps from the anchor on,
+        steps between anchors.
+    chunk_steps: whole-episode chunks (world model) of at most this many steps beside the windows; None: none.
+    tokens_per_frame, capacity, rows_per_batch, episode_block: prices and the plan (``episode_block`` 0: samples
+        shuffled across the whole epoch, as torch's sampler does; B > 0: batches from blocks of B episodes).
+    workers, steps, warmup: loader processes, batches per measured stretch (None: from the stretch's seconds) and
+        the fewest untimed batches before each stretch.
     """
 
     format: str = "webdataset"
@@ -70,50 +116,150 @@ class LoaderBench:
     gop: int = 30
     fps: float = 30.0
     cameras: tuple[str, ...] = ("cam_high",)
+    camera_fps: tuple[tuple[str, float], ...] = ()
+    tasks: str = "default"
+    embodiments: tuple[Embodiment, ...] = ()
     videos: tuple[str, ...] | None = None
     video_fps: tuple[float, ...] | None = None
     state: str | None = "observation.state"
     action: str | None = "action"
     history: int = 4
     horizon: int = 50
+    stride: int = 1
+    chunk_steps: int | None = None
     tokens_per_frame: int = 256
     capacity: int = 8192
     rows_per_batch: int = 2
     episode_block: int = 2
     workers: int = 2
-    steps: int = 24
+    steps: int | None = 24
     warmup: int = 3
     backend: str = "auto"
     seed: int = 0
 
+    def datasets(self) -> list[LoaderBench]:
+        """One single-dataset setting per embodiment (each its own seed), or ``[self]``."""
+        if not self.embodiments:
+            return [self]
+        return [replace(self, embodiments=(), cameras=e.cameras, height=e.height, width=e.width,
+                        camera_fps=e.camera_fps, episodes=e.episodes or self.episodes, seed=self.seed + 1000 * k)
+                for k, e in enumerate(self.embodiments)]
+
+    @property
+    def video_rates(self) -> dict[str, float]:
+        """Every video feature a sample may read -> its rate."""
+        if self.videos is not None:
+            return dict(zip(self.videos, self.video_fps or (self.fps,) * len(self.videos)))
+        out: dict[str, float] = {}
+        for d in self.datasets():
+            rates = dict(d.camera_fps)
+            out.update({IMAGE_PREFIX + c: float(rates.get(c, d.fps)) for c in d.cameras})
+        return out
+
     @property
     def video_features(self) -> tuple[str, ...]:
-        """The video features a sample reads."""
-        return tuple(self.videos) if self.videos is not None else tuple(IMAGE_PREFIX + c for c in self.cameras)
+        """The video features a sample may read."""
+        return tuple(self.video_rates)
 
     def window(self) -> WindowSpec:
         """``history`` frames of every video (at its own rate), the state at the anchor, ``horizon`` actions."""
-        rates = self.video_fps or (self.fps,) * len(self.video_features)
-        return robot_window(dict(zip(self.video_features, rates)), fps=self.fps, history=self.history,
-                            horizon=self.horizon, state=self.state, action=self.action)
+        return robot_window(self.video_rates, fps=self.fps, history=self.history, horizon=self.horizon,
+                            state=self.state, action=self.action)
 
     def layout(self) -> TokenLayout:
-        """``tokens_per_frame`` tokens per video frame; one per state and per action step."""
-        return TokenLayout(tokens_per_frame={f: self.tokens_per_frame for f in self.video_features})
+        """``tokens_per_frame`` tokens per video frame; one per state and per action step (which chunks read)."""
+        prices = {f: self.tokens_per_frame for f in self.video_features}
+        if self.chunk_steps is not None:
+            prices.update({f: 1 for f in (self.state, self.action) if f is not None})
+        return TokenLayout(tokens_per_frame=prices)
+
+    def plan(self) -> PlanConfig:
+        return PlanConfig(capacity=self.capacity, rows_per_batch=self.rows_per_batch, episode_block=self.episode_block)
 
     def packing(self) -> Packing:
-        plan = PlanConfig(capacity=self.capacity, rows_per_batch=self.rows_per_batch, episode_block=self.episode_block)
-        return Packing(layout=self.layout(), window=self.window(), plan=plan, seed=self.seed)
+        """The windows as ``mmfeed.DataLoader(packing=...)`` takes them (windows only: chunks beside windows are
+        :class:`WindowsAndChunks`, see :meth:`planned`)."""
+        if self.chunk_steps is not None:
+            raise ValueError("windows beside chunks are no Packing; use LoaderBench.planned(source)")
+        return Packing(layout=self.layout(), window=self.window(), stride=self.stride, plan=self.plan(),
+                       seed=self.seed)
+
+    def items(self, source: EpisodeSource) -> EpisodeItems | WindowsAndChunks:
+        """The samples of ``source``: windows, and beside them whole-episode chunks with ``chunk_steps``."""
+        windows = EpisodeItems(source, layout=self.layout(), window=self.window(), stride=self.stride,
+                               capacity=self.capacity)
+        if self.chunk_steps is None:
+            return windows
+        chunks = EpisodeItems(source, layout=windows.layout, max_length=self.chunk_steps, capacity=self.capacity)
+        return WindowsAndChunks(windows, chunks)
+
+    def planned(self, source: EpisodeSource, dataset: type = PlannedDataset) -> PlannedDataset:
+        """The planned dataset of ``source`` (one rank of one) that mmfeed's loader iterates."""
+        return dataset(self.items(source), plan=self.plan(), seed=self.seed)
+
+
+class WindowsAndChunks:
+    """Windowed policy samples and whole-episode chunks of one source as one item kind of a planned dataset:
+    ids ``0 .. len(windows) - 1`` are the windows, the rest the chunks. Both share the source, the layout and the
+    tokenizer, so one collation packs them side by side (:func:`mmfeed.loaders.collate.collate`)."""
+
+    def __init__(self, windows: EpisodeItems, chunks: EpisodeItems) -> None:
+        if windows.source is not chunks.source or windows.layout != chunks.layout:
+            raise ValueError("windows and chunks must read one source with one layout")
+        self.windows, self.chunks, self.offset = windows, chunks, len(windows)
+        self.source, self.layout, self.window = windows.source, windows.layout, windows.window
+        self.features = list(dict.fromkeys([*windows.features, *chunks.features]))
+        self.tokenizer, self.text = windows.tokenizer, windows.text
+        for name in ("episode", "start", "length", "task", "tokens"):
+            setattr(self, name, np.concatenate([getattr(windows, name), getattr(chunks, name)]))
+        self.groups = self.episode
+        self.is_chunk = np.arange(len(self.episode)) >= self.offset
+        self.stats = dict(chunks.stats)
+
+    def __len__(self) -> int:
+        return len(self.episode)
+
+    def draw(self, seed: int, epoch: int) -> None:
+        return None  # every sample once per epoch
+
+    def requests(self, samples: np.ndarray) -> list[tuple[EpisodeRequest, dict, Any]]:
+        """``(request, is_pad flags, layout)`` of each sample, windows and chunks alike, in the order given."""
+        samples = np.asarray(samples, dtype=np.int64)
+        out: list[Any] = [None] * len(samples)
+        chunk = samples >= self.offset
+        for mask, items, shift in ((~chunk, self.windows, 0), (chunk, self.chunks, self.offset)):
+            where = np.flatnonzero(mask)
+            if len(where):
+                for k, read in zip(where.tolist(), items.requests(samples[where] - shift)):
+                    out[k] = read
+        return out
+
+    def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> Any:
+        from mmfeed.loaders.collate import collate
+
+        return collate(self, rows, capacity, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------- synthetic datasets
+
+
+def data_spec(cfg: LoaderBench, *, progress: Callable[[int], object] | None = None) -> str | list[str]:
+    """What ``open_dataset`` opens for ``cfg``: the cached dataset's path, or the list of a mixture's paths."""
+    paths = [str(dataset_path(d, progress=progress)) for d in cfg.datasets()]
+    return paths[0] if len(paths) == 1 else paths
 
 
 def dataset_path(cfg: LoaderBench, *, progress: Callable[[int], object] | None = None) -> Path:
-    """The synthetic dataset for ``cfg``, written once and cached.
+    """The synthetic dataset of a single-dataset ``cfg`` (no embodiments), written once and cached.
 
     progress: called with the number of episodes just written (shard by shard), e.g. ``tqdm.update``.
     """
+    if cfg.embodiments:
+        raise ValueError("a mixture has one path per embodiment: data_spec(cfg)")
     key = (f"v{DATASET_VERSION}-{cfg.format}-{cfg.episodes}ep-{cfg.min_length}-{cfg.max_length}-{cfg.width}x"
-           f"{cfg.height}-{cfg.codec}-g{cfg.gop}-{cfg.fps:g}fps-{'+'.join(cfg.cameras)}-s{cfg.seed}")
-    path = cache_dir("bench") / key
+           f"{cfg.height}-{cfg.codec}-g{cfg.gop}-{cfg.fps:g}fps-{'+'.join(cfg.cameras)}")
+    key += "".join(f"-{c}@{f:g}" for c, f in cfg.camera_fps) + ("" if cfg.tasks == "default" else f"-{cfg.tasks}")
+    path = cache_dir("bench") / f"{key}-s{cfg.seed}"
     done = path / ".complete"
     if not done.exists():
         if path.exists():  # an interrupted earlier attempt: start again from nothing
@@ -139,13 +285,17 @@ def _write_shard(args: tuple[LoaderBench, int, int, str]) -> tuple[int, str]:
 
 
 def _episodes(cfg: LoaderBench, make_episodes):
+    tasks = {"default": DEFAULT_TASKS, "varied": VARIED_TASKS}.get(cfg.tasks)
+    if tasks is None:
+        raise ValueError(f"unknown tasks {cfg.tasks!r}; choose 'default' or 'varied'")
     return make_episodes(cfg.episodes, seed=cfg.seed, cameras=cfg.cameras, height=cfg.height, width=cfg.width,
-                         fps=cfg.fps, min_length=cfg.min_length, max_length=cfg.max_length)
+                         fps=cfg.fps, min_length=cfg.min_length, max_length=cfg.max_length,
+                         camera_fps=dict(cfg.camera_fps), tasks=tasks)
 
 
 def write_synthetic(path: str | Path, cfg: LoaderBench, *, progress: Callable[[int], object] | None = None,
                     processes: int | None = None) -> Path:
-    """Write the synthetic dataset that ``cfg`` describes (format, episodes, size, codec, ...) at ``path``.
+    """Write the single synthetic dataset that ``cfg`` describes (format, episodes, size, codec, ...) at ``path``.
 
     Webdataset shards of ``EPISODES_PER_SHARD`` episodes are written by :func:`mmfeed.testing.write_webdataset`
     in up to ``processes`` processes (default: one per CPU), then indexed together (``mmfeed-index.parquet``);
@@ -192,14 +342,10 @@ def write_synthetic(path: str | Path, cfg: LoaderBench, *, progress: Callable[[i
     return path
 
 
-def _figures(seconds: float, samples: int, frames: int, useful: int, slots: int) -> dict[str, float]:
-    return {"seconds": seconds, "samples_per_s": samples / seconds, "frames_per_s": frames / seconds,
-            "tokens_per_s": useful / seconds, "packing_efficiency": useful / slots if slots else 0.0}
-
-
-def run_mmfeed(cfg: LoaderBench, path: Path, *, step_s: float = 0.0, timer: bool = False) -> dict[str, Any]:
-    """Iterate mmfeed's loader for ``warmup + steps`` batches; figures over the measured ones."""
-    loader = DataLoader(open_dataset(path, backend=cfg.backend), packing=cfg.packing(), num_workers=cfg.workers,
+def run_mmfeed(cfg: LoaderBench, path: Any, *, step_s: float = 0.0, timer: bool = False) -> dict[str, Any]:
+    """Iterate mmfeed's loader for ``warmup + steps`` batches (on its own, not interleaved); figures over the
+    measured ones (``bench/lerobot_compare.py`` times mmfeed with it)."""
+    loader = DataLoader(cfg.planned(open_dataset(path, backend=cfg.backend)), num_workers=cfg.workers,
                         timer=timer or None, persistent_workers=cfg.workers > 0)
     videos = cfg.video_features
     batches = _forever(loader)
@@ -207,7 +353,7 @@ def run_mmfeed(cfg: LoaderBench, path: Path, *, step_s: float = 0.0, timer: bool
         next(batches)
     samples = frames = useful = slots = 0
     start = time.perf_counter()
-    for _ in range(cfg.steps):
+    for _ in range(cfg.steps or 24):
         batch = next(batches)
         samples += batch.num_documents
         frames += sum(len(batch.data[f]) for f in videos if f in batch.data)
@@ -215,7 +361,9 @@ def run_mmfeed(cfg: LoaderBench, path: Path, *, step_s: float = 0.0, timer: bool
         slots += batch.document_ids.numel()
         if step_s:
             time.sleep(step_s)
-    out = _figures(time.perf_counter() - start, samples, frames, useful, slots)
+    seconds = time.perf_counter() - start
+    out = {"seconds": seconds, "samples_per_s": samples / seconds, "frames_per_s": frames / seconds,
+           "tokens_per_s": useful / seconds, "packing_efficiency": useful / slots if slots else 0.0}
     if timer:
         out["timing"] = loader.timer.report()
     return out
@@ -227,75 +375,22 @@ def _forever(loader):
         yield from loader
 
 
-def _planned(cfg: LoaderBench, path: Path | str, backend: str | None = None) -> PlannedDataset:
-    """The planned dataset mmfeed's loader iterates (one rank of one)."""
-    return cfg.packing().dataset(open_dataset(path, backend=backend or cfg.backend))
-
-
-def _epoch_steps(ds: PlannedDataset, first: int, count: int) -> list[tuple[int, int]]:
-    """The ``(epoch, step)`` of global steps ``first .. first + count - 1``, epochs back to back (as the loader
-    runs them)."""
-    out, epoch, offset = [], 0, 0
-    while len(out) < count:
-        n = ds.num_steps(epoch)
-        if n == 0:
-            raise ValueError("the plan has no batch; lower the capacity or the rows per batch")
-        out.extend((epoch, s) for s in range(n) if offset + s >= first)
-        offset, epoch = offset + n, epoch + 1
-    return out[:count]
-
-
-def _decode_steps(args: tuple[str, str, list[tuple[int, int]], LoaderBench]) -> tuple[int, float]:
-    """Ceiling worker: decode the frames of the given (epoch, step)s, nothing more; (frames decoded, seconds
-    spent decoding). Dataset and plan set-up are excluded, and every batch decodes into the same buffers, allocated
-    and touched before the clock starts, so the ceiling pays no page faults for its outputs."""
-    path, backend, steps, cfg = args
-    ds = _planned(cfg, path, backend)
-    videos = [f for f in cfg.video_features if f in ds.source.features]
-    batches = []
-    for epoch, step in steps:
-        samples = np.concatenate(ds.batch_samples(epoch, step)).astype(np.int64)
-        batches.append([EpisodeRequest(r.episode, {f: r.indices[f] for f in videos if f in r.indices})
-                        for r, _, _ in ds.items.requests(samples)])
-    most = {f: max((sum(len(r.indices.get(f, ())) for r in b) for b in batches), default=0) for f in videos}
-    shapes = {f: ds.source.features[f].shape for f in videos}
-    buffers = {f: np.ones((most[f], *shapes[f]), dtype=np.uint8) for f in videos}
-    given = []
-    for requests in batches:
-        views = {f: consecutive_views(buffers[f], [len(r.indices.get(f, ())) for r in requests]) for f in videos}
-        given.append([replace(r, out={f: views[f][i] for f in r.indices}) for i, r in enumerate(requests)])
-    start, count = time.perf_counter(), 0
-    for requests in given:
-        for got in ds.source.read_many(requests):
-            count += sum(len(v) for v in got.values())
-    return count, time.perf_counter() - start
-
-
-def run_ceiling(cfg: LoaderBench, path: Path) -> dict[str, Any]:
-    """Raw decode of the same frames (same plan, same steps) in ``workers`` processes, round robin like torch."""
-    steps = _epoch_steps(_planned(cfg, path), cfg.warmup, cfg.steps)
-    workers = max(1, cfg.workers)
-    parts = [(str(path), cfg.backend, steps[w::workers], cfg) for w in range(workers)]
-    with mp.get_context("fork").Pool(workers) as pool:
-        pool.map(_decode_steps, [(p[0], p[1], steps[: workers], cfg) for p in parts[:1]] * workers)  # warm up
-        results = pool.map(_decode_steps, parts)
-    # The workers decode side by side: the slowest one's decoding time is the wall time of the ceiling.
-    seconds = max(r[1] for r in results)
-    frames = sum(r[0] for r in results)
-    return {"seconds": seconds, "frames_per_s": frames / seconds}
+# ----------------------------------------------------------------------------------------------- the baseline
 
 
 class PerSampleDataset(torch.utils.data.Dataset):
     """The baseline: each sample reads its own bytes and opens, seeks and decodes its own frames.
 
-    Its samples, prices and frames are those of mmfeed's loader (:class:`~mmfeed.loaders.items.EpisodeItems`
-    with the same window and layout): ``{feature: [K, ...], "text", "tokens"}``.
+    Its samples, prices and frames are those of mmfeed's loader (``cfg.items``: the same windows and chunks, the
+    same layout): ``{feature: [K, ...], "text", "tokens", "frames", "frames_decoded", "readers_opened"}``
+    (``frames``: video frames delivered; ``frames_decoded``: frames the decoder produced for them, GOP
+    dependencies included; ``readers_opened``: videos opened for them).
     """
 
-    def __init__(self, cfg: LoaderBench, path: Path) -> None:
+    def __init__(self, cfg: LoaderBench, path: Any) -> None:
         self.cfg = cfg
         source = open_dataset(path, backend=cfg.backend)
-        self.items = EpisodeItems(source, layout=cfg.layout(), window=cfg.window(), capacity=cfg.capacity)
+        self.items = cfg.items(source)
         self.videos = {f for f, feature in source.features.items() if feature.kind == "video"}
 
     @property
@@ -308,23 +403,39 @@ class PerSampleDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         items, source = self.items, self.items.source
+        before = decode_totals()
         ((request, _, _),) = items.requests(np.array([i]))
         arrays = {f: idx for f, idx in request.indices.items() if f not in self.videos}
         out = source.read_many([EpisodeRequest(request.episode, arrays)])[0]
+        frames = 0
         for feature, idx in request.indices.items():
             if feature in self.videos:
                 out[feature] = _decode_alone(source, request.episode, feature, idx, self.cfg.backend)
+                frames += len(idx)
         sample = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
         task = int(items.task[i])
         sample["text"] = torch.from_numpy(items.text[task] if task >= 0 else np.zeros(0, np.int32))
         sample["tokens"] = torch.tensor(int(items.tokens[i]))
+        sample["frames"] = torch.tensor(frames)
+        after = decode_totals()
+        sample["frames_decoded"] = torch.tensor(after["frames_decoded"] - before["frames_decoded"])
+        sample["readers_opened"] = torch.tensor(after["opened"] - before["opened"])
         return sample
+
+
+def leaf(source: EpisodeSource, episode: int) -> tuple[EpisodeSource, int]:
+    """The dataset of a mixture that holds ``episode``, and the episode's index in it."""
+    while hasattr(source, "sources") and hasattr(source, "_split"):
+        d, episode = source._split(int(episode))
+        source = source.sources[d]
+    return source, int(episode)
 
 
 def _decode_alone(source: EpisodeSource, episode: int, feature: str, idx: np.ndarray, backend: str) -> np.ndarray:
     """One sample's frames of one video, opened, sought and decoded on their own (a fresh open every sample)."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
+    source, episode = leaf(source, episode)
     if isinstance(source, LeRobotSource):
         path, times = source._frame_times(episode, feature, idx)
         with stage("decode"):
@@ -335,70 +446,44 @@ def _decode_alone(source: EpisodeSource, episode: int, feature: str, idx: np.nda
 
 
 def pad_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Pad every field to the batch's longest sample (what a plain torch pipeline does)."""
+    """Pad every field to the batch's longest sample (what a plain torch pipeline does); a field some samples
+    lack (a camera of the other embodiment) is empty in those samples."""
     out: dict[str, torch.Tensor] = {}
-    for key in samples[0]:
-        values = [s[key] for s in samples]
-        if values[0].dim() == 0:
+    keys = list(dict.fromkeys(k for s in samples for k in s))
+    for key in keys:
+        ref = next(s[key] for s in samples if key in s)
+        values = [s.get(key, ref.new_zeros((0, *ref.shape[1:]))) for s in samples]
+        if ref.dim() == 0:
             out[key] = torch.stack(values)
         else:
             out[key] = torch.nn.utils.rnn.pad_sequence(values, batch_first=True)
     return out
 
 
-def run_baseline(cfg: LoaderBench, path: Path) -> dict[str, Any]:
-    """torch's DataLoader, per-sample decode, pad-to-longest; batch size matched to mmfeed's token budget."""
-    ds = PerSampleDataset(cfg, path)
-    longest = int(ds.tokens.max())
-    batch_size = max(1, cfg.rows_per_batch * cfg.capacity // longest)
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=cfg.workers,
-                                         collate_fn=pad_collate, generator=torch.Generator().manual_seed(cfg.seed),
-                                         persistent_workers=cfg.workers > 0)
-    batches = _forever(loader)
-    for _ in range(cfg.warmup):
-        next(batches)
-    samples = frames = useful = slots = 0
-    start = time.perf_counter()
-    for _ in range(cfg.steps):
-        batch = next(batches)
-        n = len(batch["tokens"])
-        samples += n
-        frames += sum(batch[f].shape[0] * batch[f].shape[1] for f in cfg.video_features if f in batch)
-        useful += int(batch["tokens"].sum())
-        slots += n * int(batch["tokens"].max())
-    out = _figures(time.perf_counter() - start, samples, frames, useful, slots)
-    out["batch_size"] = batch_size
-    return out
-
-
-def run(cfg: LoaderBench) -> dict[str, Any]:
-    """All three measurements on one dataset, and their ratios."""
-    path = dataset_path(cfg)
-    results = {"mmfeed": run_mmfeed(cfg, path), "ceiling": run_ceiling(cfg, path), "baseline": run_baseline(cfg, path)}
-    m, c, b = results["mmfeed"], results["ceiling"], results["baseline"]
-    results["ratios"] = {"frames_vs_ceiling": m["frames_per_s"] / c["frames_per_s"],
-                         "useful_tokens_vs_baseline": m["tokens_per_s"] / b["tokens_per_s"],
-                         "frames_vs_baseline": m["frames_per_s"] / b["frames_per_s"]}
-    results["settings"] = asdict(cfg)
-    return results
+# ------------------------------------------------------------------------------------------------ command line
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.loader", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.loader",
+                                     description="The single-camera windowed workload through mmfeed bench's "
+                                                 "measurement: mmfeed, the decode limit and the torch baseline.")
     parser.add_argument("--format", choices=["webdataset", "lerobot"], default="webdataset")
     parser.add_argument("--codec", choices=["h264", "av1"], default=None, help="default: h264 (webdataset), av1 (lerobot)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--episode-block", type=int, default=2, help="0 = shuffle samples across the whole epoch")
+    parser.add_argument("--steps", type=int, default=None, help="batches per stretch (default: about 2.5 s of them)")
+    parser.add_argument("--episode-block", type=int, default=0, help="0 = shuffle samples across the whole epoch")
     parser.add_argument("--lerobot-style", action="store_true",
                         help="320x240 AV1 g=2, 2 history frames, 50-step chunk, about 32 samples per batch")
     parser.add_argument("--quick", action="store_true", help="tiny videos and few steps (for tests)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
-    cfg = LoaderBench(format=args.format, workers=args.workers, steps=args.steps, episode_block=args.episode_block)
+    from mmfeed.bench.run import BenchRun, render, run_bench, write_json
+
+    cfg = LoaderBench(format=args.format, episodes=10, min_length=100, max_length=160, height=240, width=320,
+                      workers=args.workers, steps=args.steps, episode_block=args.episode_block)
     if args.lerobot_style:
-        cfg = replace(cfg, format="lerobot", codec="av1", gop=2, height=240, width=320, history=2, horizon=50,
-                      tokens_per_frame=64, capacity=1024, rows_per_batch=8)
+        cfg = replace(cfg, format="lerobot", codec="av1", gop=2, history=2, horizon=50, tokens_per_frame=64,
+                      capacity=1024, rows_per_batch=8)
     if args.codec:
         cfg = replace(cfg, codec=args.codec, gop=30 if args.codec == "h264" else 2)
     elif cfg.format == "lerobot" and not args.lerobot_style:
@@ -406,18 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         cfg = replace(cfg, episodes=4, min_length=30, max_length=40, height=64, width=96, steps=4, warmup=1,
                       tokens_per_frame=16, capacity=512)
-    results = run(cfg)
-    rows = [{"run": name, **{k: results[name].get(k) for k in ("samples_per_s", "frames_per_s", "tokens_per_s",
-                                                                "packing_efficiency")}}
-            for name in ("mmfeed", "ceiling", "baseline")]
-    print(table(rows, [("run", "run"), ("samples_per_s", "samples/s"), ("frames_per_s", "frames/s"),
-                       ("tokens_per_s", "useful tokens/s"), ("packing_efficiency", "packing eff.")]))
-    r = results["ratios"]
-    print(f"\nmmfeed / ceiling (frames/s): {r['frames_vs_ceiling']:.2f}   "
-          f"mmfeed / baseline (useful tokens/s): {r['useful_tokens_vs_baseline']:.2f}   "
-          f"(frames/s: {r['frames_vs_baseline']:.2f})")
+    report = run_bench(cfg, BenchRun(repeats=1 if args.quick else 3, progress=False))
+    print(render(report))
     if args.json:
-        Path(args.json).write_text(json.dumps({**results, "environment": environment()}, indent=2, default=str))
+        write_json(report, args.json)
     return 0
 
 

@@ -1,12 +1,14 @@
-"""``mmfeed bench --plot FILE.png``: the worker-scaling curve and the stall breakdown of one bench report.
+"""How ``mmfeed bench`` shows a report: :func:`render`, the tables it prints, and ``--plot FILE.png``
+(:func:`plot_report`), the worker-scaling curve and the stall breakdown.
 
-Three panels (matplotlib, Agg backend, no display needed):
+Four panels (matplotlib, Agg backend, no display needed):
 
 1. samples/s against worker processes, mmfeed and the baseline (``--sweep workers=1,2,4``; without a sweep the
    one measured point of each);
-2. the mean training step split into compute (the simulated step) and input wait, per system, labelled with
-   the stall fraction;
-3. the worker seconds per batch of each stage (read, decode, collate), per system;
+2. the mean training step split into compute (the simulated step, in proportion to the batch's token slots) and
+   input wait, per system, labelled with the stall fraction;
+3. the worker seconds per batch of each stage (read, decode, collate), per system, and beside them the decode
+   limit of mmfeed's batches (decode and RGB conversion, plain PyAV);
 4. the phases step by step (input wait stacked on compute, one bar per step) of the stepped stretch nearest
    the median stall, per system: where stalls cluster (an epoch start, a slow shard) shows here.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "render"]
 
 _COLORS = {"mmfeed": "#1f77b4", "baseline": "#ff7f0e"}
 
@@ -53,26 +55,35 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
 
     names = list(systems)
     waits = [systems[n]["wait_s"] * 1e3 for n in names]
-    ax2.barh(names, [step_s * 1e3] * len(names), color="#999999", label="compute (simulated step)")
-    ax2.barh(names, waits, left=[step_s * 1e3] * len(names), color="#d62728", label="input wait")
+    steps = report["details"].get("per_step") or {}
+    # the simulated step grows with a batch's token slots: each system's mean step of its stepped stretch
+    computes = [1e3 * (sum(steps[n]["compute_s"]) / len(steps[n]["compute_s"]) if steps.get(n, {}).get("compute_s")
+                       else step_s) for n in names]
+    ax2.barh(names, computes, color="#999999", label="compute (simulated step)")
+    ax2.barh(names, waits, left=computes, color="#d62728", label="input wait")
     for i, n in enumerate(names):
-        ax2.text(step_s * 1e3 + waits[i], i, f" stall {systems[n]['stall_fraction']:.1%}", va="center")
+        ax2.text(computes[i] + waits[i], i, f" stall {systems[n]['stall_fraction']:.1%}", va="center")
     ax2.invert_yaxis()
     ax2.set_xlabel("ms per step")
     ax2.set_title("where a step goes")
     ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8, frameon=False)
-    ax2.set_xlim(0, (step_s * 1e3 + max(waits, default=0)) * 1.35 or 1)
+    ax2.set_xlim(0, max((c + w for c, w in zip(computes, waits)), default=0) * 1.35 or 1)
 
-    stages = sorted({s for n in names for s in systems[n]["stage_s"]})
-    left = [0.0] * len(names)
+    per_batch = {n: dict(systems[n]["stage_s"]) for n in names}
+    breakdown = report["details"].get("breakdown")
+    if breakdown:  # the decode limit of mmfeed's batches: what decoding (and converting) them takes at least
+        per_batch["limit"] = {"decode": breakdown["limit_decode_s"], "convert": max(breakdown["limit_convert_s"], 0)}
+    rows = list(per_batch)
+    stages = sorted({s for n in rows for s in per_batch[n]})
+    left = [0.0] * len(rows)
     palette = ["#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2"]
     for k, stage in enumerate(stages):
-        values = [systems[n]["stage_s"].get(stage, 0.0) * 1e3 for n in names]
-        ax3.barh(names, values, left=left, color=palette[k % len(palette)], label=stage)
+        values = [per_batch[n].get(stage, 0.0) * 1e3 for n in rows]
+        ax3.barh(rows, values, left=left, color=palette[k % len(palette)], label=stage)
         left = [a + b for a, b in zip(left, values)]
     ax3.invert_yaxis()
     ax3.set_xlabel("worker ms per batch")
-    ax3.set_title("stage breakdown (worker time per batch)")
+    ax3.set_title("stage breakdown (worker time per batch; limit: plain PyAV on mmfeed's batches)", fontsize=9)
     if stages:
         ax3.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=len(stages), fontsize=8, frameon=False)
 
@@ -100,3 +111,89 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _fmt(value: float | None, kind: str) -> str:
+    if value is None:
+        return ""
+    if kind == "pct":
+        return f"{value:.1%}"
+    if kind == "ms":
+        return f"{value * 1e3:.2f}"
+    if kind == "x":
+        return f"{value:.2f}x"
+    return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+
+
+def _range(report: dict[str, Any], name: str, key: str) -> str:
+    got = report["details"].get("spread", {}).get(name, {}).get(key)
+    return "" if not got or got["range"] is None else f"{got['range']:.1%}"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The tables ``mmfeed bench`` prints: every figure of mmfeed and the baseline, their spread over the repeats
+    ((max - min) / median) and their ratio; the decode limit; where a batch's worker time goes."""
+    from mmfeed.bench.common import table
+
+    base = report["baseline"]
+    rows = [("samples/s", "samples_per_s", ""), ("useful tokens/s", "tokens_per_s", ""),
+            ("delivered frames/s", "delivered_frames_per_s", ""), ("decoded frames/s", "decoded_frames_per_s", ""),
+            ("packing efficiency", "packing_efficiency", "pct"), ("padding fraction", "padding_fraction", "pct"),
+            ("stall fraction", "stall_fraction", "pct"), ("wait per step (ms)", "wait_s", "ms")]
+    out = []
+    for label, key, kind in rows:
+        ours, theirs = report.get(key), base.get(key)
+        ratio = report["ratios"].get(key) if key in report["ratios"] else (
+            ours / theirs if ours is not None and theirs else None)
+        out.append({"figure": label, "mmfeed": _fmt(ours, kind), "m_spread": _range(report, "mmfeed", key),
+                    "baseline": _fmt(theirs, kind), "b_spread": _range(report, "baseline", key),
+                    "ratio": _fmt(ratio, "x")})
+    for name in sorted(set(report["stage_s"]) | set(base["stage_s"])):
+        ours, theirs = report["stage_s"].get(name), base["stage_s"].get(name)
+        out.append({"figure": f"{name} (ms/batch, workers)", "mmfeed": _fmt(ours, "ms"),
+                    "baseline": _fmt(theirs, "ms"), "ratio": _fmt(ours / theirs if ours and theirs else None, "x")})
+    s, d = report["settings"], report["details"]
+    step = (f"{d['step_s'] * 1e3:.1f} ms ({s['load_fraction']:.0%} of mmfeed's capacity)"
+            if s["step_ms"] is None else f"{d['step_s'] * 1e3:.1f} ms (--step-ms)")
+    what = ("given dataset" if s["format"] == "given" else
+            " + ".join(f"{e['name']} ({len(e['cameras'])} cam {e['width']}x{e['height']})" for e in s["embodiments"])
+            or f"{s['width']}x{s['height']} {s['codec']}")
+    kinds = "windows + world-model chunks" if s["chunk_steps"] else "windows"
+    head = (f"mmfeed bench: {s['data']}\n  {what}, {kinds}, {s['workers']} workers, capacity {s['capacity']} x "
+            f"{s['rows_per_batch']} rows (baseline batch {s['baseline_batch_size']}), episode_block "
+            f"{s['episode_block']}, step {step}; median of {s['repeats']} interleaved stretches "
+            f"({d['steps']['mmfeed']} mmfeed / {d['steps']['baseline']} baseline batches)")
+    text = [head, "", table(out, [("figure", "figure"), ("mmfeed", "mmfeed"), ("m_spread", "spread"),
+                                  ("baseline", "baseline"), ("b_spread", "spread"), ("ratio", "mmfeed/baseline")])]
+    paired = d.get("paired_ratios")
+    if paired:
+        text.append("\nmmfeed / baseline round by round (each round both loaders in turn): " + "; ".join(
+            f"{label} " + ", ".join(f"{v:.2f}x" for v in paired[k]) for label, k in
+            (("useful tokens/s", "tokens_per_s"), ("samples/s", "samples_per_s"))))
+    if report.get("decode_limit_frames_per_s") is not None:
+        lim, b = d["limit"], d["breakdown"]
+        text.append(f"\ndecode limit ({lim['processes']} processes, plain PyAV, the same batches): "
+                    f"{report['decode_limit_frames_per_s']:.4g} delivered frames/s with RGB conversion "
+                    f"(spread {_range(report, 'mmfeed', 'decode_limit_frames_per_s')}), "
+                    f"{report['decode_limit_raw_frames_per_s']:.4g} without; {lim['decoded_frames_per_s']:.4g} "
+                    f"decoded frames/s ({lim['decoded_per_delivered']:.2f} decoded per delivered frame)\n"
+                    f"mmfeed delivers {report['limit_fraction']:.1%} of the limit "
+                    f"(spread {_range(report, 'mmfeed', 'limit_fraction')})")
+        parts = [("limit: decode (seek + demux + decode)", b["limit_decode_s"]),
+                 ("limit: RGB conversion", b["limit_convert_s"]), ("  of which seeking", b["limit_seek_s"]),
+                 *[(f"mmfeed stage {k[6:-2]}", v) for k, v in b.items() if k.startswith("stage_")],
+                 ("  decode stage beyond the limit", b["decode_beyond_limit_s"]),
+                 (f"    of which reopening videos ({report['readers_opened_per_batch']:.2g} per batch, "
+                  f"{lim['open_s'] * 1e3:.1f} ms each)", b["reopen_s"]),
+                 ("unstaged worker time (plan, requests, send to main, idle)", b["unstaged_s"]),
+                 (f"worker budget ({s['workers']} workers x wall per batch)", b["worker_budget_s"])]
+        text.append("\nwhere a batch goes (worker ms per mmfeed batch, capacity stretches):")
+        text.append(table([{"part": p, "ms": _fmt(v, "ms")} for p, v in parts], [("part", "part"), ("ms", "ms")]))
+    text.append(f"\nbottleneck: {report['bottleneck']['recommendation']}")
+    if "sweep" in report:
+        sw = report["sweep"]
+        text.append("workers scaling (samples/s): " + ", ".join(
+            f"{w}: {a:.4g} vs {b:.4g}" for w, a, b in zip(sw["workers"], sw["mmfeed"]["samples_per_s"],
+                                                           sw["baseline"]["samples_per_s"])))
+    text.append(f"({d['wall_s']['total']:.1f} s)")
+    return "\n".join(text)

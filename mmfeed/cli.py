@@ -34,7 +34,7 @@ NAMED_BENCHMARKS = {
     "packing": ("mmfeed.bench.packing", "bin packing, lower-bound gap, online packing, rank balance"),
     "stall": ("mmfeed.bench.stall", "input stall at 80% of capacity, mmfeed vs torch's DataLoader"),
     "decode": ("mmfeed.bench.decode", "video decode backends and GOP-aware batch decode"),
-    "loader": ("mmfeed.bench.loader", "the loader beside its decode ceiling and a torch baseline"),
+    "loader": ("mmfeed.bench.loader", "the one-camera windowed workload beside the decode limit and torch"),
     "scaling": ("mmfeed.bench.scaling", "the epoch plan from 8 to 1024 ranks: steps, drops, balance"),
     "scale": ("mmfeed.bench.scale", "planning cost and memory up to 1e8 samples and 4096 ranks, block masks"),
     "convert": ("mmfeed.bench.convert", "mmfeed convert throughput: local processes and Ray"),
@@ -114,11 +114,19 @@ def _bench(args: argparse.Namespace) -> int:
     cfg = QUICK_DATASET if args.quick else DEFAULT_DATASET
     codec = args.codec or ("av1" if args.format == "lerobot" else "h264")
     cfg = replace(cfg, format=args.format, codec=codec, gop=30 if codec == "h264" else 2, backend=args.backend)
-    for field in ("episodes", "capacity", "workers", "steps", "rows_per_batch", "tokens_per_frame", "seed"):
+    for field in ("episodes", "capacity", "workers", "steps", "rows_per_batch", "tokens_per_frame", "seed",
+                  "episode_block"):
         if getattr(args, field) is not None:
             cfg = replace(cfg, **{field: getattr(args, field)})
-    if args.size is not None:
-        cfg = replace(cfg, width=args.size[0], height=args.size[1])
+    if args.chunk_steps is not None:
+        cfg = replace(cfg, chunk_steps=args.chunk_steps or None)
+    if args.size is not None:  # the first embodiment's frame size; the others keep their size relative to it
+        width, height = args.size
+        first = cfg.embodiments[0] if cfg.embodiments else cfg
+        scale = (width / first.width, height / first.height)
+        even = lambda v: max(2, 2 * round(v / 2))  # noqa: E731 (H.264 wants even sizes)
+        cfg = replace(cfg, width=width, height=height, embodiments=tuple(
+            replace(e, width=even(e.width * scale[0]), height=even(e.height * scale[1])) for e in cfg.embodiments))
     if args.steps is not None:
         cfg = replace(cfg, warmup=max(1, min(cfg.warmup, args.steps)))
     device = args.device
@@ -126,7 +134,8 @@ def _bench(args: argparse.Namespace) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    run = BenchRun(data=args.data, repeats=args.repeats, step_ms=args.step_ms, device=device,
+    run = BenchRun(data=args.data, repeats=args.repeats, stretch_s=args.stretch_s, step_ms=args.step_ms,
+                   lead_s=0.0 if args.quick else BenchRun.lead_s, device=device, limit=not args.no_limit,
                    sweep=args.sweep or (), progress=not args.no_progress)
     report = run_bench(cfg, run)
     print(render(report))
@@ -217,13 +226,19 @@ def _inspect(args: argparse.Namespace) -> int:
 def _bench_parser(sub: argparse._SubParsersAction) -> None:
     names = ", ".join(f"`mmfeed bench {n}`: {h}" for n, (_, h) in NAMED_BENCHMARKS.items())
     p = sub.add_parser(
-        "bench", help="benchmark the loader against torch's DataLoader (mmfeed bench packing: the packer)",
-        description="Benchmark mmfeed's loader on a small synthetic robot dataset (synthesized once, cached under "
-                    "$MMFEED_CACHE or ~/.cache/mmfeed) or on --data PATH, with a simulated training step, beside "
-                    "torch's DataLoader with per-sample decode and pad-to-longest batches, in the same process. "
-                    "Prints one table: samples/s, useful tokens/s, decoded frames/s, packing efficiency, stall "
-                    "fraction, the per-stage worker time, both systems and their ratio. Figures are medians of "
-                    f"--repeats stretches of --steps batches. Other benchmarks: {names} (each has its own --help).",
+        "bench", help="benchmark the loader against torch's DataLoader and the decode limit (mmfeed bench packing: "
+                      "the packer)",
+        description="Benchmark mmfeed's loader on a variable-length robot workload (a synthetic mixture of two "
+                    "embodiments, one and two cameras at other sizes and rates, windowed policy samples beside "
+                    "whole-episode world-model chunks, tasks of 5-600 bytes; synthesized once, cached under "
+                    "$MMFEED_CACHE or ~/.cache/mmfeed) or on --data PATH, beside torch's DataLoader with per-sample "
+                    "decode and pad-to-longest batches, both reading the same samples shuffled across the epoch, "
+                    "measured stretch by stretch in turn in one process, and beside the decode limit (the frames "
+                    "the batches need, GOP dependencies included, decoded by plain PyAV in as many processes). "
+                    "Prints samples/s, useful tokens/s, delivered and decoded frames/s, packing efficiency, "
+                    "padding fraction, stall fraction under a simulated step, the per-stage worker time, the "
+                    "fraction of the limit mmfeed delivers and where a batch's time goes. Figures are medians of "
+                    f"--repeats stretches, their spread shown. Other benchmarks: {names} (each has its own --help).",
         epilog=EPILOG)
     p.add_argument("benchmark", nargs="?", choices=sorted(NAMED_BENCHMARKS), metavar="NAME",
                    help=f"run a named benchmark instead: {', '.join(sorted(NAMED_BENCHMARKS))}")
@@ -233,20 +248,28 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="format of the synthetic dataset (default webdataset)")
     p.add_argument("--codec", choices=["h264", "av1"], default=None,
                    help="codec of the synthetic dataset (default h264; av1 for --format lerobot, as LeRobot)")
-    p.add_argument("--episodes", type=INT1, help="episodes of the synthetic dataset (default 10)")
-    p.add_argument("--size", type=_size, metavar="WxH", help="frame size of the synthetic dataset (default 320x240)")
+    p.add_argument("--episodes", type=INT1, help="episodes of each embodiment of the synthetic dataset (default 8)")
+    p.add_argument("--size", type=_size, metavar="WxH", help="frame size of the first embodiment's camera (default "
+                   "320x240; the other embodiment's cameras scale alike from 256x192)")
     p.add_argument("--capacity", type=INT1, help="tokens per packed row (default 8192)")
     p.add_argument("--rows-per-batch", type=INT1, help="packed rows per batch (default 2)")
     p.add_argument("--tokens-per-frame", type=INT1, help="tokens one frame costs (default 256)")
-    p.add_argument("--workers", type=INT0, help="worker processes of both loaders (default 2)")
+    p.add_argument("--chunk-steps", type=INT0, help="longest whole-episode world-model chunk in steps, beside the "
+                   "windows (default 32; 0: windows only)")
+    p.add_argument("--episode-block", type=INT0, help="0 (default): mmfeed shuffles samples across the whole epoch, "
+                   "as the baseline's sampler does; N: each batch from blocks of N episodes (mmfeed's locality)")
+    p.add_argument("--workers", type=INT0, help="worker processes of both loaders (and of the decode limit; default 2)")
     p.add_argument("--backend", choices=["auto", "decord", "pyav"], default="auto", help="video decode backend")
-    p.add_argument("--steps", type=INT1, help="batches per measured stretch (default 16)")
+    p.add_argument("--steps", type=INT1, help="batches per measured stretch (default: as many as --stretch-s takes)")
+    p.add_argument("--stretch-s", type=NUM0, default=2.5, help="seconds of one measured stretch when --steps is not "
+                   "given (default 2.5)")
     p.add_argument("--repeats", type=INT1, default=3, help="measured stretches per figure, median reported (default 3)")
     p.add_argument("--step-ms", type=NUM0, default=None,
                    help="simulated training step in ms (default: 1 / (0.8 x mmfeed's measured capacity))")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where mmfeed's prefetcher puts batches (default cuda if available, else cpu)")
     p.add_argument("--seed", type=INT0, help="seed of the synthetic data and the plan (default 0)")
+    p.add_argument("--no-limit", action="store_true", help="do not measure the decode limit")
     p.add_argument("--json", metavar="FILE", help="write every figure, the settings and the environment as JSON "
                    "(input of `mmfeed compare`)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the worker-scaling curve and the stall breakdown")

@@ -17,7 +17,8 @@ import procs
 
 COMMANDS = ("bench", "compare", "synth", "index", "inspect", "convert")
 CAM = "observation.images.cam_high"
-FIGURES = ("samples_per_s", "tokens_per_s", "frames_per_s", "stall_fraction", "packing_efficiency", "wait_s")
+FIGURES = ("samples_per_s", "tokens_per_s", "frames_per_s", "stall_fraction", "packing_efficiency", "wait_s",
+           "padding_fraction", "delivered_frames_per_s", "decoded_frames_per_s")
 TINY = ("--size", "96x64", "--min-length", "20", "--max-length", "30")
 # quick bench settings sized for the tiny dataset: 16 tokens per frame -> about 90 tokens per sample
 QUICK_BENCH = ("--quick", "--no-progress", "--capacity", "512", "--tokens-per-frame", "16")
@@ -227,8 +228,25 @@ def _assert_figures(node: dict, where: str) -> None:
     for key in FIGURES:
         assert isinstance(node.get(key), (int, float)) and np.isfinite(node[key]), f"{where}.{key}: {node.get(key)}"
     assert 0 <= node["stall_fraction"] <= 1 and 0 < node["packing_efficiency"] <= 1
+    assert node["padding_fraction"] == pytest.approx(1 - node["packing_efficiency"])
     assert node["samples_per_s"] > 0 and node["tokens_per_s"] > node["samples_per_s"]
+    assert node["delivered_frames_per_s"] == node["frames_per_s"] > 0 and node["decoded_frames_per_s"] > 0
     assert "decode" in node["stage_s"] and all(isinstance(v, float) and v >= 0 for v in node["stage_s"].values())
+
+
+# a report as `mmfeed bench --json` wrote it at schema version 1 (mmfeed and baseline one after the other)
+V1_REPORT = {
+    "benchmark": "mmfeed bench", "schema_version": 1, "samples_per_s": 700.0, "tokens_per_s": 770000.0,
+    "frames_per_s": 2800.0, "packing_efficiency": 0.93, "stall_fraction": 0.2, "wait_s": 0.007,
+    "stage_s": {"collate": 0.0008, "decode": 0.06, "read": 1e-05},
+    "repeats": {"samples_per_s": [690.0, 700.0, 720.0], "stage_s.decode": [0.059, 0.06, 0.062]},
+    "baseline": {"name": "torch", "samples_per_s": 110.0, "tokens_per_s": 120000.0, "frames_per_s": 437.0,
+                 "packing_efficiency": 0.999, "stall_fraction": 0.79, "wait_s": 0.1, "batch_size": 14,
+                 "stage_s": {"collate": 0.006, "decode": 0.27}, "repeats": {"samples_per_s": [100.0, 110.0, 112.0]}},
+    "ratios": {"samples_per_s": 6.4, "tokens_per_s": 6.4, "frames_per_s": 6.4, "packing_efficiency": 0.93,
+               "stall_fraction": 0.27},
+    "bottleneck": {"recommendation": "more workers"}, "settings": {"workers": 2, "episode_block": 2},
+    "environment": {"git_revision": "f225c8a"}, "details": {"step_s": 0.025}}
 
 
 def test_bench_on_given_shards_writes_the_json_schema_and_a_plot(shards, tmp_path):
@@ -236,27 +254,50 @@ def test_bench_on_given_shards_writes_the_json_schema_and_a_plot(shards, tmp_pat
     out = mmfeed("bench", "--data", str(shards), *QUICK_BENCH, "--repeats", "2", "--json", str(report),
                  "--plot", str(plot))
     assert out.returncode == 0, out.stderr
-    for text in ("samples/s", "useful tokens/s", "decoded frames/s", "packing efficiency", "stall fraction",
-                 "decode (ms/batch", "mmfeed/baseline"):
+    for text in ("samples/s", "useful tokens/s", "delivered frames/s", "decoded frames/s", "packing efficiency",
+                 "padding fraction", "stall fraction", "decode (ms/batch", "mmfeed/baseline", "spread",
+                 "decode limit", "of the limit", "where a batch goes"):
         assert text in out.stdout
     doc = json.loads(report.read_text())
+    assert doc["schema_version"] == 2
     _assert_figures(doc, "report")
     _assert_figures(doc["baseline"], "baseline")
     assert doc["ratios"]["samples_per_s"] == pytest.approx(doc["samples_per_s"] / doc["baseline"]["samples_per_s"])
     assert all(len(v) == 2 for v in doc["repeats"].values())
     assert doc["samples_per_s"] == pytest.approx(float(np.median(doc["repeats"]["samples_per_s"])))
+    # the decode limit of the same batches, with and without conversion, and mmfeed's share of it round by round
+    assert doc["decode_limit_frames_per_s"] > 0 and doc["decode_limit_raw_frames_per_s"] > 0
+    assert doc["limit_fraction"] == pytest.approx(float(np.median(doc["repeats"]["limit_fraction"])))
+    d = doc["details"]
+    rounds = [doc["repeats"]["delivered_frames_per_s"][k] / doc["repeats"]["decode_limit_frames_per_s"][k]
+              for k in range(2)]
+    assert doc["repeats"]["limit_fraction"] == pytest.approx(rounds)
+    assert d["limit"]["decoded_per_delivered"] >= d["limit"]["wanted_per_delivered"] > 0  # GOP dependencies
+    spread = d["spread"]["mmfeed"]["tokens_per_s"]
+    assert spread["min"] <= doc["tokens_per_s"] <= spread["max"]
+    assert spread["range"] == pytest.approx((spread["max"] - spread["min"]) / doc["tokens_per_s"])
+    assert len(d["paired_ratios"]["tokens_per_s"]) == 2
     s = doc["settings"]
-    assert (s["workers"], s["capacity"], s["repeats"], s["data"]) == (2, 512, 2, str(shards))
+    assert (s["workers"], s["capacity"], s["repeats"], s["data"], s["episode_block"]) == (2, 512, 2, str(shards), 0)
     assert (s["videos"], s["state"], s["action"]) == ([CAM], "observation.state", "action")  # read by name
     env = doc["environment"]
     assert env["cpu_count"] >= 1 and "torch" in env["versions"] and "git_revision" in env
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    per_step = doc["details"]["per_step"]  # what the plot's step-by-step panel draws
+    per_step = d["per_step"]  # what the plot's step-by-step panel draws
+    assert d["slot_fraction"]["mmfeed"] == 1.0 and 0 < d["slot_fraction"]["baseline"] <= 1
     for name in ("mmfeed", "baseline"):
         assert len(per_step[name]["wait_s"]) == len(per_step[name]["compute_s"]) == s["steps"]
-        assert min(per_step[name]["compute_s"]) >= doc["details"]["step_s"] * 0.9  # the simulated step is compute
+        # the simulated step of a batch is in proportion to its token slots (padding included)
+        mean = sum(per_step[name]["compute_s"]) / len(per_step[name]["compute_s"])
+        assert mean >= d["step_s"] * d["slot_fraction"][name] * 0.9
     same = mmfeed("compare", str(report), str(report))
     assert same.returncode == 0, same.stdout + same.stderr
+    old = tmp_path / "v1.json"  # a report of schema version 1 compares with this one, both ways
+    old.write_text(json.dumps(V1_REPORT))
+    for base, new in ((old, report), (report, old)):
+        got = mmfeed("compare", str(base), str(new))
+        assert got.returncode in (0, 1), got.stdout + got.stderr
+        assert "samples_per_s" in got.stdout and "padding_fraction" in got.stdout
 
 
 def test_plain_bench_synthesizes_its_dataset_into_the_cache_and_sweeps_workers(tmp_path):
@@ -265,14 +306,104 @@ def test_plain_bench_synthesizes_its_dataset_into_the_cache_and_sweeps_workers(t
     out = mmfeed("bench", "--quick", "--no-progress", "--repeats", "1", "--workers", "1", "--sweep", "workers=0,1",
                  "--json", str(report), cache=cache)
     assert out.returncode == 0, out.stderr
-    (dataset,) = (cache / "bench").iterdir()
-    assert (dataset / ".complete").exists() and (dataset / "mmfeed-index.parquet").exists()
+    datasets = sorted((cache / "bench").iterdir())  # one dataset per embodiment: the mixture
+    assert len(datasets) == 2
+    assert all((d / ".complete").exists() and (d / "mmfeed-index.parquet").exists() for d in datasets)
     doc = json.loads(report.read_text())
     _assert_figures(doc, "report")
+    assert sorted(doc["settings"]["data"]) == [str(d) for d in datasets]
+    assert [e["cameras"] for e in doc["settings"]["embodiments"]] == [["cam_high"], ["cam_front", "cam_wrist"]]
     sweep = doc["sweep"]
     assert sweep["workers"] == [0, 1]
     assert len(sweep["mmfeed"]["samples_per_s"]) == len(sweep["baseline"]["samples_per_s"]) == 2
     assert sweep["mmfeed"]["samples_per_s"][1] == doc["samples_per_s"]  # the main run is the workers=1 point
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory):
+    """The quick workload's two embodiments (one camera; two cameras at another size, one at 15 fps)."""
+    from mmfeed.bench.loader import write_synthetic
+    from mmfeed.bench.run import QUICK_DATASET
+
+    root = tmp_path_factory.mktemp("mixture")
+    paths = [str(write_synthetic(root / f"e{k}", d, processes=1)) for k, d in enumerate(QUICK_DATASET.datasets())]
+    return QUICK_DATASET, paths
+
+
+def test_the_workload_mixes_embodiments_and_puts_world_model_chunks_beside_windows(mixture):
+    from mmfeed.bench.loader import PerSampleDataset, WindowsAndChunks
+    from mmfeed.loaders import open_dataset
+
+    cfg, paths = mixture
+    source = open_dataset(paths)
+    items = cfg.items(source)
+    assert isinstance(items, WindowsAndChunks)
+    chunk = items.is_chunk
+    assert chunk.any() and (~chunk).any() and set(source.dataset_of[items.episode].tolist()) == {0, 1}
+    assert items.tokens[chunk].max() > items.tokens[~chunk].max()  # chunks are the long samples
+    high, front, wrist = (f"observation.images.{c}" for c in ("cam_high", "cam_front", "cam_wrist"))
+    for s, (request, _, _) in enumerate(items.requests(np.arange(len(items)))):
+        cameras = {high} if source.dataset_of[items.episode[s]] == 0 else {front, wrist}
+        assert {f for f in request.indices if f.startswith("observation.images.")} == cameras
+        steps = len(request.indices["action"])
+        if chunk[s]:  # every step of the chunk; the 15 fps camera has half the frames of the 30 fps ones
+            assert steps == len(request.indices["observation.state"]) == items.length[s]
+            if front in cameras:
+                assert len(request.indices[front]) == pytest.approx(steps / 2, abs=1)
+                assert len(request.indices[wrist]) == steps
+        else:  # a window: history frames of each camera, the state at the anchor, the action chunk
+            assert steps == cfg.horizon and len(request.indices["observation.state"]) == 1
+            assert all(len(request.indices[c]) == cfg.history for c in cameras)
+    baseline = PerSampleDataset(cfg, paths)  # the very same samples and prices
+    assert np.array_equal(baseline.tokens, items.tokens)
+    ds = cfg.planned(source)
+    batch = ds[0, 0]
+    got = batch.metadata["sample"].numpy()
+    assert batch.num_documents == len(got) and int((batch.document_ids >= 0).sum()) == int(items.tokens[got].sum())
+
+
+def test_decoded_frames_counted_per_batch_are_the_limits_plan_of_that_batch(mixture):
+    """mmfeed's count (decode_totals in the worker) equals the frames the limit's plan decodes: per video the
+    batch's frames from their keyframes; the baseline's per-sample count likewise for each sample."""
+    import av
+
+    from mmfeed.bench.limit import _Video, batch_work, decode_work
+    from mmfeed.bench.loader import PerSampleDataset
+    from mmfeed.bench.run import _Counted
+    from mmfeed.loaders import open_dataset
+
+    cfg, paths = mixture
+
+    def plan(work):
+        total = 0
+        for _, video, targets in work:
+            v = _Video(video)
+            total += decode_work(v, targets, convert=False)[0]
+            v.close()
+        return total
+
+    decoded = wanted = 0
+    for step in range(3):
+        ds = cfg.planned(open_dataset(paths), dataset=_Counted)  # a fresh source: no reader open yet
+        batch = ds[0, step]
+        work, delivered = batch_work(ds.items, batch.metadata["sample"].numpy())
+        assert delivered == sum(len(batch.data[f]) for f in cfg.video_features if f in batch.data)
+        assert batch.metadata["frames_decoded"] == plan(work)
+        assert batch.metadata["readers_opened"] == len(work)
+        decoded += batch.metadata["frames_decoded"]
+        wanted += sum(len(t) for _, _, t in work)
+    assert decoded > wanted  # the GOP dependencies: frames before the wanted ones, back to their keyframes
+    baseline = PerSampleDataset(cfg, paths)
+    for i in (0, len(baseline) - 1):  # a window and a chunk
+        sample = baseline[i]
+        work, delivered = batch_work(baseline.items, np.array([i]))
+        assert int(sample["frames"]) == delivered and int(sample["frames_decoded"]) == plan(work)
+    v = _Video(work[0][1])  # the limit's conversion is the array frame.to_ndarray(format="rgb24") gives
+    frame = next(v.container.decode(v.stream))
+    assert isinstance(frame, av.VideoFrame)
+    assert np.array_equal(v.reformatter.reformat(frame, format="rgb24", width=frame.width,
+                                                 height=frame.height).to_ndarray(), frame.to_ndarray(format="rgb24"))
+    v.close()
 
 
 def test_decode_totals_count_the_frames_the_decoder_produced_gop_dependencies_included(tmp_path):
