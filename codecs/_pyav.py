@@ -62,7 +62,6 @@ class PyAVReader:
         self._size = size
         self.frame_format = frame_format
         self.colour: tuple[str, bool] | None = None  # yuv420: (matrix, full_range) of the frames, once one is seen
-        self._convert = self._rgb if frame_format == "rgb24" else self._yuv
         self._container = open_container(source)
         if not self._container.streams.video:
             self._container.close()
@@ -103,7 +102,9 @@ class PyAVReader:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order; ``frame`` is an
         ``[H, W, 3]`` (yuv420: ``[H * 3 // 2, W]``) uint8 array that is valid only during the call (copy what you
         keep)."""
-        convert = self._convert
+        # A local bound method: one kept on the reader would make a reference cycle, and a reader freed by the
+        # cyclic collector may be freed in a forked worker, whose copy of swscale's threads never answers.
+        convert = self._rgb if self.frame_format == "rgb24" else self._yuv
         for k, target in enumerate(indices.tolist()):
             sink(k, convert(self._decode_one(int(target))))
 
