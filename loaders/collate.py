@@ -2,7 +2,8 @@
 
 Each sample becomes one document; its pieces follow the token layout (:mod:`mmfeed.packing.layout`) and each
 feature's payload is flat over the batch in the order its tokens appear: ``data[feature]`` ``[n, *shape]``
-(video frames stay uint8 ``[n, H, W, 3]`` all the way to the device), ``data["text"]`` int32 ``[n]`` and
+(video frames stay uint8 ``[n, H, W, 3]``, or I420 planes ``[n, H * 3 // 2, W]`` from a source opened with
+``frame_format="yuv420"``, all the way to the device), ``data["text"]`` int32 ``[n]`` and
 ``data[f"{feature}_is_pad"]`` bool ``[n]`` beside each feature (LeRobot's convention for clamped times).
 ``metadata`` holds per-document ``sample``, ``episode``, ``start_step``, ``start_time`` (seconds) and, for a
 mixture, ``dataset``.
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy, SampleError
 from mmfeed.loaders.shm import pooled_buffer
 from mmfeed.loaders.sources.base import EpisodeSource
@@ -176,7 +178,8 @@ def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) 
         if len(shapes) != 1 or None in shapes:
             continue
         counts = [len(r.indices[feature]) for r in requests]
-        buffer = _alloc(feature, (sum(counts), *next(iter(shapes)), 3))
+        step = frame_step_shape(*next(iter(shapes)), source.features[feature].frame_format or "rgb24")
+        buffer = _alloc(feature, (sum(counts), *step))
         view = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
         start = 0
         for out, n in zip(outs, counts):

@@ -18,8 +18,10 @@ def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
     A list of tar shards is one dataset; a list of datasets (directories, index files, or sources already open)
     is a mixture of them (:class:`~mmfeed.loaders.sources.concat.ConcatSource`; ``Packing(weights=...)`` weighs
     it). Keyword arguments go to each source: ``backend="pyav"``, ``frame_size=(H, W)`` (or ``{feature: (H, W)}``)
-    to resize frames inside the decoder. ``len(ds)`` is the number of episodes, ``ds.features`` every feature
-    under its own name, ``ds.stats`` their statistics and ``ds.episode(i)`` one whole episode::
+    to resize frames inside the decoder, ``frame_format="yuv420"`` to deliver frames as I420 planes
+    ``[H * 3 // 2, W]`` (half the bytes of RGB, no colour conversion in the workers; convert them on the device
+    with :func:`mmfeed.codecs.colour.yuv420_to_rgb`). ``len(ds)`` is the number of episodes, ``ds.features``
+    every feature under its own name, ``ds.stats`` their statistics and ``ds.episode(i)`` one whole episode::
 
         ds = open_dataset("shards/")                      # doctest: +SKIP
         ds.features["observation.state"]                  # doctest: +SKIP

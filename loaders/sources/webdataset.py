@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from mmfeed.codecs.arrays import load_npy
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
@@ -79,26 +80,31 @@ class WebDatasetSource(EpisodeSource):
     backend: video backend for ``mmfeed.codecs`` ("auto" is PyAV).
     frame_size: ``(H, W)`` for every video feature, or ``{feature: (H, W)}``, resized inside the decoder;
         ``features`` then report the resized shape.
+    frame_format: ``"rgb24"`` (frames uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, half
+        the bytes, converted on the device by :func:`mmfeed.codecs.colour.yuv420_to_rgb`; PyAV only).
     cache_episodes: how many episodes' member bytes a worker keeps (consecutive samples of one episode reuse them).
     check_index: refuse an index whose shards changed size or mtime since indexing.
     """
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *, backend: str = "auto",
-                 frame_size: FrameSize = None, cache_episodes: int = 8, check_index: bool = True) -> None:
+                 frame_size: FrameSize = None, frame_format: str = "rgb24", cache_episodes: int = 8,
+                 check_index: bool = True) -> None:
         if isinstance(cache_episodes, bool) or not isinstance(cache_episodes, int) or cache_episodes < 1:
             raise ValueError(f"cache_episodes must be an int >= 1, got {cache_episodes!r}")
-        DecodeOptions(backend=backend)  # an unknown backend fails now, not at the first read
-        self.backend, self.cache_episodes = backend, cache_episodes
+        # an unknown backend or frame format (or decord asked for yuv420) fails now, not at the first read
+        DecodeOptions(backend=backend, frame_format=frame_format)
+        self.backend, self.cache_episodes, self.frame_format = backend, cache_episodes, frame_format
         arrays, index_path, indexed = _open_index(path, check_index)
         self._from_arrays(arrays, index_path, str(index_path if indexed else path), frame_size)
 
     @classmethod
     def from_memory(cls, name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]], *, backend: str = "auto",
-                    frame_size: FrameSize = None) -> WebDatasetSource:
+                    frame_size: FrameSize = None, frame_format: str = "rgb24") -> WebDatasetSource:
         """The episodes ``(key, {member name after the key: bytes})`` held in memory (a stream's, as
         :func:`~mmfeed.loaders.sources.tar.iter_shard` yields them), read exactly as indexed shards are."""
         self = cls.__new__(cls)
-        self.backend, self.cache_episodes = backend, max(1, len(episodes))
+        DecodeOptions(backend=backend, frame_format=frame_format)
+        self.backend, self.cache_episodes, self.frame_format = backend, max(1, len(episodes)), frame_format
         self._from_arrays(IndexArrays(derive(memory_table(name, episodes))), name, name, frame_size)
         self._held = [dict(members) for _, members in episodes]
         return self
@@ -114,14 +120,29 @@ class WebDatasetSource(EpisodeSource):
         kinds = {f: c["kind"] for f, c in arrays.features.items()}
         self._sizes = _frame_sizes(frame_size, kinds)
         self._bind()
-        self.features = {f: Feature(c["kind"], c["dtype"], self._sizes[f] + (3,) if self._sizes.get(f) else c["shape"],
-                                    float(c["fps"][0])) for f, c in arrays.features.items()}
+        self.features = {f: self._feature(f, c) for f, c in arrays.features.items()}
         self.stats = dataset_stats(pa.table({}).replace_schema_metadata({"mmfeed": arrays.metadata}))
         self._bytes = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> member bytes
         self._arrays = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> decoded array
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
         self._checked: set[tuple[int, str]] = set()
         self._lock = threading.Lock()  # guards _videos and _checked: one source may serve loaders in several threads
+
+    def _feature(self, name: str, column: Mapping) -> Feature:
+        """The Feature of one index column: video frames at their decode size, in the source's frame format."""
+        if column["kind"] != "video":
+            return Feature(column["kind"], column["dtype"], column["shape"], float(column["fps"][0]))
+        h, w = self._sizes.get(name) or tuple(column["shape"][:2])
+        try:
+            shape = frame_step_shape(h, w, self.frame_format)
+        except ValueError as err:
+            raise ValueError(f"{self.name} feature {name!r}: {err}; give an even frame_size") from err
+        return Feature("video", column["dtype"], shape, float(column["fps"][0]), frame_format=self.frame_format)
+
+    def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
+        """``(height, width)`` of a video feature's decoded pictures (in either frame format), else None."""
+        f = self.features.get(feature)
+        return f.frame_size if f is not None else None
 
     def episode_id(self, episode: int) -> str:
         """The webdataset key of ``episode``."""
@@ -236,7 +257,7 @@ class WebDatasetSource(EpisodeSource):
         with self._lock:
             if size not in self._videos:
                 self._videos[size] = VideoReaderCache(max_open=max(2, self.cache_episodes), backend=self.backend,
-                                                      size=size)
+                                                      size=size, frame_format=self.frame_format)
             return self._videos[size]
 
     def _check_video(self, episode: int, feature: str, data: bytes, where: str) -> None:
