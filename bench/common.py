@@ -1,5 +1,6 @@
 """Shared pieces of the benchmarks: the environment record, medians and spreads of repeats, a cache folder, tables,
-back-to-back output views of one buffer, and the robot window that ``mmfeed bench`` and ``mmfeed inspect`` read."""
+back-to-back output views of one buffer, the CPU seconds of child processes, and the robot window that ``mmfeed
+bench`` and ``mmfeed inspect`` read."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import numpy as np
 
 from mmfeed.packing.windows import WindowSpec
 
-__all__ = ["cache_dir", "consecutive_views", "environment", "median_time", "robot_window", "spread", "table"]
+__all__ = ["cache_dir", "child_pids", "consecutive_views", "cpu_seconds", "environment", "median_time", "robot_window",
+           "spread", "table"]
 
 
 def cache_dir(name: str) -> Path:
@@ -123,3 +125,28 @@ def spread(values: Sequence[float]) -> dict[str, float | None]:
     mid = statistics.median(values)
     lo, hi = min(values), max(values)
     return {"min": lo, "max": hi, "range": (hi - lo) / abs(mid) if mid else None}
+
+
+def child_pids() -> set[int]:
+    """The ids of this process's child processes (Linux ``/proc``; an empty set where it cannot tell)."""
+    pid, out = os.getpid(), set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.update(int(p) for p in f.read().split())
+    except OSError:
+        return set()
+    return out
+
+
+def cpu_seconds(pids: Sequence[int] | set[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` used so far (Linux ``/proc``; one that is gone counts 0)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tick

@@ -254,7 +254,10 @@ def limit_figures(ours: dict[str, Any], capacity: list[dict], limits: dict[str, 
     reps["decode_limit_frames_per_s"] = [r["frames_per_s"] for r in rgb]
     reps["decode_limit_raw_frames_per_s"] = [r["frames_per_s"] for r in raw]
     reps["limit_fraction"] = [c["delivered_frames_per_s"] / r["frames_per_s"] for c, r in zip(capacity, rgb)]
-    for key in ("decode_limit_frames_per_s", "decode_limit_raw_frames_per_s", "limit_fraction"):
+    # the same in CPU seconds (mmfeed's: its process and workers), which other processes on the machine disturb less
+    reps["limit_fraction_cpu"] = [c["frames_per_cpu_second"] * r["cpu_s"] / max(r["delivered"], 1)
+                                  for c, r in zip(capacity, rgb)]
+    for key in ("decode_limit_frames_per_s", "decode_limit_raw_frames_per_s", "limit_fraction", "limit_fraction_cpu"):
         ours[key] = statistics.median(reps[key])
     med = statistics.median
     limit = {"processes": max(1, workers), "batches": med(r["batches"] for r in rgb),

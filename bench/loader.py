@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=["webdataset", "lerobot"], default="webdataset")
     parser.add_argument("--codec", choices=["h264", "av1"], default=None, help="default: h264 (webdataset), av1 (lerobot)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=None, help="batches per stretch (default: about 2.5 s of them)")
+    parser.add_argument("--steps", type=int, default=None, help="batches per stretch (default: about 1.5 s of them)")
     parser.add_argument("--episode-block", type=int, default=0, help="0 = shuffle samples across the whole epoch")
     parser.add_argument("--lerobot-style", action="store_true",
                         help="320x240 AV1 g=2, 2 history frames, 50-step chunk, about 32 samples per batch")
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         cfg = replace(cfg, episodes=4, min_length=30, max_length=40, height=64, width=96, steps=4, warmup=1,
                       tokens_per_frame=16, capacity=512)
-    report = run_bench(cfg, BenchRun(repeats=1 if args.quick else 3, progress=False))
+    report = run_bench(cfg, BenchRun(repeats=1 if args.quick else 5, progress=False))
     print(render(report))
     if args.json:
         write_json(report, args.json)

@@ -138,6 +138,7 @@ def render(report: dict[str, Any]) -> str:
     base = report["baseline"]
     rows = [("samples/s", "samples_per_s", ""), ("useful tokens/s", "tokens_per_s", ""),
             ("delivered frames/s", "delivered_frames_per_s", ""), ("decoded frames/s", "decoded_frames_per_s", ""),
+            ("useful tokens per CPU-second", "tokens_per_cpu_second", ""),
             ("packing efficiency", "packing_efficiency", "pct"), ("padding fraction", "padding_fraction", "pct"),
             ("stall fraction", "stall_fraction", "pct"), ("wait per step (ms)", "wait_s", "ms")]
     out = []
@@ -169,7 +170,7 @@ def render(report: dict[str, Any]) -> str:
     if paired:
         text.append("\nmmfeed / baseline round by round (each round both loaders in turn): " + "; ".join(
             f"{label} " + ", ".join(f"{v:.2f}x" for v in paired[k]) for label, k in
-            (("useful tokens/s", "tokens_per_s"), ("samples/s", "samples_per_s"))))
+            (("useful tokens/s", "tokens_per_s"), ("per CPU-second", "tokens_per_cpu_second"))))
     if report.get("decode_limit_frames_per_s") is not None:
         lim, b = d["limit"], d["breakdown"]
         text.append(f"\ndecode limit ({lim['processes']} processes, plain PyAV, the same batches): "
@@ -178,7 +179,9 @@ def render(report: dict[str, Any]) -> str:
                     f"{report['decode_limit_raw_frames_per_s']:.4g} without; {lim['decoded_frames_per_s']:.4g} "
                     f"decoded frames/s ({lim['decoded_per_delivered']:.2f} decoded per delivered frame)\n"
                     f"mmfeed delivers {report['limit_fraction']:.1%} of the limit "
-                    f"(spread {_range(report, 'mmfeed', 'limit_fraction')})")
+                    f"(spread {_range(report, 'mmfeed', 'limit_fraction')}); per CPU-second "
+                    f"{report['limit_fraction_cpu']:.1%} (spread {_range(report, 'mmfeed', 'limit_fraction_cpu')}; "
+                    f"the limit's processes had {lim['cpu_share']:.0%} of a CPU each)")
         parts = [("limit: decode (seek + demux + decode)", b["limit_decode_s"]),
                  ("limit: RGB conversion", b["limit_convert_s"]), ("  of which seeking", b["limit_seek_s"]),
                  *[(f"mmfeed stage {k[6:-2]}", v) for k, v in b.items() if k.startswith("stage_")],

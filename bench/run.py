@@ -22,8 +22,10 @@ other loader's batches in flight finish meanwhile) and then ``steps`` timed batc
    other batch of that stretch decoded by plain PyAV in as many processes as the loader has workers, with and
    without RGB conversion; ``limit_fraction`` = mmfeed's delivered frames/s / the limit's (with conversion);
 2. **stall**: a simulated training step of ``1 / (0.8 x mmfeed's capacity in batches/s)`` (or ``--step-ms``)
-   per batch for both, a host sleep (it stands for GPU compute, so it does not compete for the CPU); the
-   :class:`~mmfeed.loaders.StepTimer` gives the stall fraction (wait / step time) and the wait per step.
+   for a full batch (``rows_per_batch x capacity`` token slots), in proportion to a batch's slots (a padded
+   baseline batch of fewer slots computes for less), a host sleep (it stands for GPU compute, so it does not
+   compete for the CPU); the :class:`~mmfeed.loaders.StepTimer` gives the stall fraction (wait / step time) and
+   the wait per step.
 
 Every figure is the median over the repeats; the per-repeat values are kept (``repeats``) for ``mmfeed compare``.
 
@@ -31,13 +33,16 @@ The JSON report (``--json``; ``schema_version`` 2; version 1 had no limit, paddi
 systems one after the other): mmfeed's figures at the top level: ``samples_per_s``, ``tokens_per_s``,
 ``frames_per_s`` (= ``delivered_frames_per_s``), ``decoded_frames_per_s``, ``packing_efficiency``,
 ``padding_fraction``, ``stall_fraction``, ``wait_s``, ``stage_s`` (``{read, decode, collate, ...}``: worker
-seconds per batch), ``decode_limit_frames_per_s``, ``decode_limit_raw_frames_per_s`` (no conversion),
-``limit_fraction``, ``repeats`` (``{figure: [per-repeat values]}``, nested figures dotted: ``stage_s.decode``);
+seconds per batch, capacity stretches), ``readers_opened_per_batch``, ``decode_limit_frames_per_s``,
+``decode_limit_raw_frames_per_s`` (no conversion), ``limit_fraction``, ``repeats`` (``{figure: [per-repeat
+values]}``, nested figures dotted: ``stage_s.decode``);
 ``baseline`` the same figures (no limit) and its ``batch_size``; ``ratios`` mmfeed / baseline; ``bottleneck``
 the StepTimer's diagnosis; ``sweep`` (``--sweep``) ``{workers, mmfeed: {figure: [...]}, baseline: {...}}``;
-``settings``; ``environment``; ``details``: ``spread`` (``{mmfeed|baseline: {figure: {min, max, range}}}``,
-range = (max - min) / median), ``breakdown`` (where a batch's worker time goes, in seconds), ``limit`` (the
-limit's own figures), ``steps`` and ``lead`` per system, the step time, capacities and wall seconds.
+``settings``; ``environment``; ``details``: ``spread`` (``{mmfeed|baseline|paired_ratios: {figure: {min, max,
+range}}}``, range = (max - min) / median; under ``details`` so that ``mmfeed compare`` does not judge min and
+max as figures), ``paired_ratios`` (mmfeed / baseline round by round), ``breakdown`` (where a batch's worker time
+goes, in seconds), ``limit`` (the limit's own figures, ``cpu_share`` below 1 when other processes took the CPUs
+too), ``steps`` and ``lead`` per system, ``slot_fraction``, the step time, capacities and wall seconds.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import gc
 import json
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -55,7 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.bench.common import environment, spread
+from mmfeed.bench.common import child_pids, cpu_seconds, environment, spread
 from mmfeed.bench.limit import LimitPool, limit_figures
 from mmfeed.bench.loader import Embodiment, LoaderBench, PerSampleDataset, data_spec, pad_collate
 from mmfeed.bench.plot import render
@@ -71,6 +77,7 @@ SCHEMA_VERSION = 2
 LOAD_FRACTION = 0.8  # the simulated step asks for 80% of mmfeed's capacity
 LEAD_S = 0.4  # untimed seconds before each stretch (at least the batches a loader holds in flight)
 STEPPED_SHARE = 0.6  # a stepped stretch lasts this share of a capacity stretch
+WARM_S = 1.0  # seconds of batches after the first ones before the stretches (reader caches, the OS's caches)
 BASELINE_NAME = "torch.utils.data.DataLoader, per-sample decode, pad-to-longest"
 
 DEFAULT_DATASET = LoaderBench(
@@ -103,6 +110,7 @@ class BenchRun:
     repeats: measured stretches per system and phase (the median is reported).
     stretch_s: seconds a stretch lasts when ``LoaderBench.steps`` is None (its batches fixed from the warm-up).
     lead_s: untimed seconds before each stretch (and at least as many batches as the loader holds in flight).
+    warm_s: untimed seconds of each loader's warm-up (after its first batches), before the first stretch.
     step_ms: simulated step in ms; None derives it from mmfeed's capacity (``LOAD_FRACTION``).
     device: where mmfeed's prefetcher puts batches ("cpu": a prefetch thread, nothing moved; "cuda").
     prefetch: batches mmfeed's prefetcher keeps ready.
@@ -112,9 +120,10 @@ class BenchRun:
     """
 
     data: str | None = None
-    repeats: int = 3
-    stretch_s: float = 2.5
+    repeats: int = 5
+    stretch_s: float = 1.5
     lead_s: float = LEAD_S
+    warm_s: float = WARM_S
     step_ms: float | None = None
     device: str = "cpu"
     prefetch: int = 2
@@ -125,8 +134,9 @@ class BenchRun:
     def __post_init__(self) -> None:
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
-        if not self.stretch_s > 0 or not self.lead_s >= 0:
-            raise ValueError(f"stretch_s must be > 0 and lead_s >= 0, got {self.stretch_s!r}, {self.lead_s!r}")
+        if not self.stretch_s > 0 or not self.lead_s >= 0 or not self.warm_s >= 0:
+            raise ValueError(f"stretch_s must be > 0, lead_s and warm_s >= 0, got {self.stretch_s!r}, "
+                             f"{self.lead_s!r}, {self.warm_s!r}")
         if self.step_ms is not None and not self.step_ms >= 0:
             raise ValueError(f"step_ms must be >= 0 (or None to derive it from the capacity), got {self.step_ms!r}")
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in self.sweep):
@@ -147,6 +157,7 @@ class _System:
                  budget: int, fetch: Callable[[Iterator[Any]], Any] = next, batch_size: int | None = None) -> None:
         self.name, self.loader, self.count, self.timer, self.depth = name, loader, count, timer, depth
         self.budget = budget  # token slots of a full batch: the simulated step is per this many slots
+        self.pids: set[int] = set()  # its worker processes (their CPU seconds count to its stretches)
         self.batch_size, self._fetch = batch_size, fetch
         self._batches: Iterator[Any] | None = None
         self.taken = 0
@@ -250,6 +261,7 @@ def _segment(system: _System, steps: int, step_s: float, tick: Callable[[], obje
     system.timer.reset()
     totals = np.zeros(6, dtype=np.int64)
     kept = []
+    cpu = time.process_time() + cpu_seconds(system.pids)  # this process (all its threads) and the workers
     start = time.perf_counter()
     for _ in range(steps):
         *counts, ids = system.count(system.next())
@@ -260,6 +272,7 @@ def _segment(system: _System, steps: int, step_s: float, tick: Callable[[], obje
             time.sleep(step_s * counts[-1] / system.budget)
         tick()
     seconds = max(time.perf_counter() - start, 1e-9)
+    cpu = max(time.process_time() + cpu_seconds(system.pids) - cpu, 1e-9)
     system.timer.request()  # closes the last step
     report, per_step = system.timer.local_report(), system.timer.per_step()
     system.timer.reset()
@@ -268,6 +281,7 @@ def _segment(system: _System, steps: int, step_s: float, tick: Callable[[], obje
             "tokens_per_s": useful / seconds, "frames_per_s": frames / seconds,
             "delivered_frames_per_s": frames / seconds,
             "decoded_frames_per_s": decoded / seconds if decoded or not frames else None,
+            "tokens_per_cpu_second": useful / cpu, "frames_per_cpu_second": frames / cpu,
             "packing_efficiency": useful / slots if slots else 0.0,
             "padding_fraction": 1.0 - useful / slots if slots else 0.0, "report": report, "per_step": per_step,
             "batches": kept, "opened_per_batch": opened / max(steps, 1),
@@ -275,7 +289,7 @@ def _segment(system: _System, steps: int, step_s: float, tick: Callable[[], obje
 
 
 _CAPACITY = ("samples_per_s", "tokens_per_s", "frames_per_s", "delivered_frames_per_s", "decoded_frames_per_s",
-             "packing_efficiency", "padding_fraction")
+             "tokens_per_cpu_second", "frames_per_cpu_second", "packing_efficiency", "padding_fraction")
 
 
 def _stretch(system: _System, lead: int, steps: int, step_s: float, tick: Callable[[], object],
@@ -292,10 +306,13 @@ def _interleaved(systems: list[_System], limit: LimitPool | None, cfg: LoaderBen
     tick = bar.update
     steps, lead, rates = {}, {}, {}
     opens: list[tuple[int, float]] = []  # (videos opened, seconds) of each limit measurement
-    for s in systems:  # worker start-up, first plan, codec caches; then the rate that sizes the stretches
+    for s in systems:  # worker start-up, first plan, codec caches (about WARM_S); then the rate of the stretches
+        before = child_pids()
         s.ensure(1)
-        _segment(s, max(cfg.warmup, s.depth), 0.0, tick)
-        probe = _segment(s, max(cfg.warmup, s.depth), 0.0, tick, keep=limit is not None and s.name == "mmfeed")
+        first = _segment(s, max(cfg.warmup, s.depth), 0.0, tick)
+        s.pids = child_pids() - before  # the workers it started
+        more = max(cfg.warmup, s.depth, math.ceil(run.warm_s * first["batches_per_s"]))
+        probe = _segment(s, more, 0.0, tick, keep=limit is not None and s.name == "mmfeed")
         rates[s.name] = probe["batches_per_s"]
         steps[s.name] = cfg.steps or max(8, math.ceil(run.stretch_s * rates[s.name]))
         lead[s.name] = max(cfg.warmup, s.depth, math.ceil(run.lead_s * rates[s.name]))
@@ -335,7 +352,8 @@ def _interleaved(systems: list[_System], limit: LimitPool | None, cfg: LoaderBen
                "slot_fraction": {n: statistics.mean(c["slot_fraction"] for c in v) for n, v in stepped.items()}}
     if {"mmfeed", "baseline"} <= set(capacity):  # mmfeed / baseline of each round: both saw the same moment
         details["paired_ratios"] = {k: [a[k] / b[k] for a, b in zip(capacity["mmfeed"], capacity["baseline"])]
-                                    for k in ("samples_per_s", "tokens_per_s", "delivered_frames_per_s")}
+                                    for k in ("samples_per_s", "tokens_per_s", "delivered_frames_per_s",
+                                              "tokens_per_cpu_second")}
     return out, step_s, details
 
 
@@ -389,8 +407,8 @@ def _measure_pair(cfg: LoaderBench, data: Any, run: BenchRun, step_s: float | No
     return figures, step_s, details
 
 
-_RATIOS = ("samples_per_s", "tokens_per_s", "frames_per_s", "decoded_frames_per_s", "packing_efficiency",
-           "padding_fraction", "stall_fraction")
+_RATIOS = ("samples_per_s", "tokens_per_s", "frames_per_s", "decoded_frames_per_s", "tokens_per_cpu_second",
+           "packing_efficiency", "padding_fraction", "stall_fraction")
 
 
 def _ratios(ours: dict[str, Any], base: dict[str, Any]) -> dict[str, float | None]:
@@ -438,7 +456,7 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
     begin = time.perf_counter()
     cfg, data, synth_s = _source_settings(cfg, run)
     fixed = None if run.step_ms is None else run.step_ms / 1e3
-    t0 = time.perf_counter()
+    t0, load = time.perf_counter(), list(os.getloadavg())
     figures, step_s, details = _measure_pair(cfg, data, run, fixed, run.repeats, run.limit)
     ours, base = figures["mmfeed"], {"name": BASELINE_NAME, **figures["baseline"]}
     report: dict[str, Any] = {"benchmark": "mmfeed bench", "schema_version": SCHEMA_VERSION}
@@ -449,13 +467,14 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
     if run.sweep:
         report["sweep"] = _sweep(cfg, data, run, step_s, {cfg.workers: (ours, base)})
     report["settings"] = {**asdict(cfg), "videos": list(cfg.video_features), "data": data, "repeats": run.repeats,
-                          "stretch_s": run.stretch_s, "step_ms": run.step_ms,
-                          "load_fraction": None if run.step_ms is not None else LOAD_FRACTION, "device": run.device,
+                          "stretch_s": run.stretch_s, "lead_s": run.lead_s, "warm_s": run.warm_s,
+                          "step_ms": run.step_ms, "load_fraction": None if run.step_ms is not None else LOAD_FRACTION, "device": run.device,
                           "prefetch": run.prefetch, "limit": run.limit, "sweep": list(run.sweep),
                           "baseline_batch_size": base["batch_size"]}
     report["environment"] = environment()
     keys = [k for k in (*_CAPACITY, "stall_fraction", "wait_s", "decode_limit_frames_per_s",
-                        "decode_limit_raw_frames_per_s", "limit_fraction") if k in ours["repeats"]]
+                        "decode_limit_raw_frames_per_s", "limit_fraction", "limit_fraction_cpu")
+            if k in ours["repeats"]]
     report["details"] = {
         **details, "step_s": step_s, "capacity_batches_per_s": ours["capacity_batches_per_s"],
         "baseline_capacity_batches_per_s": base["capacity_batches_per_s"], "baseline_bottleneck": base["bottleneck"],
@@ -465,6 +484,7 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
         "breakdown": ours.get("breakdown"), "limit": ours.get("limit"),
         # the stepped stretch nearest the median stall, step by step (mmfeed bench --plot)
         "per_step": {"mmfeed": ours["per_step"], "baseline": base["per_step"]},
+        "loadavg": {"start": load, "end": list(os.getloadavg())},  # other processes on the machine
         "wall_s": {"synthesis": synth_s, "measurement": time.perf_counter() - t0,
                    "total": time.perf_counter() - begin}}
     return report

@@ -135,7 +135,8 @@ def _bench(args: argparse.Namespace) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     run = BenchRun(data=args.data, repeats=args.repeats, stretch_s=args.stretch_s, step_ms=args.step_ms,
-                   lead_s=0.0 if args.quick else BenchRun.lead_s, device=device, limit=not args.no_limit,
+                   lead_s=0.0 if args.quick else BenchRun.lead_s, warm_s=0.0 if args.quick else BenchRun.warm_s,
+                   device=device, limit=not args.no_limit,
                    sweep=args.sweep or (), progress=not args.no_progress)
     report = run_bench(cfg, run)
     print(render(report))
@@ -261,9 +262,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=INT0, help="worker processes of both loaders (and of the decode limit; default 2)")
     p.add_argument("--backend", choices=["auto", "decord", "pyav"], default="auto", help="video decode backend")
     p.add_argument("--steps", type=INT1, help="batches per measured stretch (default: as many as --stretch-s takes)")
-    p.add_argument("--stretch-s", type=NUM0, default=2.5, help="seconds of one measured stretch when --steps is not "
-                   "given (default 2.5)")
-    p.add_argument("--repeats", type=INT1, default=3, help="measured stretches per figure, median reported (default 3)")
+    p.add_argument("--stretch-s", type=NUM0, default=1.5, help="seconds of one measured stretch when --steps is not "
+                   "given (default 1.5)")
+    p.add_argument("--repeats", type=INT1, default=5, help="measured stretches per figure, median reported (default 5)")
     p.add_argument("--step-ms", type=NUM0, default=None,
                    help="simulated training step in ms (default: 1 / (0.8 x mmfeed's measured capacity))")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
