@@ -59,6 +59,16 @@ def pyav_rgb(planes: np.ndarray, **reformat) -> np.ndarray:
                      for p in planes])
 
 
+def test_rgb_path_is_pyavs_rgb24(video):
+    """The reference: mmfeed's RGB path (one reformatter per file, one swscale thread per call) gives exactly
+    PyAV's own rgb24 of each frame, with and without a decode-time size."""
+    with av.open(video) as container:
+        frames = list(container.decode(video=0))
+    assert np.array_equal(read_frames(video), np.stack([f.to_ndarray(format="rgb24") for f in frames]))
+    sized = np.stack([f.reformat(width=64, height=48, format="rgb24").to_ndarray() for f in frames])
+    assert np.array_equal(read_frames(video, size=(48, 64)), sized)
+
+
 @on_x86
 def test_conversion_matches_the_rgb_path_on_real_video(video):
     """Without a decode-time size: planes [N, H*3/2, W], half the bytes, and RGB from them on torch (the device's
