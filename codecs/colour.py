@@ -177,12 +177,20 @@ def yuv420_to_rgb_swscale(planes: np.ndarray, *, matrix: str = "bt601", full_ran
     frame_step_shape(h, w, "yuv420")
     if rows % 3:
         raise ValueError(f"yuv420 frames are [..., H * 3 // 2, W] with H and W even, got shape {planes.shape}")
-    flat = planes.reshape(-1, rows, w)
+    from mmfeed.codecs._pyav import _one_thread
+
+    flat = planes.reshape(-1, rows * w)
     out = np.empty((len(flat), h, w, 3), dtype=np.uint8)
     reformatter = VideoReformatter()
     space, color_range = _SWS_COLORSPACE[matrix], "JPEG" if full_range else "MPEG"
+    # One frame whose planes are refilled for every input (a fresh from_ndarray frame costs 85 us at 96x128, the
+    # refill and the conversion 14 us).
+    frame = av.VideoFrame(w, h, "yuv420p")
+    shapes, starts = [(h, w), (h // 2, w // 2), (h // 2, w // 2)], [0, h * w, h * w * 5 // 4, h * w * 3 // 2]
+    views = [np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:ph, :pw] for p, (ph, pw) in zip(frame.planes, shapes)]
     for k in range(len(flat)):
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(flat[k]), format="yuv420p")
+        for view, a, b in zip(views, starts, starts[1:]):
+            view[...] = flat[k, a:b].reshape(view.shape)
         out[k] = reformatter.reformat(frame, format="rgb24", src_colorspace=space, src_color_range=color_range,
-                                      threads=1).to_ndarray()
+                                      **_one_thread()).to_ndarray()
     return out.reshape(*planes.shape[:-2], h, w, 3)
