@@ -11,10 +11,8 @@ whole-episode chunks for a world model (every frame of every camera, state and a
 
 The baseline (:class:`PerSampleDataset`, under ``torch.utils.data.DataLoader``) reads the very same samples with
 the same prices: each sample opens, seeks and decodes its own frames (the way LeRobot reads video) and every
-batch is padded to its longest sample (:func:`pad_collate`).
-
-``python -m mmfeed.bench.loader``: the single-camera, windows-only workload of earlier versions (or
-``--lerobot-style``) through the same measurement as ``mmfeed bench`` (``--help``).
+batch is padded to its longest sample (:func:`pad_collate`). ``python -m mmfeed.bench.loader``: the one-camera
+windows-only workload of earlier versions (or ``--lerobot-style``) measured as ``mmfeed bench`` measures.
 """
 
 from __future__ import annotations
@@ -172,6 +170,18 @@ class LoaderBench:
         if self.chunk_steps is not None:
             prices.update({f: 1 for f in (self.state, self.action) if f is not None})
         return TokenLayout(tokens_per_frame=prices)
+
+    def given(self, source: EpisodeSource) -> LoaderBench:
+        """These settings reading a given dataset: every video feature at its own rate, ``state`` and ``action``
+        where the dataset has them, at its control clock."""
+        videos = tuple(f for f, feature in source.features.items() if feature.kind == "video")
+        if not videos:
+            raise ValueError(f"{source.name}: no video features; mmfeed bench measures video loading (its "
+                             f"features: {sorted(source.features)})")
+        return replace(self, format="given", embodiments=(), videos=videos, cameras=(), fps=float(source.fps[0]),
+                       video_fps=tuple(float(source.rates(f)[0]) for f in videos),
+                       state=self.state if self.state in source.features else None,
+                       action=self.action if self.action in source.features else None)
 
     def plan(self) -> PlanConfig:
         return PlanConfig(capacity=self.capacity, rows_per_batch=self.rows_per_batch, episode_block=self.episode_block)
@@ -364,9 +374,7 @@ def run_mmfeed(cfg: LoaderBench, path: Any, *, step_s: float = 0.0, timer: bool 
     seconds = time.perf_counter() - start
     out = {"seconds": seconds, "samples_per_s": samples / seconds, "frames_per_s": frames / seconds,
            "tokens_per_s": useful / seconds, "packing_efficiency": useful / slots if slots else 0.0}
-    if timer:
-        out["timing"] = loader.timer.report()
-    return out
+    return {**out, "timing": loader.timer.report()} if timer else out
 
 
 def _forever(loader):

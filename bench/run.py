@@ -17,10 +17,13 @@ other loader's batches in flight finish meanwhile) and then ``steps`` timed batc
 1. **capacity**: no training step; samples/s, useful (non-padding) tokens/s, delivered frames/s (frames in the
    batches), decoded frames/s (frames the decoder produced for them, GOP dependencies included: counted in the
    workers by :func:`mmfeed.codecs._pyav.decode_totals`), packing efficiency and padding fraction
-   (1 - useful tokens / token slots), and the worker seconds per batch of each stage (read, decode, collate:
-   :mod:`mmfeed.loaders.timing`). After each mmfeed stretch, the **decode limit** (``bench/limit.py``): every
-   other batch of that stretch decoded by plain PyAV in as many processes as the loader has workers, with and
-   without RGB conversion; ``limit_fraction`` = mmfeed's delivered frames/s / the limit's (with conversion);
+   (1 - useful tokens / token slots), the worker seconds per batch of each stage (read, decode, collate:
+   :mod:`mmfeed.loaders.timing`), and the CPU seconds the stretch used (this process and the loader's workers):
+   useful tokens and frames per CPU-second, which other processes on the machine disturb less than the rates.
+   After each mmfeed stretch, the **decode limit** (``bench/limit.py``): every other batch of that stretch
+   decoded by plain PyAV in as many processes as the loader has workers, with and without RGB conversion;
+   ``limit_fraction`` = mmfeed's delivered frames/s / the limit's (with conversion), ``limit_fraction_cpu`` the
+   same per CPU-second;
 2. **stall**: a simulated training step of ``1 / (0.8 x mmfeed's capacity in batches/s)`` (or ``--step-ms``)
    for a full batch (``rows_per_batch x capacity`` token slots), in proportion to a batch's slots (a padded
    baseline batch of fewer slots computes for less), a host sleep (it stands for GPU compute, so it does not
@@ -33,8 +36,9 @@ The JSON report (``--json``; ``schema_version`` 2; version 1 had no limit, paddi
 systems one after the other): mmfeed's figures at the top level: ``samples_per_s``, ``tokens_per_s``,
 ``frames_per_s`` (= ``delivered_frames_per_s``), ``decoded_frames_per_s``, ``packing_efficiency``,
 ``padding_fraction``, ``stall_fraction``, ``wait_s``, ``stage_s`` (``{read, decode, collate, ...}``: worker
-seconds per batch, capacity stretches), ``readers_opened_per_batch``, ``decode_limit_frames_per_s``,
-``decode_limit_raw_frames_per_s`` (no conversion), ``limit_fraction``, ``repeats`` (``{figure: [per-repeat
+seconds per batch, capacity stretches), ``tokens_per_cpu_second``, ``frames_per_cpu_second``,
+``readers_opened_per_batch``, ``decode_limit_frames_per_s``, ``decode_limit_raw_frames_per_s`` (no conversion),
+``limit_fraction``, ``limit_fraction_cpu``, ``repeats`` (``{figure: [per-repeat
 values]}``, nested figures dotted: ``stage_s.decode``);
 ``baseline`` the same figures (no limit) and its ``batch_size``; ``ratios`` mmfeed / baseline; ``bottleneck``
 the StepTimer's diagnosis; ``sweep`` (``--sweep``) ``{workers, mmfeed: {figure: [...]}, baseline: {...}}``;
@@ -177,11 +181,8 @@ class _System:
         return batch
 
     def close(self) -> None:
-        if self._batches is not None:
-            close = getattr(self._batches, "close", None)
-            self._batches = None
-            if close is not None:
-                close()
+        batches, self._batches = self._batches, None
+        getattr(batches, "close", lambda: None)()
 
 
 class _Counted(PlannedDataset):
@@ -378,18 +379,15 @@ def _figures(capacity: list[dict[str, Any]], stepped: list[dict[str, Any]]) -> d
     return figures
 
 
-def _bar(run: BenchRun, total: int | None, desc: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="batch", leave=False, disable=not run.progress or None)
-
-
 def _measure_pair(cfg: LoaderBench, data: Any, run: BenchRun, step_s: float | None, repeats: int,
                   with_limit: bool) -> tuple[dict[str, dict[str, Any]], float, dict]:
     """Build both systems (and the limit's processes, forked first), measure them interleaved, let them go."""
     systems: list[_System] = []
     limit = None
-    with _bar(run, None, f"mmfeed and baseline, interleaved ({cfg.workers} workers)") as bar:
+    from tqdm import tqdm
+
+    with tqdm(desc=f"mmfeed and baseline, interleaved ({cfg.workers} workers)", unit="batch", leave=False,
+              disable=not run.progress or None) as bar:
         try:
             systems.append(_mmfeed(cfg, data, run))
             if with_limit:
@@ -420,7 +418,7 @@ def _source_settings(cfg: LoaderBench, run: BenchRun) -> tuple[LoaderBench, Any,
     the seconds spent synthesizing."""
     start = time.perf_counter()
     if run.data is not None:
-        return _given(cfg, open_dataset(run.data, backend=cfg.backend)), str(run.data), 0.0
+        return cfg.given(open_dataset(run.data, backend=cfg.backend)), str(run.data), 0.0
     from tqdm import tqdm
 
     total = sum(d.episodes for d in cfg.datasets())
@@ -428,19 +426,6 @@ def _source_settings(cfg: LoaderBench, run: BenchRun) -> tuple[LoaderBench, Any,
               disable=not run.progress or None) as bar:
         data = data_spec(cfg, progress=bar.update)
     return cfg, data, time.perf_counter() - start
-
-
-def _given(cfg: LoaderBench, source: Any) -> LoaderBench:
-    """``cfg`` reading a given dataset: every video feature at its own rate, ``observation.state`` and ``action``
-    where the dataset has them, at its control clock."""
-    videos = tuple(f for f, feature in source.features.items() if feature.kind == "video")
-    if not videos:
-        raise ValueError(f"{source.name}: no video features; mmfeed bench measures video loading (its features: "
-                         f"{sorted(source.features)})")
-    rates = tuple(float(source.rates(f)[0]) for f in videos)
-    return replace(cfg, format="given", embodiments=(), videos=videos, video_fps=rates, fps=float(source.fps[0]),
-                   cameras=(), state=cfg.state if cfg.state in source.features else None,
-                   action=cfg.action if cfg.action in source.features else None)
 
 
 _INTERNAL = ("bottleneck", "capacity_batches_per_s", "per_step", "breakdown", "limit")
@@ -468,8 +453,8 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
         report["sweep"] = _sweep(cfg, data, run, step_s, {cfg.workers: (ours, base)})
     report["settings"] = {**asdict(cfg), "videos": list(cfg.video_features), "data": data, "repeats": run.repeats,
                           "stretch_s": run.stretch_s, "lead_s": run.lead_s, "warm_s": run.warm_s,
-                          "step_ms": run.step_ms, "load_fraction": None if run.step_ms is not None else LOAD_FRACTION, "device": run.device,
-                          "prefetch": run.prefetch, "limit": run.limit, "sweep": list(run.sweep),
+                          "step_ms": run.step_ms, "load_fraction": None if run.step_ms is not None else LOAD_FRACTION,
+                          "device": run.device, "prefetch": run.prefetch, "limit": run.limit, "sweep": list(run.sweep),
                           "baseline_batch_size": base["batch_size"]}
     report["environment"] = environment()
     keys = [k for k in (*_CAPACITY, "stall_fraction", "wait_s", "decode_limit_frames_per_s",

@@ -268,6 +268,7 @@ def test_bench_on_given_shards_writes_the_json_schema_and_a_plot(shards, tmp_pat
     # the decode limit of the same batches, with and without conversion, and mmfeed's share of it round by round
     assert doc["decode_limit_frames_per_s"] > 0 and doc["decode_limit_raw_frames_per_s"] > 0
     assert doc["limit_fraction"] == pytest.approx(float(np.median(doc["repeats"]["limit_fraction"])))
+    assert doc["limit_fraction_cpu"] > 0 and doc["tokens_per_cpu_second"] > 0 < doc["baseline"]["tokens_per_cpu_second"]
     d = doc["details"]
     rounds = [doc["repeats"]["delivered_frames_per_s"][k] / doc["repeats"]["decode_limit_frames_per_s"][k]
               for k in range(2)]
