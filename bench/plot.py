@@ -125,14 +125,21 @@ def _fmt(value: float | None, kind: str) -> str:
     return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
 
 
-def _range(report: dict[str, Any], name: str, key: str) -> str:
+def _range(report: dict[str, Any], name: str, key: str, kind: str = "") -> str:
+    """The spread of a figure's repeats: (max - min) / median, or for a fraction max - min in points (a relative
+    spread of a fraction near 0, a stall of 0.1%, says nothing)."""
     got = report["details"].get("spread", {}).get(name, {}).get(key)
-    return "" if not got or got["range"] is None else f"{got['range']:.1%}"
+    if not got:
+        return ""
+    if kind == "pct":
+        return f"{(got['max'] - got['min']) * 100:.1f} pt"
+    return "" if got["range"] is None else f"{got['range']:.1%}"
 
 
 def render(report: dict[str, Any]) -> str:
     """The tables ``mmfeed bench`` prints: every figure of mmfeed and the baseline, their spread over the repeats
-    ((max - min) / median) and their ratio; the decode limit; where a batch's worker time goes."""
+    ((max - min) / median; fractions: max - min in points) and their ratio; the decode limit; where a batch's
+    worker time goes."""
     from mmfeed.bench.common import table
 
     base = report["baseline"]
@@ -146,8 +153,8 @@ def render(report: dict[str, Any]) -> str:
         ours, theirs = report.get(key), base.get(key)
         ratio = report["ratios"].get(key) if key in report["ratios"] else (
             ours / theirs if ours is not None and theirs else None)
-        out.append({"figure": label, "mmfeed": _fmt(ours, kind), "m_spread": _range(report, "mmfeed", key),
-                    "baseline": _fmt(theirs, kind), "b_spread": _range(report, "baseline", key),
+        out.append({"figure": label, "mmfeed": _fmt(ours, kind), "m_spread": _range(report, "mmfeed", key, kind),
+                    "baseline": _fmt(theirs, kind), "b_spread": _range(report, "baseline", key, kind),
                     "ratio": _fmt(ratio, "x")})
     for name in sorted(set(report["stage_s"]) | set(base["stage_s"])):
         ours, theirs = report["stage_s"].get(name), base["stage_s"].get(name)
