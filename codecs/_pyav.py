@@ -62,6 +62,8 @@ class PyAVReader:
         self._size = size
         self.frame_format = frame_format
         self.colour: tuple[str, bool] | None = None  # yuv420: (matrix, full_range) of the frames, once one is seen
+        self._scratch: np.ndarray | None = None  # yuv420: the [H * 3 // 2, W] array each frame's planes go to
+        self._planes: tuple[np.ndarray, ...] | None = None
         self._container = open_container(source)
         if not self._container.streams.video:
             self._container.close()
@@ -199,14 +201,22 @@ class PyAVReader:
         return self._reformatter.reformat(frame, format="rgb24", width=w, height=h, **_one_thread()).to_ndarray()
 
     def _yuv(self, frame) -> np.ndarray:
-        # The decoder's planes as they are when they already are yuv420p at the wanted size (one copy, into the
-        # [H * 3 // 2, W] array); otherwise swscale scales (and converts the pixel format) to yuv420p.
+        # The decoder's planes as they are when they already are yuv420p at the wanted size; otherwise swscale
+        # scales (and converts the pixel format) to yuv420p. Each plane is copied once, into a [H * 3 // 2, W]
+        # array the reader reuses (frame.to_ndarray() allocates and stacks: 13 -> 5 us for a 96x128 frame).
         h, w = self.out_shape
         if frame.format.name != "yuv420p" or frame.height != h or frame.width != w:
             frame = self._reformatter.reformat(frame, format="yuv420p", width=w, height=h, **_one_thread())
         if self.colour is None:
             self._note_colour(frame)
-        return frame.to_ndarray()
+        if self._planes is None:
+            self._scratch = np.empty((h * 3 // 2, w), dtype=np.uint8)
+            flat, q = self._scratch.reshape(-1), h * w // 4
+            self._planes = (flat[: h * w].reshape(h, w), flat[h * w : h * w + q].reshape(h // 2, w // 2),
+                            flat[h * w + q :].reshape(h // 2, w // 2))
+        for plane, dst in zip(frame.planes, self._planes):
+            dst[...] = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: dst.shape[0], : dst.shape[1]]
+        return self._scratch
 
     def _note_colour(self, frame) -> None:
         """Record the matrix and range the frames are tagged with; the RGB path (swscale) converts with them, so
