@@ -10,9 +10,9 @@ each variant (in turn first, so that both see the same moment's machine):
 
 - "raw": the decoder's frames only (no colour conversion);
 - "rgb": each wanted frame also converted to an RGB ``uint8 [H, W, 3]`` array, through one
-  ``VideoReformatter`` per video (the array ``frame.to_ndarray(format="rgb24")`` gives; that call builds a new
-  swscale context for every frame, several ms where the reused one takes about 0.1 ms at 320x240, so it would
-  not be the limit).
+  ``VideoReformatter`` per video on one swscale thread (the array ``frame.to_ndarray(format="rgb24")`` gives;
+  that call builds a new swscale context for every frame, several ms where the reused one takes well under
+  0.1 ms at 320x240, so it would not be the limit).
 
 Nothing is copied, collated, packed or sent to another process. ``frames_per_s`` are the frames the batches
 deliver (what mmfeed's delivered frames/s is measured in) per second of the slowest process; the report also
@@ -89,8 +89,20 @@ class _Video:
         self.index_of = {int(p): i for i, p in enumerate(self.info.pts)}
         self.reformatter = VideoReformatter()
         first = next(self.container.decode(self.stream))
-        self.reformatter.reformat(first, format="rgb24", width=first.width, height=first.height).to_ndarray()
+        # swscale on one thread per call, where PyAV takes it (its default picks threads per call, which costs
+        # more than converting a small frame): the fastest conversion, as mmfeed's reader converts
+        self.one_thread = {"threads": 1}
+        try:
+            self.rgb(first)
+        except TypeError:
+            self.one_thread = {}
+            self.rgb(first)
         self.open_s = time.perf_counter() - start
+
+    def rgb(self, frame: Any) -> np.ndarray:
+        """``frame`` as uint8 RGB ``[H, W, 3]`` through this video's reformatter."""
+        return self.reformatter.reformat(frame, format="rgb24", width=frame.width, height=frame.height,
+                                         **self.one_thread).to_ndarray()
 
     def close(self) -> None:
         self.container.close()
@@ -121,7 +133,7 @@ def decode_work(video: _Video, targets: np.ndarray, convert: bool) -> tuple[int,
         if got is None:
             raise RuntimeError(f"{info.path}: the decoder did not produce frame {target} after seeking to {key}")
         if convert:
-            video.reformatter.reformat(got, format="rgb24", width=got.width, height=got.height).to_ndarray()
+            video.rgb(got)
     return decoded, seeks, seek_s
 
 

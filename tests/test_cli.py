@@ -402,8 +402,7 @@ def test_decoded_frames_counted_per_batch_are_the_limits_plan_of_that_batch(mixt
     v = _Video(work[0][1])  # the limit's conversion is the array frame.to_ndarray(format="rgb24") gives
     frame = next(v.container.decode(v.stream))
     assert isinstance(frame, av.VideoFrame)
-    assert np.array_equal(v.reformatter.reformat(frame, format="rgb24", width=frame.width,
-                                                 height=frame.height).to_ndarray(), frame.to_ndarray(format="rgb24"))
+    assert np.array_equal(v.rgb(frame), frame.to_ndarray(format="rgb24"))
     v.close()
 
 
