@@ -198,7 +198,8 @@ class PlanSampler(torch.utils.data.Sampler):
     "plan_version"}`` plus ``"start"`` (the next step, mid-epoch), ``"world_size"`` and ``"seed"`` of the plan and
     ``"done"``, the earlier ``[world_size, steps]`` segments of an elastically resumed epoch (each left out at its
     default: step 0, world size 1, seed 0, no segments). In such an epoch the items are ``(epoch, step, done)``.
-    ``mmfeed.DataLoader`` saves it at the start of each epoch and counts the batches handed out itself.
+    ``mmfeed.DataLoader`` saves :meth:`next_state` at the start of each epoch and counts the batches handed out
+    itself (when its epochs chain, this sampler runs ahead of the loop into the next epoch).
     """
 
     def __init__(self, dataset: PlannedDataset, *, epoch: int = 0, start: int = 0) -> None:
@@ -212,16 +213,27 @@ class PlanSampler(torch.utils.data.Sampler):
         self._cursor = None
 
     def state_dict(self) -> dict:
-        epoch, start, done = self._cursor if self._cursor is not None else (self.epoch, self.start, self.done)
-        state: dict[str, Any] = {"epoch": epoch, "plan_version": PLAN_VERSION}
+        """Where the sampler stands: inside a pass, the step after the last one it yielded; else
+        :meth:`next_state`."""
+        if self._cursor is not None:
+            return self.state_at(*self._cursor)
+        return self.next_state()
+
+    def next_state(self) -> dict:
+        """The state the next pass starts from, whatever a pass in progress (or one left unfinished) holds."""
+        return self.state_at(self.epoch, self.start, self.done)
+
+    def state_at(self, epoch: int, start: int = 0, done: tuple[tuple[int, int], ...] = ()) -> dict:
+        """The state of this sampler standing at step ``start`` of ``epoch`` after the segments ``done``."""
+        state: dict[str, Any] = {"epoch": int(epoch), "plan_version": PLAN_VERSION}
         if start:
-            state["start"] = start
+            state["start"] = int(start)
         if self.dataset.world_size != 1:
             state["world_size"] = self.dataset.world_size
         if self.dataset.seed != 0:
             state["seed"] = self.dataset.seed
         if done:
-            state["done"] = [list(d) for d in done]
+            state["done"] = [[int(w), int(k)] for w, k in done]
         return state
 
     def load_state_dict(self, state: dict) -> None:
