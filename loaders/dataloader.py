@@ -20,6 +20,16 @@ loader and lets it do all the loading). These additions, keyword-only, after tor
   RandomSampler draws). A new loader built with the same dataset and batching arguments, with or without the
   original generator and with any ``num_workers``, continues with exactly the batches that remained; skipped
   batches are skipped as indices, never loaded.
+* Epochs chain over a planned dataset with ``num_workers > 0``, ``persistent_workers=True`` (and ``in_order``):
+  ONE torch iterator serves every epoch and its sampler runs on from one epoch's plan into the next, so the next
+  epoch's first batches load in the workers (and wait in the prefetch queue) while the loop finishes this one,
+  instead of the workers draining at each epoch's end. Each ``iter(loader)`` still yields exactly one epoch, the
+  same batches, and ``state_dict()`` is everywhere what it is unchained. Leaving an epoch before its end
+  (``iter(loader)`` after a ``break``, dropping the iterator, ``load_state_dict``, an error) drops the chain and
+  starts afresh (torch resets its workers). Between epochs, and after the last, the workers load the next epoch's
+  first batches (``prefetch_factor * num_workers``, plus ``prefetch``); dropping the loader stops them. The
+  sampler then runs ahead of the loop: move to another epoch with ``load_state_dict``, not ``sampler.set_epoch``.
+  Set ``loader.chain_epochs = False`` to drain at each epoch's end, as every other loader does, as torch's does.
 
 Resume covers the default samplers (``shuffle=True/False``), SequentialSampler, DistributedSampler (its epoch is
 saved), plain lists/ranges of indices, and any sampler or batch_sampler with ``state_dict()`` /
@@ -30,7 +40,7 @@ the dataset copies live in other processes and ``state_dict()`` raises a ValueEr
 torch's global RNG (without a generator, epochs after the resumed one draw their seeds from it, as torch does:
 restore it or pass a generator, whose state the loader does carry) and the per-worker seeds of the resumed epoch
 (random augmentation inside workers is not replayed). One iterator at a time is tracked: ``iter(loader)`` again
-closes the previous iterator's prefetch thread.
+closes the previous iterator's prefetch thread (unless the chain of epochs it belongs to goes on).
 
 Example::
 
@@ -60,7 +70,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.loaders.planned import PlannedDataset, PlanSampler
 from mmfeed.loaders.prefetch import DevicePrefetcher, _resolve_device
-from mmfeed.loaders.resume import ResumableIndex, ShuffleSampler
+from mmfeed.loaders.resume import ChainedIndex, ResumableIndex, ShuffleSampler
 from mmfeed.loaders.shm import ReleaseTracker, enable_pool
 from mmfeed.loaders.timing import StepTimer, TimedCollate
 
@@ -82,29 +92,75 @@ class _RecyclingInit:
             self.inner(worker_id)
 
 
-class _LoaderIter:
-    """One epoch of an mmfeed DataLoader: torch's iterator, optionally through the prefetcher; counts batches."""
+def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
+    for item in source:
+        tracker.watch(item)
+        yield item
 
-    def __init__(self, loader: DataLoader, source: Iterator[Any]) -> None:
+
+def _prefetcher(loader: DataLoader, source: Iterator[Any]) -> DevicePrefetcher | None:
+    """The prefetcher the loader's batches pass through: a thread ``prefetch`` ahead with ``device``, a
+    synchronous pass-through for timing (and TimedBatch unwrapping) with only a timer, else none."""
+    if loader.device is not None:
+        return DevicePrefetcher(source, loader.device, depth=loader.prefetch, timer=loader.timer)
+    if loader.timer is not None:
+        return DevicePrefetcher(source, "cpu", depth=0, timer=loader.timer)
+    return None
+
+
+class _Chain:
+    """Epoch after epoch of batches from one torch iterator (persistent workers), through the loader's recycling
+    and prefetcher: the stream runs on across epoch ends. ``pass_`` is the epoch (pass of the chained index) the
+    loop is in, ``taken`` the batches of it handed out so far. Holds no reference to the loader."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        source: Iterator[Any] = iter(loader._loader)  # torch's persistent iterator, started or reset
+        self.lengths = loader._chained_index.lengths  # the list of the index pass torch now runs
+        if loader._recycler is not None:
+            source = _recycle(source, loader._recycler)
+        self.prefetcher = _prefetcher(loader, source)
+        self.source: Iterator[Any] = self.prefetcher if self.prefetcher is not None else source
+        self.pass_, self.taken, self.closed = 0, 0, False
+
+    def length(self, k: int) -> int | None:
+        """Batches of pass ``k``; None while that pass has not begun."""
+        return self.lengths[k] if k < len(self.lengths) else None
+
+    def complete(self) -> bool:
+        """Every batch of the loop's epoch is handed out: the stream's next batch is the next epoch's first."""
+        n = self.length(self.pass_)
+        return n is not None and self.taken >= n
+
+    def close(self) -> None:
+        self.closed = True
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        self.source = iter(())
+
+
+class _LoaderIter:
+    """One epoch of an mmfeed DataLoader: torch's iterator, optionally through the prefetcher; counts batches.
+    With ``chain``, the epoch is the chain's current pass: exactly its batches, then StopIteration, leaving the
+    chain (torch's iterator and the prefetcher) running into the next epoch."""
+
+    def __init__(self, loader: DataLoader, source: Iterator[Any] | None = None, chain: _Chain | None = None) -> None:
         self._loader = loader
         self._states: collections.deque[Any] | None = None
+        self._prefetcher: DevicePrefetcher | None = None
+        self._chain = chain
+        self._finished = False
+        if chain is not None:
+            self._pass = chain.pass_
+            self._source: Iterator[Any] = iter(())
+            return
+        assert source is not None
         if loader._recycler is not None:
-            source = self._recycle(source, loader._recycler)
+            source = _recycle(source, loader._recycler)
         if loader._tap_dataset_state:
             self._states = collections.deque()
             source = self._tap(source)
-        self._prefetcher: DevicePrefetcher | None = None
-        if loader.device is not None:
-            self._prefetcher = DevicePrefetcher(source, loader.device, depth=loader.prefetch, timer=loader.timer)
-        elif loader.timer is not None:  # synchronous pass-through: timing and TimedBatch unwrapping only
-            self._prefetcher = DevicePrefetcher(source, "cpu", depth=0, timer=loader.timer)
+        self._prefetcher = _prefetcher(loader, source)
         self._source = self._prefetcher if self._prefetcher is not None else source
-
-    @staticmethod
-    def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
-        for item in source:
-            tracker.watch(item)
-            yield item
 
     def _tap(self, source: Iterator[Any]) -> Iterator[Any]:
         dataset = self._loader.dataset
@@ -116,6 +172,8 @@ class _LoaderIter:
         return self
 
     def __next__(self) -> Any:
+        if self._chain is not None:
+            return self._next_chained(self._chain)
         try:
             batch = next(self._source)
         except StopIteration:
@@ -130,14 +188,48 @@ class _LoaderIter:
                 self._loader._dataset_state = self._states.popleft()
         return batch
 
+    def _next_chained(self, chain: _Chain) -> Any:
+        loader = self._loader
+        if self._finished or chain.closed or chain.pass_ != self._pass:  # over, or left for a newer iterator
+            raise StopIteration
+        if chain.complete():
+            self._finished = True
+            if loader.timer is not None:  # as a prefetcher that runs out: the last step ends as it asks for more
+                loader.timer.request()
+                loader.timer.exhausted()
+            if loader._is_active(self):
+                loader._epoch_ended()
+            raise StopIteration
+        try:
+            batch = next(chain.source)
+        except BaseException as exc:  # an error, or the end after a pass of no items (this epoch had none)
+            self._finished, active = True, loader._is_active(self)
+            loader._drop_chain(chain)  # the next iter(loader) starts afresh
+            if active and isinstance(exc, StopIteration):
+                loader._epoch_ended()
+            raise
+        chain.taken += 1
+        if loader._is_active(self):
+            loader._yielded += 1
+            loader._count_errors(batch)
+        return batch
+
     def __len__(self) -> int:
-        return len(self._loader)
+        n = self._chain.length(self._pass) if self._chain is not None else None
+        return n if n is not None else len(self._loader)
 
     def __del__(self) -> None:
         self.close()
 
     def close(self) -> None:
-        """Stop the prefetch thread, if any, and let torch's iterator (and its workers) go."""
+        """Stop the prefetch thread, if any, and let torch's iterator (and its workers) go. A chained epoch left
+        before its end drops the chain; one handed out to its end leaves it running into the next epoch."""
+        chain = getattr(self, "_chain", None)
+        if chain is not None:
+            if not self._finished and chain.pass_ == self._pass and not chain.closed and not chain.complete():
+                self._loader._drop_chain(chain)
+            self._finished = True
+            return
         prefetcher = getattr(self, "_prefetcher", None)
         if prefetcher is not None:
             prefetcher.close()
@@ -177,11 +269,15 @@ class DataLoader:
     source (or a path, or a list of them for a mixture, see :func:`~mmfeed.loaders.open.open_dataset`) plans the
     epoch for this rank and yields :class:`~mmfeed.packing.PackedBatch` objects; so does passing a
     :class:`~mmfeed.loaders.planned.PlannedDataset` directly. Each ``iter(loader)`` runs the next epoch of the plan, and
-    ``state_dict()`` resumes mid-epoch by step, with any ``num_workers``.
+    ``state_dict()`` resumes mid-epoch by step, with any ``num_workers``. With workers and
+    ``persistent_workers=True`` its epochs chain: the next epoch's first batches load while the loop finishes this
+    one (see the module docstring; ``chain_epochs = False`` on the loader or a subclass drains them as torch does).
 
     See the module docstring for resume and timing. Attributes not set here (``pin_memory``, ``timeout``,
     ``prefetch_factor``, ...) read through to the torch loader that does the loading.
     """
+
+    chain_epochs = True
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None, sampler: Any = None,
                  batch_sampler: Any = None, num_workers: int = 0, collate_fn: Any = None, pin_memory: bool = False,
@@ -238,6 +334,14 @@ class DataLoader:
             per_key = (spec.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
             torch_args["worker_init_fn"] = _RecyclingInit(per_key, worker_init_fn)
             self._recycler = ReleaseTracker(stale_after=8 * num_workers * per_key)
+        # epochs chain (one torch iterator for all of them): planned datasets with persistent workers, in order
+        self._plan_sampler = self.sampler if isinstance(self.sampler, PlanSampler) else None
+        self._chained_index: ChainedIndex | None = None
+        if (self._plan_sampler is not None and num_workers > 0 and persistent_workers and in_order
+                and self._index is not None and self._index.target is self._plan_sampler
+                and torch_args.get("sampler") is self._index):
+            self._chained_index = torch_args["sampler"] = ChainedIndex(self._index)
+        self._chain: _Chain | None = None
         self._loader = TorchDataLoader(**torch_args)
         self._tap_dataset_state = (self._iterable and num_workers == 0
                                    and callable(getattr(dataset, "state_dict", None)))
@@ -280,24 +384,78 @@ class DataLoader:
 
     # -- iteration -------------------------------------------------------------------------------------------
     def __iter__(self) -> _LoaderIter:
+        chain = self._chain
+        if chain is not None and self._pending is None and self.chain_epochs and not chain.closed \
+                and chain.complete() and chain.length(chain.pass_):
+            # the loop handed out the whole of the chain's epoch: the next one is already in flight
+            self._index.epoch_state = self._state_after_epoch()
+            self._epoch, self._yielded = self._epoch + 1, 0
+            chain.pass_, chain.taken = chain.pass_ + 1, 0
+        else:
+            chain = self._start()
+        self._done = False
+        if self.timer is not None:
+            self.timer.begin_epoch()
+        if chain is not None:
+            it = _LoaderIter(self, chain=chain)
+        else:
+            if self._recycler is not None and not self._loader.persistent_workers:
+                self._recycler.clear()  # new workers, new pools
+            it = _LoaderIter(self, iter(self._loader))
+        self._active = weakref.ref(it)
+        return it
+
+    def _start(self) -> _Chain | None:
+        """Begin the next epoch (or the loaded one) afresh; the chain that runs it, when epochs chain."""
         active = self._active() if self._active is not None else None
         if active is not None:
             active.close()
+        self._drop_chain()
         pending, self._pending = self._pending, None
+        skip = 0
         if pending is not None:
             self._epoch, self._yielded = pending["epoch"], pending["batches"]
+            skip = pending["batches"]
             if self._index is not None:
-                self._index.begin_epoch(pending["order"], pending["batches"])
+                self._index.begin_epoch(pending["order"], skip)
         else:
             self._epoch, self._yielded = self._epoch + 1, 0
             if self._index is not None:
                 self._index.begin_epoch()
-        self._done = False
-        if self._recycler is not None and not self._loader.persistent_workers:
-            self._recycler.clear()  # new workers, new pools
-        it = _LoaderIter(self, iter(self._loader))
-        self._active = weakref.ref(it)
-        return it
+                if self._plan_sampler is not None and self._index.target is self._plan_sampler:
+                    # where this epoch's pass starts, not where an unfinished earlier pass stopped
+                    self._index.epoch_state = self._plan_sampler.next_state()
+        if self._chained_index is None:
+            return None
+        self._chained_index.chain = bool(self.chain_epochs)
+        if not self.chain_epochs:
+            return None
+        self._chained_index.first = max(len(self._plan_sampler) - skip, 0)
+        len(self.dataset)  # the plan state_dict() counts, made now: later, other threads plan other epochs
+        self._chain = _Chain(self)
+        return self._chain
+
+    def _state_after_epoch(self) -> Any:
+        """The plan sampler's state once the loop's epoch is over (what its pass leaves, unchained)."""
+        state = self._index.epoch_state
+        if state is None or self._done:  # an ended epoch's state already is what it left
+            return copy.deepcopy(state)
+        return self._plan_sampler.state_at(int(state["epoch"]) + 1)
+
+    def _drop_chain(self, chain: _Chain | None = None) -> None:
+        """Close the chain (or only ``chain``) and put the plan sampler, ahead of the loop, where the loop's epoch
+        leaves it."""
+        current = self._chain
+        if chain is not None and chain is not current:
+            chain.close()
+            return
+        if current is None:
+            return
+        self._chain = None
+        current.close()  # joins the prefetch thread: nothing else moves the sampler now
+        after = self._state_after_epoch()
+        if after is not None:
+            self._plan_sampler.load_state_dict(after)
 
     def _count_errors(self, batch: Any) -> None:
         """Samples the error policy skipped in the workers, carried back in the batch's metadata."""
@@ -311,9 +469,11 @@ class DataLoader:
         return self._active is not None and self._active() is it
 
     def _epoch_ended(self) -> None:
-        self._done = True
-        if self._index is not None:
+        if self._chained_index is not None and self._chained_index.chain:  # the sampler ran ahead of the loop
+            self._index.epoch_state = self._state_after_epoch()
+        elif self._index is not None:
             self._index.end_epoch()
+        self._done = True
         if self._recycler is not None and not self._loader.persistent_workers:
             self._recycler.clear()  # the workers are gone: let their buffers go with them
 
@@ -357,6 +517,7 @@ class DataLoader:
         """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter(loader)``."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"not an mmfeed.DataLoader state (version {_STATE_VERSION}): {state!r:.200}")
+        self._drop_chain()  # the batches in flight belong to where the loop was
         reshard = getattr(self.dataset, "reshard_state", None)
         if callable(reshard):  # a planned dataset: a state saved at another world size re-plans what is left
             state = reshard(state)

@@ -3,7 +3,8 @@ torch iterates, restartable from a saved order state with the first items left o
 
 :class:`ShuffleSampler` draws from the same RNG in the same order as torch's RandomSampler, so a loader given only
 torch's arguments yields torch's batches; :class:`ResumableIndex` wraps whichever sampler or batch sampler the
-loader has and knows how that kind of order source resumes (see :func:`order_kind`).
+loader has and knows how that kind of order source resumes (see :func:`order_kind`); :class:`ChainedIndex` runs
+it pass after pass, for a loader whose epochs follow one another in one torch iterator.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
-__all__ = ["ResumableIndex", "ShuffleSampler", "order_kind", "order_target"]
+__all__ = ["ChainedIndex", "ResumableIndex", "ShuffleSampler", "order_kind", "order_target"]
 
 
 class ShuffleSampler(RandomSampler):
@@ -168,3 +169,39 @@ class ResumableIndex:
         skip, self._skip = self._skip, 0
         it = iter(self.inner)
         yield from (itertools.islice(it, skip, None) if skip else it)
+
+
+class ChainedIndex:
+    """The index sampler torch iterates when epochs chain: ``index`` (a :class:`ResumableIndex`) for the epoch
+    the chain begins with, its skip included, then pass after pass of the sampler inside it (a PlanSampler runs
+    the next epoch at each pass), ending after a pass of no items, so that epochs of no steps never spin.
+
+    Each ``iter()`` starts ``lengths``, the items of each pass begun: ``first`` (the loader sets it) for the first
+    pass, then each later one's, appended (by the thread that drives torch's iterator) before its first item.
+    ``chain = False``: one pass, as ``index`` alone.
+    """
+
+    def __init__(self, index: ResumableIndex) -> None:
+        self.index = index
+        self.first = 0
+        self.chain = True
+        self.lengths: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __iter__(self) -> Iterator[Any]:
+        lengths = self.lengths = [self.first]
+        return self._passes(lengths)
+
+    def _passes(self, lengths: list[int]) -> Iterator[Any]:
+        n = 0
+        for item in self.index:
+            n += 1
+            yield item
+        while n and self.chain:
+            lengths.append(len(self.index.inner))
+            n = 0
+            for item in self.index.inner:
+                n += 1
+                yield item
