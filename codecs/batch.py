@@ -38,7 +38,25 @@ from mmfeed.codecs.video import (
     resolve_request,
 )
 
-__all__ = ["FrameRequest", "VideoReaderCache", "decode_batch"]
+__all__ = ["FrameRequest", "READER_BUDGET_BYTES", "VideoReaderCache", "decode_batch", "readers_within"]
+
+READER_BUDGET_BYTES = 128 * 2**20
+"""Decoder memory a source's reader cache may hold per thread (see :func:`readers_within`)."""
+
+
+def readers_within(frame_shapes: Iterable[tuple[int, ...]], budget_bytes: int = READER_BUDGET_BYTES) -> int:
+    """How many readers to keep open per thread: the budget over a decoder's frame pool at the largest frame
+    (about 8 frames of 4:2:0 pictures), between 4 and 64. Reopening a video costs a probe, a container open and
+    a converter (6-10 ms measured): under a global shuffle over more videos than the cache holds it happens on
+    nearly every read, so the cache is sized by memory, not by a fixed count.
+
+    >>> readers_within([(240, 320, 3)]), readers_within([(1080, 1920, 3)])
+    (64, 5)
+    """
+    area = max((int(s[0]) * int(s[1]) for s in frame_shapes), default=0)
+    if area <= 0:
+        return 8
+    return int(min(64, max(4, budget_bytes // (area * 3 // 2 * 8))))
 
 
 @dataclass(frozen=True, eq=False)

@@ -162,27 +162,32 @@ def _payload_plan(lay: SampleLayout, layout, index: dict[str, int]) -> tuple[dic
 def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:
     """Give each request's frames a slice of one payload buffer per video feature (shared memory in a worker), so
     the decoder writes every frame straight to where the batch holds it: no gather, no concatenation. Only for
-    features whose frames every sample takes in read order, from sources that know their frame size."""
+    features whose frames every sample reading them takes in read order, from sources that know their frame size.
+    In a mixture a sample of a dataset without the feature takes no frames of it (its slice is empty), so each
+    camera of each embodiment is decoded in place too."""
     if not requests:
         return requests, {}
     videos = [f for f, feat in source.features.items() if feat.kind == "video"]
-    keys = [f for f in videos if all(f in r.indices and p[0].get(f) is _IN_ORDER for r, p in zip(requests, sample_plans))]
     buffers, outs = {}, [{} for _ in requests]
-    for feature in keys:
+    for feature in videos:
+        having = [k for k, r in enumerate(requests) if feature in r.indices]
+        if not having or any(sample_plans[k][0].get(feature) is not _IN_ORDER for k in having):
+            continue
         try:
-            shapes = {source.frame_shape(r.episode, feature) for r in requests}
+            shapes = {source.frame_shape(requests[k].episode, feature) for k in having}
         except MemoryError:
             raise
         except Exception:  # an unreadable video: the read below meets it again, under the error policy
             continue
         if len(shapes) != 1 or None in shapes:
             continue
-        counts = [len(r.indices[feature]) for r in requests]
+        counts = [len(r.indices[feature]) if feature in r.indices else 0 for r in requests]
         step = frame_step_shape(*next(iter(shapes)), source.features[feature].frame_format or "rgb24")
         buffer = _alloc(feature, (sum(counts), *step))
         view = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
         start = 0
-        for out, n in zip(outs, counts):
+        for k in having:
+            out, n = outs[k], counts[k]
             out[feature] = view[start : start + n]
             start += n
         buffers[feature] = buffer

@@ -38,7 +38,7 @@ class Normalize:
     stats: feature -> {"mean", "std", "min", "max", "q01", "q99", ...} arrays of the feature's step shape.
     mode: a key of :data:`NORMALIZE_MODES`.
     features: the features to normalize (default: every feature the stats hold that a sample carries; video
-        features are left alone).
+        frames, uint8 tensors of 3 or more dimensions in either frame format, are left alone).
     eps: added to the denominator, so a constant feature does not divide by zero.
     """
 
@@ -72,8 +72,8 @@ class Normalize:
         out = dict(sample)
         for feature, (lo, hi) in self._params.items():
             x = sample.get(feature)
-            if not isinstance(x, torch.Tensor) or x.dtype == torch.uint8 and x.dim() == 4:
-                continue  # absent, or video frames
+            if not isinstance(x, torch.Tensor) or x.dtype == torch.uint8 and x.dim() >= 3:
+                continue  # absent, or video frames (RGB [K, H, W, 3] or yuv420 planes [K, H * 3 // 2, W])
             dtype = x.dtype if x.is_floating_point() else torch.float32
             lo_, hi_ = lo.to(dtype).reshape(lo.shape), hi.to(dtype).reshape(hi.shape)
             if self.mode == "mean_std":

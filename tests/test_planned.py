@@ -180,6 +180,29 @@ def test_a_mixture_reads_each_dataset_with_its_own_features():
         assert int((batch.modality_ids == batch.modalities.index(WRIST)).sum()) == 8 * n_wrist
 
 
+def test_a_mixed_batch_decodes_each_camera_in_place_for_the_samples_that_have_it():
+    """A camera only one dataset has still gets one payload buffer, sliced among the samples that read it (the
+    others take none), and every frame lands where the batch holds it."""
+    from mmfeed.loaders.collate import _IN_ORDER, _decode_in_place
+    from mmfeed.loaders.items import window_requests
+
+    mix = mixture()
+    spec = WindowSpec.from_delta_timestamps({CAM: [0.0], WRIST: [-1 / 30, 0.0], "action": [0.0]})
+    episodes, anchors = np.array([0, 3, 1, 5]), np.array([2, 4, 0, 7])
+    requests = [r for r, _ in window_requests(mix, spec, episodes, anchors)]
+    plans = [({f: _IN_ORDER for f in r.indices}, None, None) for r in requests]  # every feature in read order
+    placed, buffers = _decode_in_place(mix, requests, plans)
+    assert set(buffers) == {CAM, WRIST}
+    assert len(buffers[CAM]) == 4 and len(buffers[WRIST]) == 2 * 2  # only the two samples of dataset "two"
+    assert [WRIST in p.out for p in placed] == [False, True, False, True]
+    read = mix.read_many(placed)
+    for request, got in zip(placed, read):
+        for feature, out in request.out.items():
+            want = mix.read_many([window_requests(mix, spec, np.array([request.episode]),
+                                                  anchors[list(episodes).index(request.episode)][None])[0][0]])[0]
+            assert np.array_equal(got[feature], want[feature]) and np.shares_memory(out, buffers[feature])
+
+
 def test_a_mixture_refuses_one_name_with_two_shapes():
     one = array_source(n=1, name="one")
     other = array_source(n=1, name="other", state_dim=3)
@@ -258,3 +281,15 @@ def test_static_shapes_give_one_shape_per_tensor_for_the_whole_epoch_and_compile
         b = ds[0, s]
         step(b.cu_seqlens, b.data["observation.state"], b.data["observation.state_is_pad"], b.document_ids)
     assert calls["n"] == 1
+
+
+def test_normalize_leaves_video_frames_alone_in_either_frame_format():
+    """Per-channel image stats (LeRobot writes them, shape (3, 1, 1)) never touch uint8 frames: RGB
+    [K, H, W, 3] or yuv420 planes [K, H * 3 // 2, W]; a uint8 array feature [K, D] is normalized."""
+    stats = {f: {"mean": np.full((3, 1, 1), 100.0), "std": np.full((3, 1, 1), 50.0)} for f in ("rgb", "yuv")}
+    stats["grip"] = {"mean": np.array([1.0]), "std": np.array([2.0])}
+    sample = {"rgb": torch.zeros(2, 4, 6, 3, dtype=torch.uint8), "yuv": torch.zeros(2, 6, 6, dtype=torch.uint8),
+              "grip": torch.full((2, 1), 3, dtype=torch.uint8)}
+    out = Normalize(stats)(sample, None)
+    assert out["rgb"] is sample["rgb"] and out["yuv"] is sample["yuv"]
+    assert torch.allclose(out["grip"], torch.ones(2, 1))

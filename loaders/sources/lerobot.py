@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
@@ -151,7 +151,11 @@ class LeRobotSource(EpisodeSource):
                 with self._lock:  # the caches keep one decoder per thread (VideoReaderCache)
                     cache = self._videos.get(size)
                     if cache is None:
-                        cache = self._videos[size] = VideoReaderCache(max_open=4, options=self._options[size])
+                        shapes = [size] if size is not None else [
+                            self.features[k].frame_size for k in self._video_keys
+                            if self._sizes.get(k) is None and self.features[k].frame_size is not None]
+                        cache = self._videos[size] = VideoReaderCache(max_open=readers_within(shapes),
+                                                                      options=self._options[size])
                 decoded = decode_with_context(cache, [i[2] for i in items], [i[3] for i in items])
                 for (r, feature, _, _), frames in zip(items, decoded):
                     out[r][feature] = frames

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from mmfeed.codecs.arrays import load_npy
-from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.video import DecodeOptions
@@ -256,7 +256,9 @@ class WebDatasetSource(EpisodeSource):
         """The decoder cache of one frame size (it keeps one decoder per thread)."""
         with self._lock:
             if size not in self._videos:
-                self._videos[size] = VideoReaderCache(max_open=max(2, self.cache_episodes), backend=self.backend,
+                shapes = [size] if size is not None else [self._stored_shape[f] for f, feat in self.features.items()
+                                                          if feat.kind == "video" and f not in self._sizes]
+                self._videos[size] = VideoReaderCache(max_open=readers_within(shapes), backend=self.backend,
                                                       size=size, frame_format=self.frame_format)
             return self._videos[size]
 
