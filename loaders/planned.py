@@ -26,6 +26,7 @@ earlier ``(world_size, steps)`` segments. :meth:`PlannedDataset.reshard_state` r
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +72,7 @@ class PlannedDataset(torch.utils.data.Dataset):
         self.transform = transform
         self._counter = ErrorCounter(self.errors)  # consecutive failures in this process
         self._plan: tuple[Any, Plan, np.ndarray | None] | None = None
+        self._plan_lock = threading.Lock()
         self._num_steps: dict[Any, int] = {}
         tokens = np.asarray(items.tokens)
         self._max_documents = None
@@ -103,7 +105,13 @@ class PlannedDataset(torch.utils.data.Dataset):
 
     def _cached(self, epoch: int, done: tuple) -> tuple[Plan, np.ndarray | None]:
         key = (int(epoch), tuple((int(w), int(k)) for w, k in done))
-        if self._plan is None or self._plan[0] != key:
+        cached = self._plan  # read once: a chained loader plans the next epoch from its prefetch thread
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        with self._plan_lock:
+            cached = self._plan
+            if cached is not None and cached[0] == key:
+                return cached[1], cached[2]
             drawn = self.epoch_samples(key[0])
             tokens = np.asarray(self.items.tokens)
             groups = self.items.groups
@@ -113,7 +121,7 @@ class PlannedDataset(torch.utils.data.Dataset):
             plan = plan_remainder(tokens, self.config, seed=self.seed, epoch=key[0], world_size=self.world_size,
                                   done=key[1], groups=groups)
             self._plan = (key, plan, drawn)
-        return self._plan[1], self._plan[2]
+        return plan, drawn
 
     def num_steps(self, epoch: int = 0, done: tuple[tuple[int, int], ...] = ()) -> int:
         """Steps of this epoch (the same on every rank); with ``done``, of the rest of it."""
@@ -187,7 +195,12 @@ class PlannedDataset(torch.utils.data.Dataset):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_plan"] = None  # workers recompute it: cheaper to send the index than the plan
+        del state["_plan_lock"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._plan_lock = threading.Lock()
 
 
 class PlanSampler(torch.utils.data.Sampler):

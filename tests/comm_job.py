@@ -94,14 +94,15 @@ def scenario(name):
         ddp(x).square().mean().backward()
         opt.step()
         opt.zero_grad()
-    return timer
+    return timer, ddp
 
 
 def main():
     dist.init_process_group("gloo")
-    out = {}
+    out, models = {}, []  # every model lives to the end: none is torn down while the process group runs
     for name in ("base", "hook_sleep", "slow_collective", "forward_sleep", "overlapped"):
-        timer = scenario(name)
+        timer, ddp = scenario(name)
+        models.append(ddp)
         report = timer.report()
         out[name] = report
         if name == "slow_collective" and len(sys.argv) > 2 and dist.get_rank() == 0:

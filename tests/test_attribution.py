@@ -51,6 +51,11 @@ def comm(tmp_path_factory) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), str(JOB), str(where / "out.json"), str(where / "trace.json")]
     done = procs.run(cmd, env=env, timeout=180)
+    if done.returncode != 0 and "exitcode: -6" in done.stderr:
+        # A rank aborted inside torch ("terminate called without an active exception"): seen about once in 20
+        # runs on a loaded 2-core machine, never on a quiet one. Run the job once more and say so.
+        print("comm job: a rank aborted (SIGABRT); running it again")
+        done = procs.run(cmd[:-4] + [str(free_port()), *cmd[-3:]], env=env, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = json.loads((where / "out.json").read_text())
     out["trace"] = json.loads((where / "trace.json").read_text())
