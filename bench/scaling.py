@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from mmfeed.cli import _positive  # the one parser of "a number >= minimum" for every command line
 from mmfeed.packing.plan import PlanConfig, plan_epoch
 from mmfeed.packing import row_costs
 from mmfeed.packing.balance import step_balance
@@ -287,20 +288,9 @@ def _world_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _at_least(kind: type, minimum: float):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not value >= minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum:g}")
-        return value
-
-    return parse
 
 
-_int0, _int1, _ms = _at_least(int, 0), _at_least(int, 1), _at_least(float, 0.0)
+_int0, _int1, _ms = _positive(int, 0), _positive(int, 1), _positive(float, 0.0)
 
 
 def _measure_main(args: argparse.Namespace) -> int:

@@ -312,8 +312,15 @@ def stale_shards(index_path: str | os.PathLike, table: pa.Table | None = None) -
     ``table``: the index already read from ``index_path`` (else it is read)."""
     table = read_shard_index(index_path) if table is None else table
     recorded = zip(*(table[c].to_pylist() for c in ("shard", "shard_size", "shard_mtime_ns")))
+    return changed_shards(index_path, dict.fromkeys(recorded))
+
+
+def changed_shards(index_path: str | os.PathLike, recorded: Iterable[tuple[str, int | None, int | None]]
+                   ) -> list[str]:
+    """The shards (resolved paths) among ``recorded`` ``(shard, size, mtime_ns)`` whose size or mtime differ now,
+    or that are gone (an mtime of None, recorded or now, is not compared)."""
     stale = []
-    for shard, size, mtime in dict.fromkeys(recorded):
+    for shard, size, mtime in recorded:
         path = resolve_shard(index_path, shard)
         try:
             now_size, now_mtime = stat_file(path)

@@ -35,7 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmfeed.loaders.sources.index import INDEX_VERSION, feature_columns, index_version, read_shard_index, resolve_shard
+from mmfeed.loaders.sources.index import (INDEX_VERSION, changed_shards, feature_columns, index_version,
+                                          read_shard_index, resolve_shard)
 from mmfeed.loaders.sources.tar import open_file, stat_file
 
 __all__ = ["CACHE_VERSION", "IndexArrays", "derive", "index_arrays", "index_cache_dir", "stale"]
@@ -295,13 +296,4 @@ def _read(index_path: str) -> pa.Table:
 
 def stale(index_path: str, arrays: IndexArrays) -> list[str]:
     """Shards (resolved) whose size or mtime differ from what the index recorded, or that are gone."""
-    out = []
-    for shard, (size, mtime) in zip(arrays.shards, arrays.shard_stamps):
-        path = resolve_shard(index_path, shard)
-        try:
-            now_size, now_mtime = stat_file(path)
-        except FileNotFoundError:
-            now_size, now_mtime = None, None
-        if now_size != size or (None not in (mtime, now_mtime) and now_mtime != mtime):
-            out.append(path)
-    return out
+    return changed_shards(index_path, [(s, *stamp) for s, stamp in zip(arrays.shards, arrays.shard_stamps)])
