@@ -126,6 +126,12 @@ def _memory(pid: str = "self") -> dict[str, int]:
     return {"private": kb["Private_Clean"] + kb["Private_Dirty"], "pss": kb["Pss"]}
 
 
+def _high_water() -> int:
+    """This address space's peak RSS (``VmHWM``; ``ru_maxrss`` carries the parent's peak across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def _touch(source) -> int:
     total = int(source._lengths.sum()) + int(source._fps.sum()) + int(source._shard_of.sum())
     for f in source.features:
@@ -161,7 +167,7 @@ def _case_open(episodes: int, directory: str) -> dict:
         workers.append(parent.recv())
         proc.join(60)
     return {"format": "webdataset", "episodes": episodes, "seconds": seconds, "rss_bytes": max(rss, 0),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": _high_water(),
             "worker_private_bytes": max(w["private"] for w in workers),
             "worker_pss_bytes": max(w["pss"] for w in workers)}
 
