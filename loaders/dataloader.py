@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import gc
 import inspect
 import os
 import weakref
@@ -108,13 +109,23 @@ def _prefetcher(loader: DataLoader, source: Iterator[Any]) -> DevicePrefetcher |
     return None
 
 
+def _start_torch_iterator(loader: TorchDataLoader) -> Iterator[Any]:
+    """``iter(loader)``; when that forks new worker processes, the garbage of this process is collected first.
+    A forked worker inherits every unreachable object; its own collector would then tear down, say, a video
+    decoder built here, which can wait forever on threads that exist only in this process. Collected here, such
+    objects go where they were made."""
+    if loader.num_workers > 0 and (not loader.persistent_workers or getattr(loader, "_iterator", None) is None):
+        gc.collect()
+    return iter(loader)
+
+
 class _Chain:
     """Epoch after epoch of batches from one torch iterator (persistent workers), through the loader's recycling
     and prefetcher: the stream runs on across epoch ends. ``pass_`` is the epoch (pass of the chained index) the
     loop is in, ``taken`` the batches of it handed out so far. Holds no reference to the loader."""
 
     def __init__(self, loader: DataLoader) -> None:
-        source: Iterator[Any] = iter(loader._loader)  # torch's persistent iterator, started or reset
+        source = _start_torch_iterator(loader._loader)  # torch's persistent iterator, started or reset
         self.lengths = loader._chained_index.lengths  # the list of the index pass torch now runs
         if loader._recycler is not None:
             source = _recycle(source, loader._recycler)
@@ -401,7 +412,7 @@ class DataLoader:
         else:
             if self._recycler is not None and not self._loader.persistent_workers:
                 self._recycler.clear()  # new workers, new pools
-            it = _LoaderIter(self, iter(self._loader))
+            it = _LoaderIter(self, _start_torch_iterator(self._loader))
         self._active = weakref.ref(it)
         return it
 

@@ -10,6 +10,7 @@ import tempfile
 import time
 
 import pytest
+import torch
 
 from dist_job import packing
 from http_server import serve
@@ -112,3 +113,36 @@ def test_memory_stays_flat_over_ten_epochs_of_persistent_workers(shards, recycle
         sizes.append(rss_kib([os.getpid()] + [p.pid for p in multiprocessing.active_children()]))
     growth = (sizes[-1] - sizes[1]) / sizes[1]
     assert growth < 0.10, f"RSS per epoch (KiB): {sizes}"
+
+
+class _Litter:
+    """Garbage with a finalizer that says in which process it ran."""
+
+    def __init__(self, path) -> None:
+        self.path, self.cycle = path, self
+
+    def __del__(self) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class _Collecting(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        gc.collect()  # a worker's collector runs (as it will, sooner or later)
+        return i
+
+
+def test_garbage_left_before_the_workers_fork_is_collected_here_not_in_them(tmp_path):
+    """Unreachable objects of the training process (a decoder in a reference cycle, say) are finalized in it
+    before DataLoader workers fork, never in a worker that inherited them."""
+    log = tmp_path / "finalized"
+    gc.disable()  # the cycle stays uncollected until someone collects
+    try:
+        _Litter(log)
+        assert list(DataLoader(_Collecting(), batch_size=2, num_workers=2)) != []
+    finally:
+        gc.enable()
+    assert log.read_text().split() == [str(os.getpid())]
