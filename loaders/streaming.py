@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.packing_config import Packing
 from mmfeed.loaders.sources.tar import iter_shard
 from mmfeed.loaders.sources.webdataset import expand_shards
@@ -140,7 +141,7 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         tokenizer, error policy, transform and seed, exactly as for the planned loader.
     config: the stream's own settings (:class:`StreamConfig`).
     rank, world_size: this process's place among the data-parallel ranks.
-    backend, frame_size: as for :func:`~mmfeed.loaders.open_dataset`.
+    backend, frame_size, frame_format: as for :func:`~mmfeed.loaders.open_dataset`.
 
     Use with ``DataLoader(ds, batch_size=None, num_workers=...)``; ``stats`` counts what this process's stream
     did (episodes, samples, oversize samples, skipped episodes, rows, batches, tokens, episodes held).
@@ -148,7 +149,7 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], *, packing: Packing,
                  config: StreamConfig | None = None, rank: int = 0, world_size: int = 1, backend: str = "auto",
-                 frame_size=None) -> None:
+                 frame_size=None, frame_format: str = "rgb24") -> None:
         if not isinstance(packing, Packing):
             raise TypeError(f"packing must be an mmfeed.loaders.Packing, got {type(packing).__name__}")
         if packing.plan.mode != "pack" or not packing.plan.capacity:
@@ -161,7 +162,8 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         self.name = str(shards) if not isinstance(shards, (list, tuple)) else str(self.shards[0])
         self.packing, self.config = packing, config or StreamConfig()
         self.rank, self.world_size = int(rank), int(world_size)
-        self.backend, self.frame_size = backend, frame_size
+        self.backend, self.frame_size, self.frame_format = backend, frame_size, frame_format
+        DecodeOptions(backend=backend, frame_format=frame_format)  # a bad backend or format fails now
         # The epoch lives in shared memory, so that set_epoch in the training process reaches persistent
         # DataLoader workers, which hold copies of this dataset made when they started.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()

@@ -98,7 +98,7 @@ class Stream:
         number = shard * EPISODE_STRIDE + position
         try:
             source = WebDatasetSource.from_memory(ds.shards[shard], [(key, members)], backend=ds.backend,
-                                                  frame_size=ds.frame_size)
+                                                  frame_size=ds.frame_size, frame_format=ds.frame_format)
             items = EpisodeItems(source, layout=p.layout, window=p.window, stride=p.stride, max_length=p.max_length,
                                  capacity=p.plan.capacity, long_episodes=p.long_episodes, tokenizer=p.tokenizer)
         except MemoryError:

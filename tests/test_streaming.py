@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import platform
 
 import numpy as np
 import pytest
@@ -124,6 +125,22 @@ def test_batches_have_the_structure_of_the_planned_dataset(shards):
     assert sorted(streamed.data) == sorted(planned.data) and sorted(streamed.metadata) == sorted(planned.metadata)
     assert all(streamed.data[k].dtype == planned.data[k].dtype for k in planned.data)
     assert all(type(streamed.metadata[k]) is type(planned.metadata[k]) for k in planned.metadata)
+
+
+def test_a_stream_delivers_yuv420_frames_as_the_planned_loader_does(shards):
+    """frame_format="yuv420" reaches the stream's in-memory sources: I420 planes [n, H * 3 // 2, W], the same
+    planes the planned loader delivers for the same first batch."""
+    from mmfeed.codecs.colour import yuv420_to_rgb
+
+    streamed = next(iter(stream(shards, frame_format="yuv420")))
+    rgb = next(iter(stream(shards)))
+    h, w = rgb.data[CAM].shape[1:3]
+    assert streamed.data[CAM].shape == (len(rgb.data[CAM]), h * 3 // 2, w)
+    back = torch.as_tensor(yuv420_to_rgb(streamed.data[CAM].numpy())).int()
+    gap = int((back - torch.as_tensor(rgb.data[CAM]).int()).abs().max())
+    assert gap == 0 if platform.machine() in ("x86_64", "AMD64") else gap <= 3  # swscale's x86 arithmetic
+    with pytest.raises(ValueError, match="frame_format"):
+        stream(shards, frame_format="rgb")
 
 
 def test_whole_episode_chunks_cover_each_episode(shards, episodes):
