@@ -381,3 +381,25 @@ def test_flex_attention_gradients_on_cuda(source):
     ref = unpacked(model, batch, layout, "flex")[3]
     torch.testing.assert_close(out.loss, ref, atol=ATOL, rtol=0)
     assert_grads_close(grads(model, out.loss), grads(model, ref))
+
+
+def test_yuv420_batches_train_the_model_as_their_rgb_frames_do(tmp_path):
+    """The same shards opened with frame_format="yuv420": the model's features are the RGB frames, it converts
+    the planes on the batch's device, and the loss equals the RGB batches' (bit-exact conversion on x86)."""
+    import platform
+
+    out = tmp_path / "shards"
+    write_webdataset(out, make_episodes(**EPISODES), episodes_per_shard=2)
+    rgb, yuv = open_dataset(out), open_dataset(out, frame_format="yuv420")
+    assert model_features(yuv) == model_features(rgb)
+    layout, window, max_length = CASES["window-chunk"]
+    packing = Packing(layout=layout, window=window, max_length=max_length, plan=PlanConfig(capacity=128,
+                                                                                            rows_per_batch=2), seed=2)
+    a, b = next(iter(DataLoader(rgb, packing=packing))), next(iter(DataLoader(yuv, packing=packing)))
+    assert b.data[CAM].shape[1:] == (a.data[CAM].shape[1] * 3 // 2, a.data[CAM].shape[2])
+    model = model_for(layout, model_features(rgb))
+    la, lb = model.loss(a).loss, model.loss(b).loss
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert torch.equal(la, lb)
+    else:
+        torch.testing.assert_close(la, lb, rtol=0.05, atol=0)

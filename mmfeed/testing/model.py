@@ -3,7 +3,8 @@
 It embeds every feature a packed batch carries, by the dataset's own feature names, and trains on it, so that the
 examples show a complete loop and the tests can check end to end that packing changes nothing a model computes:
 
-- video features (uint8 ``[n, H, W, 3]`` payloads) become ``layout.tokens(feature)`` patch tokens per frame: the
+- video features (uint8 ``[n, H, W, 3]`` payloads, or yuv420 planes ``[n, H * 3 // 2, W]``, converted to RGB on
+  the batch's device first) become ``layout.tokens(feature)`` patch tokens per frame: the
   frame is average-pooled to the most nearly square grid of that many ``patch_pixels``-square patches, each
   through a linear patch embedding (one per feature);
 - array features (a vector or scalar per step) become ``layout.tokens(feature)`` tokens per step through a linear
@@ -86,7 +87,9 @@ def model_features(source: Any, names: Sequence[str] | None = None) -> dict[str,
             raise KeyError(f"no feature {name!r}; the source has {sorted(features)}")
         if features[name].kind == "text":
             raise ValueError(f"feature {name!r} is text; the model embeds task text as data['text']")
-    return {name: tuple(features[name].shape) for name in names}
+    # a yuv420 video feature is embedded as the RGB frames its planes convert to (on the batch's device)
+    return {name: (*features[name].frame_size, 3) if getattr(features[name], "frame_format", None) == "yuv420"
+            else tuple(features[name].shape) for name in names}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +272,11 @@ class TinyWorldModel(nn.Module):
                 out = out + self.embed_in[key](prev) * same[:, None].to(dtype)
             return out
         if is_video_shape(self.config.features[name]):
+            h, w, _ = self.config.features[name]
+            if items.dim() == 3 and tuple(items.shape[1:]) == (h * 3 // 2, w):  # yuv420 planes: to RGB here
+                from mmfeed.codecs.colour import yuv420_to_rgb_torch
+
+                items = yuv420_to_rgb_torch(items)
             if items.dim() != 4 or items.shape[-1] != 3:
                 raise ValueError(f"video feature {name!r} needs uint8 [n, H, W, 3] frames, got {list(items.shape)}")
             gh, gw = _grid(self.config.layout.tokens(name))
