@@ -10,6 +10,9 @@ loader and lets it do all the loading). These additions, keyword-only, after tor
 * ``timer=True`` (or a :class:`~mmfeed.loaders.timing.StepTimer`): per-step wait / copy / compute and worker
   stage times in ``loader.timer``. The collate function is then wrapped in
   :class:`~mmfeed.loaders.timing.TimedCollate`; the loop still receives the collated batch itself, same type.
+* ``worker_mode="thread"``: the ``num_workers`` load batches in threads of the training process instead of
+  worker processes (:mod:`mmfeed.loaders.threads`): no dataset copies, no pickling, no shared-memory hand-off;
+  FFmpeg decodes with the GIL released. Same batches, same order, same resume; map-style datasets only.
 * ``recycle_buffers=True`` (default; planned datasets with workers, without ``pin_memory``): workers write the
   decoded frames of later batches into the shared memory of earlier ones once the loop holds no tensor of them
   any more (:mod:`mmfeed.loaders.shm`), which spares the page faults of fresh shared memory in both processes.
@@ -61,6 +64,7 @@ import copy
 import gc
 import inspect
 import os
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -73,11 +77,14 @@ from mmfeed.loaders.planned import PlannedDataset, PlanSampler
 from mmfeed.loaders.prefetch import DevicePrefetcher, _resolve_device
 from mmfeed.loaders.resume import ChainedIndex, ResumableIndex, ShuffleSampler
 from mmfeed.loaders.shm import ReleaseTracker, enable_pool
+from mmfeed.loaders.threads import ThreadedBatches
 from mmfeed.loaders.timing import StepTimer, TimedCollate
 
 __all__ = ["DataLoader"]
 
 _STATE_VERSION = 1
+WORKER_MODES = ("process", "thread")
+"""``worker_mode`` values: worker processes (torch's), or threads of this process (:mod:`mmfeed.loaders.threads`)."""
 _TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
 
 
@@ -296,7 +303,10 @@ class DataLoader:
                  multiprocessing_context: Any = None, generator: torch.Generator | None = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, device: Any = None, prefetch: int = 2,
-                 timer: StepTimer | bool | None = None, packing: Any = None, recycle_buffers: bool = True) -> None:
+                 timer: StepTimer | bool | None = None, packing: Any = None, recycle_buffers: bool = True,
+                 worker_mode: str = "process") -> None:
+        if worker_mode not in WORKER_MODES:
+            raise ValueError(f"worker_mode must be one of {list(WORKER_MODES)}, got {worker_mode!r}")
         if packing is not None:
             dataset = _packed_dataset(dataset, packing)
         if _is_planned(dataset):
@@ -314,7 +324,10 @@ class DataLoader:
             raise TypeError("in_order=False needs torch >= 2.6; upgrade torch or leave in_order=True")
         args = {k: v for k, v in args.items() if k in _TORCH_PARAMS}
         # torch validates the arguments and fills in the defaults (no RNG is drawn and no worker starts here)
-        spec = TorchDataLoader(**args)
+        with warnings.catch_warnings():
+            if worker_mode == "thread":  # threads are no processes: torch's advice on process counts is moot
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+            spec = TorchDataLoader(**args)
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0 (batches ahead on the device), got {prefetch!r}")
         if timer is True:
@@ -340,15 +353,28 @@ class DataLoader:
         torch_args = {**args, **self._make_order(spec, args)}
         if timer is not None:
             torch_args["collate_fn"] = TimedCollate(spec.collate_fn)
+        self.worker_mode = worker_mode
+        threads = worker_mode == "thread" and num_workers > 0
+        if threads:
+            if self._iterable:
+                raise ValueError("worker_mode='thread' loads map-style datasets (an iterable dataset's copies in "
+                                 "threads would share one iterator); use worker processes")
+            # torch's loader only samples and collates here: the threads call it in this process
+            self._threads = {"worker_init_fn": worker_init_fn, "pin_memory": pin_memory, "timeout": timeout,
+                             "depth": num_workers * (spec.prefetch_factor or 2)}
+            torch_args.update(num_workers=0, prefetch_factor=None, persistent_workers=False, worker_init_fn=None,
+                              multiprocessing_context=None, pin_memory=False, timeout=0)
+        else:
+            self._threads = None
         self._recycler: ReleaseTracker | None = None
-        if recycle_buffers and _is_planned(dataset) and num_workers > 0 and not pin_memory:
+        if recycle_buffers and _is_planned(dataset) and num_workers > 0 and not pin_memory and not threads:
             per_key = (spec.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
             torch_args["worker_init_fn"] = _RecyclingInit(per_key, worker_init_fn)
             self._recycler = ReleaseTracker(stale_after=8 * num_workers * per_key)
         # epochs chain (one torch iterator for all of them): planned datasets with persistent workers, in order
         self._plan_sampler = self.sampler if isinstance(self.sampler, PlanSampler) else None
         self._chained_index: ChainedIndex | None = None
-        if (self._plan_sampler is not None and num_workers > 0 and persistent_workers and in_order
+        if (self._plan_sampler is not None and num_workers > 0 and persistent_workers and in_order and not threads
                 and self._index is not None and self._index.target is self._plan_sampler
                 and torch_args.get("sampler") is self._index):
             self._chained_index = torch_args["sampler"] = ChainedIndex(self._index)
@@ -412,7 +438,12 @@ class DataLoader:
         else:
             if self._recycler is not None and not self._loader.persistent_workers:
                 self._recycler.clear()  # new workers, new pools
-            it = _LoaderIter(self, _start_torch_iterator(self._loader))
+            if self._threads is not None:
+                opts = dict(self._threads)
+                source = ThreadedBatches(self._loader, self.num_workers, opts.pop("depth"), **opts)
+            else:
+                source = _start_torch_iterator(self._loader)
+            it = _LoaderIter(self, source)
         self._active = weakref.ref(it)
         return it
 
