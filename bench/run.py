@@ -118,6 +118,7 @@ class BenchRun:
     step_ms: simulated step in ms; None derives it from mmfeed's capacity (``LOAD_FRACTION``).
     device: where mmfeed's prefetcher puts batches ("cpu": a prefetch thread, nothing moved; "cuda").
     prefetch: batches mmfeed's prefetcher keeps ready.
+    worker_mode: mmfeed's workers: "process" (torch's worker processes) or "thread" (threads of this process).
     limit: measure the decode limit.
     sweep: worker counts for the scaling curve (empty: none).
     progress: show progress bars on stderr.
@@ -131,6 +132,7 @@ class BenchRun:
     step_ms: float | None = None
     device: str = "cpu"
     prefetch: int = 2
+    worker_mode: str = "process"
     limit: bool = True
     sweep: tuple[int, ...] = ()
     progress: bool = True
@@ -203,7 +205,7 @@ def _mmfeed(cfg: LoaderBench, data: Any, run: BenchRun) -> _System:
     timer = StepTimer(num_workers=cfg.workers)
     planned = cfg.planned(open_dataset(data, backend=cfg.backend), dataset=_Counted)
     loader = DataLoader(planned, num_workers=cfg.workers, persistent_workers=cfg.workers > 0, device=run.device,
-                        prefetch=run.prefetch, timer=timer)
+                        prefetch=run.prefetch, timer=timer, worker_mode=run.worker_mode)
     tokens = planned.items.tokens
     if len(tokens) and int(tokens.max()) > cfg.capacity:
         raise ValueError(f"samples cost up to {int(tokens.max())} tokens but --capacity is {cfg.capacity}: raise "
@@ -454,7 +456,8 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
     report["settings"] = {**asdict(cfg), "videos": list(cfg.video_features), "data": data, "repeats": run.repeats,
                           "stretch_s": run.stretch_s, "lead_s": run.lead_s, "warm_s": run.warm_s,
                           "step_ms": run.step_ms, "load_fraction": None if run.step_ms is not None else LOAD_FRACTION,
-                          "device": run.device, "prefetch": run.prefetch, "limit": run.limit, "sweep": list(run.sweep),
+                          "device": run.device, "prefetch": run.prefetch, "worker_mode": run.worker_mode,
+                          "limit": run.limit, "sweep": list(run.sweep),
                           "baseline_batch_size": base["batch_size"]}
     report["environment"] = environment()
     keys = [k for k in (*_CAPACITY, "stall_fraction", "wait_s", "decode_limit_frames_per_s",

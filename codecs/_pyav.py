@@ -14,6 +14,7 @@ a colour conversion: :mod:`mmfeed.codecs.colour` converts them later, on the dev
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable
 
 import numpy as np
@@ -25,16 +26,24 @@ __all__ = ["PyAVReader", "decode_totals", "seek_cost_frames"]
 
 log = logging.getLogger(__name__)
 
-# Readers opened, frames decoded and seeks by every PyAVReader of this process: readers come and go (caches close
-# them), a benchmark takes differences of these running totals around the work it measures.
-_totals = {"opened": 0, "frames_decoded": 0, "seeks": 0}
+# Readers opened, frames decoded and seeks by the PyAVReaders of each thread: readers come and go (caches close
+# them), a benchmark takes differences of these running totals around the work it measures. Per thread, so that
+# loader threads working side by side (worker_mode="thread") each count only their own batch.
+_local = threading.local()
+
+
+def _counts() -> dict[str, int]:
+    counts = getattr(_local, "totals", None)
+    if counts is None:
+        counts = _local.totals = {"opened": 0, "frames_decoded": 0, "seeks": 0}
+    return counts
 
 
 def decode_totals() -> dict[str, int]:
-    """``{"opened", "frames_decoded", "seeks"}`` of every PyAV reader in this process so far (running totals; a
-    forked child starts from its parent's): readers opened, frames the decoder produced (GOP dependencies
-    included) and seeks."""
-    return dict(_totals)
+    """``{"opened", "frames_decoded", "seeks"}`` of the PyAV readers this thread used so far (running totals; a
+    forked child's thread starts from its parent's): readers opened, frames the decoder produced (GOP
+    dependencies included) and seeks."""
+    return dict(_counts())
 
 
 def seek_cost_frames(threads: int) -> int:
@@ -79,7 +88,7 @@ class PyAVReader:
         self._frames = None  # the live decode generator, or None when the next read must seek
         self._pos = -1  # presentation index of the last frame the decoder produced
         self.frames_decoded = 0  # running counters, for benchmarks and tests
-        _totals["opened"] += 1
+        _counts()["opened"] += 1
         self.seeks = 0
 
     @property
@@ -162,7 +171,7 @@ class PyAVReader:
                 duration=self.info.duration,
             ) from exc
         self.seeks += 1
-        _totals["seeks"] += 1
+        _counts()["seeks"] += 1
         self._frames = self._container.decode(self._stream)
         self._pos = -1
 
@@ -172,7 +181,7 @@ class PyAVReader:
         try:
             for frame in self._frames:
                 self.frames_decoded += 1
-                _totals["frames_decoded"] += 1
+                _counts()["frames_decoded"] += 1
                 idx = self._index_of.get(frame.pts, -1) if frame.pts is not None else -1
                 if idx < 0:
                     continue

@@ -136,7 +136,7 @@ def _bench(args: argparse.Namespace) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     run = BenchRun(data=args.data, repeats=args.repeats, stretch_s=args.stretch_s, step_ms=args.step_ms,
                    lead_s=0.0 if args.quick else BenchRun.lead_s, warm_s=0.0 if args.quick else BenchRun.warm_s,
-                   device=device, limit=not args.no_limit,
+                   device=device, limit=not args.no_limit, worker_mode=args.worker_mode,
                    sweep=args.sweep or (), progress=not args.no_progress)
     report = run_bench(cfg, run)
     print(render(report))
@@ -269,6 +269,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="simulated training step in ms (default: 1 / (0.8 x mmfeed's measured capacity))")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where mmfeed's prefetcher puts batches (default cuda if available, else cpu)")
+    p.add_argument("--worker-mode", choices=["process", "thread"], default="process",
+                   help="mmfeed's workers: processes (default) or threads of the training process")
     p.add_argument("--seed", type=INT0, help="seed of the synthetic data and the plan (default 0)")
     p.add_argument("--no-limit", action="store_true", help="do not measure the decode limit")
     p.add_argument("--json", metavar="FILE", help="write every figure, the settings and the environment as JSON "
