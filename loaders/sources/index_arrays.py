@@ -282,13 +282,9 @@ def _is_current(index_path: str) -> bool:
 
 
 def _read(index_path: str) -> pa.Table:
-    """The index table with only the columns reading needs (no member lists, no stats partials); the errors of
-    :func:`.index.read_shard_index` for a file that is not an index of this version."""
-    if index_version(index_path) != INDEX_VERSION:
-        read_shard_index(index_path)  # raises, naming the file and the command that rebuilds it
-    with open_file(index_path) as f:
-        names = pq.read_schema(f).names
-    if not set(_READ) <= set(names):  # an older layout: the full reader fills in what it lacks
+    """The index table with only the columns reading needs (no member lists, no stats partials); an index of
+    another version or layout goes through :func:`.index.read_shard_index` (its errors, its fill-ins)."""
+    if not _is_current(index_path):
         return read_shard_index(index_path).select(_READ)
     with open_file(index_path) as f:
         return pq.read_table(f, columns=_READ)
