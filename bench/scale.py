@@ -133,6 +133,7 @@ def _high_water() -> int:
 
 
 def _touch(source) -> int:
+    """Read every index column a source holds (the pages of the mapped index arrays); their sum."""
     total = int(source._lengths.sum()) + int(source._fps.sum()) + int(source._shard_of.sum())
     for f in source.features:
         offsets, sizes = source._members[f]
@@ -141,10 +142,12 @@ def _touch(source) -> int:
 
 
 def _worker(source, conn) -> None:
+    """In a forked worker: read every index column and send how much private memory that added, the PSS after
+    it and the columns' sum."""
     before = _memory()
-    _touch(source)
+    total = _touch(source)
     after = _memory()
-    conn.send({"private": after["private"] - before["private"], "pss": after["pss"]})
+    conn.send({"private": after["private"] - before["private"], "pss": after["pss"], "total": total})
 
 
 def _case_open(episodes: int, directory: str) -> dict:

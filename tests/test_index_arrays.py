@@ -137,38 +137,27 @@ def test_unwritable_cache_still_opens(synthetic, tmp_path, monkeypatch, caplog):
     assert "cannot cache the index arrays" in caplog.text
 
 
-def _private_growth(source, conn) -> None:
-    def private() -> int:
-        with open(f"/proc/{os.getpid()}/smaps_rollup") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return sum(int(fields[k].split()[0]) * 1024 for k in ("Private_Clean", "Private_Dirty"))
-
-    before = private()
-    total = int(source._lengths.sum()) + sum(int(o.sum() + s.sum()) for o, s in source._members.values())
-    total += sum(int(r.sum()) for r in source._rates.values()) + int(source._frames["action"].sum())
-    conn.send((private() - before, total))
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc smaps_rollup")
 def test_forked_workers_share_the_mapped_index(tmp_path):
     """Two forked processes read every column of a 200k-episode index (~35 MB of arrays) the parent read too:
     their private memory grows by far less than that (the pages are the cache file's, shared by every process
     that maps it); a pickled source is the path."""
+    from mmfeed.bench.scale import _touch, _worker  # what `mmfeed bench scale` measures, here asserted
+
     src = WebDatasetSource(os.path.dirname(write_synthetic_index(tmp_path / "big", 200_000)))
     size = os.path.getsize(src._index.path)
-    parent_read, sink = mp.Pipe()
-    _private_growth(src, sink)  # the parent (the training process) has read the index too
+    total = _touch(src)  # the parent (the training process) has read the index too
     ctx = mp.get_context("fork")
     growth = []
     for _ in range(2):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_private_growth, args=(src, child))
+        proc = ctx.Process(target=_worker, args=(src, child))
         proc.start()
         growth.append(parent.recv())
         proc.join(30)
     assert size > 30e6
-    assert all(g < 2e6 for g, _ in growth), growth
-    assert growth[0][1] == growth[1][1] > 0
+    assert all(g["private"] < 2e6 for g in growth), growth
+    assert growth[0]["total"] == growth[1]["total"] == total > 0
     blob = pickle.dumps(src)
     assert len(blob) < 100 * len(src._shards) + 20_000, len(blob)  # the shard paths, nothing per episode
     back = pickle.loads(blob)
