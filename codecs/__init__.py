@@ -16,13 +16,14 @@ from mmfeed.codecs.colour import yuv420_to_rgb
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.demux import VideoInfo, probe
 from mmfeed.codecs.encode import encode_video
-from mmfeed.codecs.text import ByteTokenizer, HFTokenizer, Tokenizer
+from mmfeed.codecs.text import ByteTokenizer, FixedLengthTokenizer, HFTokenizer, Tokenizer
 from mmfeed.codecs.video import BACKENDS, DecodeOptions, VideoReader, choose_backend, open_reader, read_frames
 
 __all__ = sorted(
     [
         "BACKENDS",
         "ByteTokenizer",
+        "FixedLengthTokenizer",
         "DecodeError",
         "DecodeOptions",
         "FrameRequest",

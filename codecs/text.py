@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "Tokenizer"]
+__all__ = ["ByteTokenizer", "FixedLengthTokenizer", "HFTokenizer", "Tokenizer"]
 
 
 @runtime_checkable
@@ -106,6 +106,43 @@ class HFTokenizer:
             raise TypeError(f"HFTokenizer.encode takes a str, got {type(text).__name__}")
         ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
         return np.asarray(ids, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class FixedLengthTokenizer:
+    """Every text as exactly ``length`` ids: ``base``'s ids cut after ``length`` or padded with ``pad_id``.
+
+    What VLA policies do with their prompt (a fixed text budget, e.g. 48 tokens). With it, per-frame windows of
+    one dataset all cost the same tokens, and the planned loader plans them arithmetically, storing nothing per
+    window (:class:`mmfeed.packing.uniform.UniformPlan`).
+
+    >>> FixedLengthTokenizer(ByteTokenizer(), 4, pad_id=0).encode("hello").tolist()
+    [104, 101, 108, 108]
+    """
+
+    base: Any
+    length: int
+    pad_id: int
+
+    def __post_init__(self) -> None:
+        if not callable(getattr(self.base, "encode", None)):
+            raise TypeError(f"base must have encode(text) -> ids, got {type(self.base).__name__}")
+        for name in ("length", "pad_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "length" else 0):
+                raise ValueError(f"{name} must be an int >= {1 if name == 'length' else 0}, got {value!r}")
+
+    @property
+    def vocab_size(self) -> int:
+        """The base's vocabulary, widened to hold ``pad_id``."""
+        return max(int(getattr(self.base, "vocab_size", 0)), self.pad_id + 1)
+
+    def encode(self, text: str) -> np.ndarray:
+        """int32 ``[length]`` ids."""
+        ids = np.asarray(self.base.encode(text), dtype=np.int32)[: self.length]
+        if len(ids) < self.length:
+            ids = np.concatenate([ids, np.full(self.length - len(ids), self.pad_id, dtype=np.int32)])
+        return ids
 
 
 def _import_tokenizers():

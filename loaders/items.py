@@ -25,9 +25,10 @@ from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.mixture import weighted_draw
-from mmfeed.packing.windows import WindowSpec, chunk_frames, episode_chunks, episode_windows, window_indices
+from mmfeed.packing.windows import WindowSpec, chunk_frames, episode_chunks, window_indices
 
-__all__ = ["LONG_EPISODES", "EpisodeItems", "RecordItems", "chunk_requests", "window_requests"]
+__all__ = ["LONG_EPISODES", "EpisodeItems", "EpisodeWindows", "RecordItems", "SampleColumn", "chunk_requests",
+           "window_requests"]
 
 LONG_EPISODES = ("split", "truncate")
 
@@ -98,13 +99,15 @@ class EpisodeItems:
         self._setup(source, layout, window, tokenizer)
         lengths = np.asarray(source.lengths, dtype=np.int64)
         if window is not None:
-            self._set_samples(*episode_windows(lengths, stride=stride))
+            self._set_windows(lengths, stride)
+            per_episode = self._windows.per_episode
         else:
             self._cut_chunks(lengths, max_length, capacity, long_episodes)
+            per_episode = np.bincount(self.episode, minlength=len(lengths))
         self.groups = self.episode
         self._draw = None
         if weights is not None:
-            sizes = np.bincount(_dataset_of(source)[self.episode], minlength=len(weights))
+            sizes = np.bincount(_dataset_of(source), weights=per_episode, minlength=len(weights)).astype(np.int64)
             self._draw = (sizes, np.asarray(weights, dtype=np.float64))
             weighted_draw(sizes, self._draw[1], seed=0, epoch=0)  # validates the weights
 
@@ -131,14 +134,73 @@ class EpisodeItems:
 
     def _set_samples(self, episode: np.ndarray, start: np.ndarray, length: np.ndarray | None = None) -> None:
         """Take these samples and price them: windows (``length`` None) or chunks of ``length`` steps."""
+        self._windows = None
         self.episode, self.start = episode, start
         self.length = np.ones(len(episode), dtype=np.int64) if length is None else length
-        self.task = self._sample_tasks()
+        self.task = self._sample_tasks(episode, start)
         if self.window is not None:
             counts = {f: len(d) * self.source.present(f)[episode] for f, d in self.window.deltas.items()}
         else:
             counts = self._chunk_counts(episode, start, self.length)
         self.tokens = self.layout.price(counts, self._text_lengths(self.task))
+
+    def _set_windows(self, lengths: np.ndarray, stride: int) -> None:
+        """One window every ``stride`` steps of every episode, stored per episode only: the per-sample columns
+        (``episode``, ``start``, ``length``, ``task``, ``tokens``) compute the samples asked of them."""
+        self._windows = EpisodeWindows(lengths, stride)
+        n = len(self._windows)
+        self.episode, self.start, self.length, self.task, self.tokens = (
+            SampleColumn(self, name, n) for name in ("episode", "start", "length", "task", "tokens"))
+
+    @property
+    def uniform_price(self) -> int | None:
+        """The one token price of every sample, when all samples cost the same (per-frame windows whose features
+        and task text have one size across episodes), else None. A planned dataset then plans arithmetically,
+        without a price per sample (:class:`~mmfeed.packing.uniform.UniformPlan`)."""
+        if not hasattr(self, "_uniform"):
+            self._uniform = self._find_uniform_price()
+        return self._uniform
+
+    def _find_uniform_price(self) -> int | None:
+        if self._windows is None:
+            prices = np.unique(np.asarray(self.tokens))
+            return int(prices[0]) if len(prices) == 1 else None
+        have = self._windows.per_episode > 0
+        if not have.any():
+            return None
+        counts = {f: len(d) * self.source.present(f)[have] for f, d in self.window.deltas.items()}
+        task = self.source.episode_tasks[have].astype(np.int64)
+        if (task < 0).any():  # some episode changes task: every task's text must then have one length
+            text = np.unique(self._text_lengths(np.arange(len(self.text), dtype=np.int64)))
+            if len(text) > 1:
+                return None
+            task = np.where(task < 0, 0, task)
+        prices = np.unique(self.layout.price(counts, self._text_lengths(task)))
+        return int(prices[0]) if len(prices) == 1 else None
+
+    @property
+    def min_price(self) -> int:
+        """The lowest token price of a sample (1 when there are none)."""
+        price = self.uniform_price
+        if price is not None:
+            return price
+        tokens = np.asarray(self.tokens)
+        return int(tokens.min()) if len(tokens) else 1
+
+    def _column(self, name: str, samples: np.ndarray) -> np.ndarray:
+        """Values of the per-sample column ``name`` for ``samples`` (windows stored per episode)."""
+        episode, start = self._windows.locate(samples)
+        if name == "episode":
+            return episode
+        if name == "start":
+            return start
+        if name == "length":
+            return np.ones(len(samples), dtype=np.int64)
+        task = self._sample_tasks(episode, start)
+        if name == "task":
+            return task
+        counts = {f: len(d) * self.source.present(f)[episode] for f, d in self.window.deltas.items()}
+        return self.layout.price(counts, self._text_lengths(task))
 
     def __len__(self) -> int:
         return len(self.episode)
@@ -186,14 +248,14 @@ class EpisodeItems:
         return collate(self, rows, capacity, **kwargs)
 
     # -- pricing -------------------------------------------------------------------------------------------------
-    def _sample_tasks(self) -> np.ndarray:
+    def _sample_tasks(self, episode: np.ndarray, start: np.ndarray) -> np.ndarray:
         """The task id of each sample: its episode's, or its anchor step's where the episode changes task."""
-        task = self.source.episode_tasks[self.episode].astype(np.int64)
+        task = self.source.episode_tasks[episode].astype(np.int64)
         varies = np.flatnonzero(task < 0)
         if len(varies):
-            for e in np.unique(self.episode[varies]):
-                mine = varies[self.episode[varies] == e]
-                task[mine] = self.source.step_tasks(int(e))[self.start[mine]]
+            for e in np.unique(episode[varies]):
+                mine = varies[episode[varies] == e]
+                task[mine] = self.source.step_tasks(int(e))[start[mine]]
         return task
 
     def _text_lengths(self, task: np.ndarray) -> np.ndarray:
@@ -226,6 +288,73 @@ class EpisodeItems:
             self.stats["split_episodes"] = 0
             self.episode, self.start, self.length = episode[first], start[first], length[first]
             self.task, self.tokens = self.task[first], tokens[first]
+
+
+class EpisodeWindows:
+    """The windows ``(episode, anchor step)`` taken every ``stride`` steps of every episode, episode-major, from
+    cumulative counts per episode: memory per episode, not per window (a quarter of a billion per-frame windows
+    over a million episodes cost 16 MB)."""
+
+    def __init__(self, lengths: np.ndarray, stride: int) -> None:
+        if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 1:
+            raise ValueError(f"stride must be an integer >= 1 (steps between anchors), got {stride!r}")
+        self.stride = int(stride)
+        self.per_episode = (np.asarray(lengths, dtype=np.int64) + self.stride - 1) // self.stride
+        self.ends = np.cumsum(self.per_episode)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """int64 ``(episode, anchor step)`` of each sample id (what :func:`mmfeed.packing.windows.episode_windows`
+        gives at that id)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        episode = np.searchsorted(self.ends, samples, side="right")
+        first = self.ends[episode] - self.per_episode[episode]
+        return episode.astype(np.int64), (samples - first) * self.stride
+
+
+class SampleColumn:
+    """One per-sample column of windowed items, computed for the samples indexed (``column[ids]``, ``column[i]``,
+    a slice or a mask); ``np.asarray(column)`` computes every sample's value (O(samples), for the eager plan)."""
+
+    def __init__(self, items: EpisodeItems, name: str, size: int) -> None:
+        self._items, self._name, self._size = items, name, size
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self._size,)
+
+    ndim, dtype = 1, np.dtype(np.int64)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if not -self._size <= key < self._size:
+                raise IndexError(f"sample {key} out of range ({self._size} samples)")
+            return self._items._column(self._name, np.array([int(key) % self._size]))[0]
+        if isinstance(key, slice):
+            return self._items._column(self._name, np.arange(self._size, dtype=np.int64)[key])
+        ids = np.asarray(key)
+        if ids.dtype == bool:
+            if ids.shape != (self._size,):
+                raise IndexError(f"a mask over {self._size} samples has shape {ids.shape}")
+            ids = np.flatnonzero(ids)
+        if ids.size and (ids.dtype.kind not in "iu" or ids.min() < -self._size or ids.max() >= self._size):
+            raise IndexError(f"sample ids out of range ({self._size} samples)")
+        return self._items._column(self._name, ids.astype(np.int64) % max(self._size, 1)).reshape(ids.shape)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self[:]
+        return values if dtype is None else values.astype(dtype)
+
+    def __iter__(self):
+        return iter(self[:])
+
+    def __repr__(self) -> str:
+        return f"SampleColumn({self._name!r}, {self._size} samples)"
 
 
 def _check_features(source: EpisodeSource, layout: TokenLayout, features: Sequence[str], *, chunked: bool) -> None:

@@ -26,6 +26,7 @@ earlier ``(world_size, steps)`` segments. :meth:`PlannedDataset.reshard_state` r
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,10 +37,15 @@ import torch
 from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.plan import Plan, PlanConfig, plan_remainder
+from mmfeed.packing.uniform import UniformPlan, uniform_remainder
 
 __all__ = ["PLAN_VERSION", "PlanSampler", "PlannedDataset"]
 
-PLAN_VERSION = 2
+logger = logging.getLogger(__name__)
+
+_EAGER_WARN = 20_000_000  # samples planned one by one past which the plan's memory is worth a warning
+
+PLAN_VERSION = 3
 """Counts changes of the plan's order; a saved state of another version is refused (its cursor would point into
 another order)."""
 
@@ -74,10 +80,10 @@ class PlannedDataset(torch.utils.data.Dataset):
         self._plan: tuple[Any, Plan, np.ndarray | None] | None = None
         self._plan_lock = threading.Lock()
         self._num_steps: dict[Any, int] = {}
-        tokens = np.asarray(items.tokens)
         self._max_documents = None
-        if self.config.capacity and len(tokens):
-            self._max_documents = self.config.rows_per_batch * max(self.config.capacity // int(tokens.min()), 1)
+        if self.config.capacity and len(items):
+            cheapest = items.min_price if hasattr(items, "min_price") else int(np.min(items.tokens))
+            self._max_documents = self.config.rows_per_batch * max(self.config.capacity // cheapest, 1)
 
     @classmethod
     def records(cls, dataset: Any, lengths: Any, **kwargs: Any) -> PlannedDataset:
@@ -93,10 +99,13 @@ class PlannedDataset(torch.utils.data.Dataset):
         """The episode source of episode items (None for records)."""
         return getattr(self.items, "source", None)
 
-    def plan(self, epoch: int, done: tuple[tuple[int, int], ...] = ()) -> Plan:
+    def plan(self, epoch: int, done: tuple[tuple[int, int], ...] = ()) -> Plan | UniformPlan:
         """The whole epoch's plan (all ranks), cached for the last epoch asked; with ``done`` (earlier segments
         ``(world_size, steps)`` of an elastic resume) the plan of the rest of that epoch. Its sample ids are
-        positions in :meth:`epoch_samples` (the identity unless the items draw samples by weight)."""
+        positions in :meth:`epoch_samples` (the identity unless the items draw samples by weight). When every
+        sample costs the same (per-frame windows, ``items.uniform_price``) it is a
+        :class:`~mmfeed.packing.uniform.UniformPlan`: arithmetic over a per-position shuffle, nothing stored per
+        sample."""
         return self._cached(epoch, done)[0]
 
     def epoch_samples(self, epoch: int) -> np.ndarray | None:
@@ -113,15 +122,33 @@ class PlannedDataset(torch.utils.data.Dataset):
             if cached is not None and cached[0] == key:
                 return cached[1], cached[2]
             drawn = self.epoch_samples(key[0])
-            tokens = np.asarray(self.items.tokens)
-            groups = self.items.groups
-            if drawn is not None:
-                tokens = tokens[drawn]
-                groups = None if groups is None else np.asarray(groups)[drawn]
-            plan = plan_remainder(tokens, self.config, seed=self.seed, epoch=key[0], world_size=self.world_size,
-                                  done=key[1], groups=groups)
+            price = self._uniform_price(drawn)
+            if price is not None:  # every sample costs the same: plan arithmetically, nothing per sample
+                plan = uniform_remainder(len(self.items), price, self.config, seed=self.seed, epoch=key[0],
+                                         world_size=self.world_size, done=key[1])
+            else:
+                if len(self.items) > _EAGER_WARN:
+                    logger.warning("planning %d samples one by one (their prices differ), about 40 bytes each; "
+                                   "samples of one price (e.g. per-frame windows with a FixedLengthTokenizer for the "
+                                   "task text) plan arithmetically in constant memory", len(self.items))
+                tokens = np.asarray(self.items.tokens)
+                groups = np.asarray(self.items.groups) if self.config.episode_block else None
+                if drawn is not None:
+                    tokens = tokens[drawn]
+                    groups = None if groups is None else groups[drawn]
+                plan = plan_remainder(tokens, self.config, seed=self.seed, epoch=key[0],
+                                      world_size=self.world_size, done=key[1], groups=groups)
             self._plan = (key, plan, drawn)
         return plan, drawn
+
+    def _uniform_price(self, drawn: np.ndarray | None) -> int | None:
+        """The one price of every sample when the epoch can be planned arithmetically (pack mode over the whole
+        epoch, each sample once, all priced the same and fitting a row), else None."""
+        config = self.config
+        if drawn is not None or config.mode != "pack" or config.episode_block:
+            return None
+        price = getattr(self.items, "uniform_price", None)
+        return price if price is not None and price <= config.capacity else None
 
     def num_steps(self, epoch: int = 0, done: tuple[tuple[int, int], ...] = ()) -> int:
         """Steps of this epoch (the same on every rank); with ``done``, of the rest of it."""
@@ -149,7 +176,9 @@ class PlannedDataset(torch.utils.data.Dataset):
             epoch, step, done = 0, key, ()
         rows = self.batch_samples(int(epoch), int(step), done)
         plan = self.plan(int(epoch), done)
-        num_rows = plan.steps.shape[2] if self.static_shapes else None
+        num_rows = None
+        if self.static_shapes:
+            num_rows = plan.max_rows if isinstance(plan, UniformPlan) else plan.steps.shape[2]
         return self.items.collate(rows, plan.capacity, num_rows=num_rows, static_shapes=self.static_shapes,
                                   max_documents=self._max_documents, errors=self._counter, epoch=int(epoch),
                                   seed=self.seed, transform=self.transform)

@@ -359,3 +359,52 @@ def naive_block_tables(mask: list[list[list[bool]]], block_size: int) -> tuple[l
         full_num.append(fn)
         full_idx.append(fi)
     return kv_num, kv_idx, full_num, full_idx
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64_finaliser(z: int) -> int:
+    """splitmix64's output mix of a 64-bit integer, in Python integers."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def feistel_shuffle(position: int, n: int, keys: list[int]) -> int:
+    """The id at ``position`` of a keyed Feistel permutation of ``[0, n)``: split into two halves of ``h`` bits
+    (``4**h >= n``), one round per key (left, right = right, left ^ (mix(right ^ key) & mask)), repeated while
+    the result falls outside ``[0, n)`` (cycle walking)."""
+    if n <= 1:
+        return position
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = (1 << half) - 1
+    x = position
+    while True:
+        left, right = x >> half, x & mask
+        for key in keys:
+            left, right = right, left ^ (splitmix64_finaliser(right ^ key) & mask)
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
+def uniform_batches(order: list[int], per_row: int, ranks: int, k: int, remainder: str) -> list[list[list[list[int]]]]:
+    """``batches[rank][step]`` = rows (lists of sample ids) when ``order`` is cut into rows of ``per_row`` samples,
+    each step takes the next ``ranks * k`` rows and rank r the r-th k of them; the rows short of a whole last
+    step are dropped ("drop"), completed with empty rows ("pad", left out here) or with rows from the start of
+    the order ("replicate")."""
+    rows = [order[i : i + per_row] for i in range(0, len(order), per_row)]
+    per_step = ranks * k
+    full, extra = divmod(len(rows), per_step)
+    dealt = rows[: full * per_step]
+    if extra and remainder != "drop":
+        dealt = rows[:]
+        if remainder == "replicate":
+            need = per_step - extra
+            dealt += [rows[j % len(rows)] for j in range(need)]
+        else:
+            dealt += [None] * (per_step - extra)
+    steps = len(dealt) // per_step
+    return [[[r for r in dealt[s * per_step + rank * k : s * per_step + (rank + 1) * k] if r is not None]
+             for s in range(steps)] for rank in range(ranks)]

@@ -15,7 +15,7 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.planned import PlanSampler
+from mmfeed.loaders.planned import PLAN_VERSION, PlanSampler
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.packing.mixture import mix_counts
 from mmfeed.testing import make_episodes, read_index, write_lerobot, write_webdataset
@@ -197,7 +197,7 @@ def test_sampler_resumes_at_a_step():
     assert len(sampler) == ds.num_steps(2) - 3
     assert list(sampler) == [(2, s) for s in range(3, ds.num_steps(2))]
     assert list(sampler) == [(3, s) for s in range(ds.num_steps(3))]  # the next pass is the next epoch
-    assert sampler.state_dict() == {"epoch": 4, "plan_version": 2}
+    assert sampler.state_dict() == {"epoch": 4, "plan_version": PLAN_VERSION}
 
 
 def loader_documents(loader, deltas, has=lambda dataset, feature: True):

@@ -169,8 +169,11 @@ class EpisodeSource:
         """Frames of ``feature`` in each episode, int64 ``[E]`` (from the index; nothing is read)."""
         self._check_feature(feature)
         frames = getattr(self, "_frames", {}).get(feature)
-        if frames is None:
-            frames = frames_at_rate(self._lengths, self._fps, self.rates(feature))
+        if frames is None:  # derived from the clock once per feature (a request checks it per sample)
+            derived = self.__dict__.setdefault("_derived_frames", {})
+            frames = derived.get(feature)
+            if frames is None:
+                frames = derived[feature] = frames_at_rate(self._lengths, self._fps, self.rates(feature))
         return frames
 
     def present(self, feature: str) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 from mmfeed.testing.synth_episodes import SyntheticEpisode, _check_ids
 from mmfeed.testing.video import write_video
 
-__all__ = ["write_lerobot"]
+__all__ = ["grow_lerobot", "write_lerobot"]
 
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}
 """The quantiles LeRobot's stats carry beside min, max, mean, std and count."""
@@ -301,3 +301,39 @@ def _image_stats(frames: np.ndarray) -> dict[str, list]:
     pixels = (np.asarray(frames, dtype=np.float64) / 255.0).reshape(-1, 3)
     stats = {k: np.reshape(v, (3, 1, 1)).tolist() for k, v in _stats(pixels).items() if k != "count"}
     return {**stats, "count": [len(frames)]}
+
+
+def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, keep_stats: str = "observation.state"
+                 ) -> str:
+    """Grow the episode metadata of the LeRobot v3 directory ``root`` (written by :func:`write_lerobot`) to
+    ``episodes`` rows, for measuring how opening and planning scale: episode ``i`` is a copy of written episode
+    ``i % n`` (same data rows, video span and tasks), under its own ``episode_index``; ``meta/info.json``'s
+    totals follow. The rows are split over ``files`` parquet files of ``meta/episodes/chunk-000`` as LeRobot
+    splits large metadata; of the per-episode stats only ``keep_stats``'s columns stay (each episode's stats of
+    every feature would make gigabytes at a million episodes; the reader must skip them either way)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = Path(root)
+    meta_dir = root / "meta" / "episodes" / "chunk-000"
+    written = sorted(meta_dir.glob("file-*.parquet"))
+    table = pa.concat_tables(pq.read_table(f) for f in written)
+    keep = [c for c in table.column_names if not c.startswith("stats/") or c.startswith(f"stats/{keep_stats}/")]
+    table = table.select(keep)
+    n = table.num_rows
+    for f in written:
+        f.unlink()
+    bounds = np.linspace(0, episodes, files + 1).astype(np.int64)
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        ids = np.arange(lo, hi, dtype=np.int64)
+        part = table.take(pa.array(ids % n))
+        part = part.set_column(part.column_names.index("episode_index"), "episode_index", pa.array(ids))
+        pq.write_table(part, meta_dir / f"file-{i:03d}.parquet")
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    lengths = table["length"].to_numpy()
+    info["total_episodes"] = int(episodes)
+    info["total_frames"] = int(lengths[np.arange(episodes) % n].sum())
+    info["splits"] = {"train": f"0:{episodes}"}
+    info_path.write_text(json.dumps(info, indent=2))
+    return str(root)
