@@ -1,4 +1,5 @@
-"""``python -m mmfeed.bench.scale [--json PATH] [--quick] [--before]``: planning and BlockMask at scale.
+"""``python -m mmfeed.bench.scale [--json PATH] [--quick] [--before]``: planning, windows, the index and BlockMask
+at scale.
 
 Every case runs in a fresh Python process (``python -m mmfeed.bench.scale --case KIND ARGS``) so its peak RSS is
 its own: ``peak_rss_bytes`` is the child's ``ru_maxrss`` minus its RSS just before the timed call (numba kernels
@@ -17,9 +18,20 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   ``worker_pss_bytes`` its proportional set size after the read (the index's pages split between the
   processes that map them).
 
+- ``windows``: the public path over per-frame windows of a LeRobot v3 directory (4 real AV1 episodes of 250
+  frames, their metadata grown to ``episodes`` rows by :func:`mmfeed.testing.grow_lerobot`; written once into
+  the bench cache): ``open_dataset``, ``ds.windows(spec)``, then ``mmfeed.DataLoader(ds, packing=...)`` at rank 0
+  of ``world_size`` (``RANK``/``WORLD_SIZE``), no worker processes, until its first batch. The window is 2
+  camera frames, 1 state and a 50-step action chunk; capacity 8192, 4 rows per batch. ``prices`` "one": the task
+  text goes through a ``FixedLengthTokenizer`` (48 ids), so every window costs the same and the plan is
+  arithmetic; "varied": UTF-8 bytes, so prices differ with the task and the plan is made sample by sample.
+  ``open_s`` is ``open_dataset``; ``first_batch_s`` from building the loader to holding its first batch;
+  ``peak_rss_bytes`` the process's peak (``VmHWM``, torch and everything imported included) and
+  ``peak_above_import_bytes`` that less its RSS once the imports are done.
+
 ``--before CODE_DIR`` times modules copied from an earlier commit instead (``plan.py``, ``balance.py`` and
-``metadata.py`` read from that folder by path, e.g. ``git show REV:packing/balance.py > DIR/balance.py``).
-The "windows" section of the JSON is left empty here.
+``metadata.py`` read from that folder by path, e.g. ``git show REV:packing/balance.py > DIR/balance.py``);
+the ``windows`` and ``open`` sections are skipped then.
 """
 
 from __future__ import annotations
@@ -38,10 +50,12 @@ import numpy as np
 __all__ = ["main"]
 
 QUICK = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 1024)],
-         "block_mask": [8192, 32768, 131072], "open": [10**5]}
+         "block_mask": [8192, 32768, 131072], "open": [10**5], "windows": [(10**4, 1024, "one")]}
 FULL = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 8), (10**7, 1024), (10**7, 4096),
                  (10**8, 4096)],
-        "block_mask": [8192, 32768, 131072, 1048576], "open": [10**6]}
+        "block_mask": [8192, 32768, 131072, 1048576], "open": [10**6],
+        "windows": [(10**4, 1024, "varied"), (10**4, 1024, "one"), (54_000, 1024, "varied"), (54_000, 1024, "one"),
+                    (10**6, 1024, "one")]}
 
 
 def _rss() -> int:
@@ -175,6 +189,44 @@ def _case_open(episodes: int, directory: str) -> dict:
             "worker_pss_bytes": max(w["pss"] for w in workers)}
 
 
+def _case_windows(episodes: int, world: int, prices: str, root: str) -> dict:
+    os.environ.update(RANK="0", WORLD_SIZE=str(world))
+    import mmfeed
+    from mmfeed.codecs import ByteTokenizer, FixedLengthTokenizer
+    from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
+
+    spec = WindowSpec.from_delta_timestamps({"observation.images.cam_high": [-1 / 30, 0.0],
+                                             "observation.state": [0.0], "action": [i / 30 for i in range(50)]})
+    tokenizer = FixedLengthTokenizer(ByteTokenizer(), 48, pad_id=0) if prices == "one" else ByteTokenizer()
+    packing = Packing(layout=TokenLayout(tokens_per_frame={"observation.images.cam_high": 64}), window=spec,
+                      plan=PlanConfig(capacity=8192, rows_per_batch=4), tokenizer=tokenizer)
+    base = _rss()
+    start = time.perf_counter()
+    ds = open_dataset(root)
+    opened = time.perf_counter()
+    windows = len(ds.windows(spec))
+    loader = mmfeed.DataLoader(ds, packing=packing, num_workers=0)
+    batch = next(iter(loader))
+    done = time.perf_counter()
+    assert int(batch.cu_seqlens[-1]) > 0
+    peak = _high_water()
+    return {"episodes": episodes, "windows": windows, "world_size": world, "prices": prices,
+            "plan": type(loader.dataset.plan(0)).__name__, "steps": len(loader), "open_s": opened - start,
+            "first_batch_s": done - opened, "peak_rss_bytes": peak, "peak_above_import_bytes": peak - base}
+
+
+def _windows_root(episodes: int) -> str:
+    """A LeRobot directory of 4 real episodes whose metadata is grown to ``episodes`` rows (in the bench cache)."""
+    from mmfeed.bench.common import cache_dir
+    from mmfeed.testing import grow_lerobot, make_episodes, write_lerobot
+
+    root = cache_dir("scale-lerobot") / str(episodes)
+    if not (root / "meta" / "info.json").exists():
+        write_lerobot(root, make_episodes(4, seed=0, min_length=250, max_length=250, cameras=("cam_high",)))
+        grow_lerobot(root, episodes)
+    return str(root)
+
+
 def _open_rows(episodes: int, timeout: float) -> list[dict]:
     """The cold and the warm open of the synthetic index of ``episodes`` (written into the bench cache once)."""
     import tempfile
@@ -223,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(_case_plan(int(nums[0]), int(nums[1]), args.before)))
         elif kind == "open":
             print(json.dumps(_case_open(int(nums[0]), nums[1])))
+        elif kind == "windows":
+            print(json.dumps(_case_windows(int(nums[0]), int(nums[1]), nums[2], nums[3])))
         else:
             print(json.dumps(_case_block_mask(int(nums[0]), args.before)))
         return 0
@@ -255,6 +309,17 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{episodes:>9} {row['cache']:>5} {row['seconds']:>8.2f} {row['rss_bytes'] / 2**20:>7.0f} "
                       f"{row['worker_private_bytes'] / 2**20:>17.1f} {row['worker_pss_bytes'] / 2**20:>13.0f}")
+    print(f"\n{'episodes':>9} {'windows':>11} {'ranks':>5} {'prices':>6} {'plan':>11} {'open s':>6} "
+          f"{'1st batch s':>11} {'peak MB':>7} {'above import MB':>15}")
+    for episodes, world, prices in cases["windows"] if not args.before else ():
+        row = _child("windows", [episodes, world, prices, _windows_root(episodes)], None, args.timeout)
+        out["windows"].append(row)
+        if "error" in row:
+            print(f"{episodes:>9} {'':>11} {world:>5} {prices:>6}  {row['error']}")
+        else:
+            print(f"{episodes:>9} {row['windows']:>11} {world:>5} {prices:>6} {row['plan']:>11} "
+                  f"{row['open_s']:>6.2f} {row['first_batch_s']:>11.2f} {row['peak_rss_bytes'] / 2**20:>7.0f} "
+                  f"{row['peak_above_import_bytes'] / 2**20:>15.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
