@@ -464,3 +464,6 @@ def test_bench_scale_quick_writes_the_plan_and_block_mask_figures(tmp_path):
     cold, warm = report["open"]  # a 1e5-episode index: derived once, then mapped
     assert (cold["cache"], warm["cache"]) == ("cold", "warm") and cold["episodes"] == warm["episodes"] == 10**5
     assert warm["rss_bytes"] < cold["rss_bytes"] and warm["worker_private_bytes"] < 20 * 2**20
+    windows, = report["windows"]  # 1e4 LeRobot episodes of 250 steps, one price: planned arithmetically
+    assert windows["windows"] == 250 * 10**4 and windows["plan"] == "UniformPlan" and windows["steps"] > 0
+    assert windows["first_batch_s"] > 0 and windows["peak_rss_bytes"] > windows["peak_above_import_bytes"] > 0
