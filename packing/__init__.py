@@ -1,4 +1,5 @@
-"""mmfeed.packing: pure numeric planning: bin packing, lower bounds, online packing, rank balance, bucketing.
+"""mmfeed.packing: pure numeric planning: bin packing, lower bounds, online packing, rank balance, bucketing,
+the epoch plan (per sample, or arithmetic for samples of one price over a per-position shuffle).
 
 >>> from mmfeed.packing import lower_bound, pack
 >>> plan = pack([5, 3, 7, 1], capacity=8)
@@ -19,6 +20,8 @@ from mmfeed.packing.bounds import lower_bound
 from mmfeed.packing.bucketing import OVERSIZE_POLICIES, bucket_batches, bucket_boundaries
 from mmfeed.packing.online import OnlinePacker, pack_stream
 from mmfeed.packing.plan import MODES, Plan, PlanConfig, consumed_samples, plan_epoch, plan_remainder, worker_steps
+from mmfeed.packing.shuffle import index_shuffle
+from mmfeed.packing.uniform import UniformPlan, uniform_remainder
 
 # public name -> module, imported on first attribute access: PackedBatch lives in packing/batch.py, the only
 # packing module that imports torch, so `import mmfeed.packing` stays torch-free.
@@ -35,10 +38,12 @@ __all__ = sorted(
         "PlanConfig",
         "REMAINDER_POLICIES",
         "RankPlan",
+        "UniformPlan",
         "balance",
         "bucket_batches",
         "bucket_boundaries",
         "consumed_samples",
+        "index_shuffle",
         "lower_bound",
         "pack",
         "pack_stream",
@@ -46,6 +51,7 @@ __all__ = sorted(
         "plan_remainder",
         "row_costs",
         "step_balance",
+        "uniform_remainder",
         "worker_steps",
         *_LAZY,
     ]
