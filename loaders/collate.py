@@ -93,8 +93,9 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         pieces: dict[str, list[np.ndarray]] = {}
         pad_pieces: dict[str, list[np.ndarray]] = {}
         segments, steps, doc_tokens = [], [], []
-        for s, data, pad, lay, (order, doc_segments, doc_steps) in zip(samples, read, pads, layouts, sample_plans):
-            text = items.text[items.task[s]] if items.task[s] >= 0 else None
+        tasks = np.asarray(items.task[samples])  # once for the batch: windowed items compute it per sample id
+        for task, data, pad, lay, (order, doc_segments, doc_steps) in zip(tasks, read, pads, layouts, sample_plans):
+            text = items.text[task] if task >= 0 else None
             if text is not None and len(text):
                 pieces.setdefault(TEXT, []).append(text)
             for feature, positions in order.items():
@@ -126,12 +127,12 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
             d += n
         for _ in range(nrows - len(rows)):
             row_lengths.append([]), row_segments.append([]), row_steps.append([])
-        episode = items.episode[samples]
+        episode, start = np.array(items.episode[samples]), np.array(items.start[samples])
         metadata: dict[str, Any] = {
             "sample": torch.from_numpy(samples),
-            "episode": torch.from_numpy(episode.copy()),
-            "start_step": torch.from_numpy(items.start[samples].copy()),
-            "start_time": torch.from_numpy(items.start[samples] / np.maximum(source.fps[episode], 1e-12)),
+            "episode": torch.from_numpy(episode),
+            "start_step": torch.from_numpy(start),
+            "start_time": torch.from_numpy(start / np.maximum(source.fps[episode], 1e-12)),
             "source": source.name,
         }
         dataset_of = getattr(source, "dataset_of", None)
@@ -298,15 +299,16 @@ def _transform(items, samples, requests, read, pads, transform: Callable, epoch:
     """Run the user's transform on each sample (tensors in, tensors out), with its own seeded generator; the
     number of frames of every feature must stay (tokens were planned before anything was read)."""
     out = []
-    for s, request, data, pad in zip(samples, requests, read, pads):
+    tasks, starts = np.asarray(items.task[samples]), np.asarray(items.start[samples])
+    for s, task, start, request, data, pad in zip(samples, tasks, starts, requests, read, pads):
         if data is None:
             out.append(None)
             continue
         sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
         sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in pad.items()})
-        task = int(items.task[s])
+        task = int(task)
         sample.update(task=items.source.tasks[task] if task >= 0 else "", episode_index=int(request.episode),
-                      frame_index=int(items.start[s]))
+                      frame_index=int(start))
         result = transform(sample, sample_generator(seed, epoch, int(s)))
         if not isinstance(result, dict):
             raise TypeError(f"the transform must return a dict of tensors, got {type(result).__name__}")

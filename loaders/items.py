@@ -215,19 +215,20 @@ class EpisodeItems:
     def requests(self, samples: np.ndarray) -> list[tuple[EpisodeRequest, dict, SampleLayout]]:
         """``(request, is_pad flags, layout)`` of each sample."""
         samples = np.asarray(samples, dtype=np.int64)
+        tasks = np.asarray(self.task[samples])
         if self.window is not None:
             reads = window_requests(self.source, self.window, self.episode[samples], self.start[samples])
             out = []
-            for s, (request, pads) in zip(samples, reads):
+            for task, (request, pads) in zip(tasks, reads):
                 # a window's pieces are the spec's times of the features present: the names alone key its layout
                 names = tuple(request.indices)
                 pieces = {f: self.window.deltas[f] for f in names}
-                out.append((request, pads, self.sample_layout(pieces, int(self.task[s]), key=("window", names))))
+                out.append((request, pads, self.sample_layout(pieces, int(task), key=("window", names))))
             return out
         reads = chunk_requests(self.source, self.features, self.episode[samples], self.start[samples],
                                self.length[samples])
-        return [(request, pads, self.sample_layout(times, int(self.task[s])))
-                for s, (request, pads, times) in zip(samples, reads)]
+        return [(request, pads, self.sample_layout(times, int(task)))
+                for task, (request, pads, times) in zip(tasks, reads)]
 
     def sample_layout(self, pieces: Mapping[str, Sequence[float]], task: int, key: Any = None) -> SampleLayout:
         """The token layout of a sample with these frame times and task (cached: few distinct ones exist);
@@ -352,6 +353,27 @@ class SampleColumn:
 
     def __iter__(self):
         return iter(self[:])
+
+    # comparisons as numpy's, over every sample (``items.episode == 3``)
+    __hash__ = None
+
+    def __eq__(self, other: Any) -> np.ndarray:  # type: ignore[override]
+        return self[:] == other
+
+    def __ne__(self, other: Any) -> np.ndarray:  # type: ignore[override]
+        return self[:] != other
+
+    def __lt__(self, other: Any) -> np.ndarray:
+        return self[:] < other
+
+    def __le__(self, other: Any) -> np.ndarray:
+        return self[:] <= other
+
+    def __gt__(self, other: Any) -> np.ndarray:
+        return self[:] > other
+
+    def __ge__(self, other: Any) -> np.ndarray:
+        return self[:] >= other
 
     def __repr__(self) -> str:
         return f"SampleColumn({self._name!r}, {self._size} samples)"

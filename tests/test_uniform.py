@@ -156,6 +156,7 @@ def test_per_sample_columns_match_the_materialized_windows(shards):
     assert np.array_equal(items.episode[ids], episode[ids]) and np.array_equal(items.start[ids], anchor[ids])
     assert np.array_equal(np.asarray(items.episode), episode) and items.start[3] == anchor[3]
     assert np.array_equal(items.start[2:9], anchor[2:9])
+    assert np.array_equal(items.episode == 2, episode == 2) and np.array_equal(items.start >= 5, anchor >= 5)
     assert np.array_equal(items.task[ids], source.episode_tasks[episode[ids]])
     assert (np.asarray(items.tokens) == items.uniform_price).all()
     with pytest.raises(IndexError, match="out of range"):
