@@ -187,6 +187,27 @@ class EpisodeItems:
         tokens = np.asarray(self.tokens)
         return int(tokens.min()) if len(tokens) else 1
 
+    def _whole_column(self, name: str) -> np.ndarray:
+        """Every sample's value of the column ``name``, built per episode where the value is the episode's (one
+        array of the samples' size, not a temporary per step of the computation)."""
+        per_episode = self._windows.per_episode
+        if name == "episode":
+            return np.repeat(np.arange(len(per_episode), dtype=np.int64), per_episode)
+        if name not in ("task", "tokens"):
+            return self._column(name, np.arange(len(self._windows), dtype=np.int64))
+        task = self.source.episode_tasks.astype(np.int64)
+        if name == "task":
+            values = np.repeat(task, per_episode)
+        else:
+            counts = {f: len(d) * self.source.present(f) for f, d in self.window.deltas.items()}
+            values = np.repeat(self.layout.price(counts, self._text_lengths(task)), per_episode)
+        changing = np.flatnonzero((task < 0) & (per_episode > 0))
+        if len(changing):  # episodes whose task changes: their samples one by one
+            ends = self._windows.ends
+            ids = np.concatenate([np.arange(ends[e] - per_episode[e], ends[e]) for e in changing])
+            values[ids] = self._column(name, ids)
+        return values
+
     def _column(self, name: str, samples: np.ndarray) -> np.ndarray:
         """Values of the per-sample column ``name`` for ``samples`` (windows stored per episode)."""
         episode, start = self._windows.locate(samples)
@@ -348,7 +369,7 @@ class SampleColumn:
         return self._items._column(self._name, ids.astype(np.int64) % max(self._size, 1)).reshape(ids.shape)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        values = self[:]
+        values = self._items._whole_column(self._name)
         return values if dtype is None else values.astype(dtype)
 
     def __iter__(self):

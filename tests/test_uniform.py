@@ -17,7 +17,7 @@ from mmfeed.loaders.planned import PLAN_VERSION, PlanSampler
 from mmfeed.packing.shuffle import index_shuffle, shuffle_keys
 from mmfeed.packing.uniform import UniformPlan, uniform_consumed, uniform_remainder
 from mmfeed.packing.windows import episode_windows
-from mmfeed.testing import make_episodes, write_webdataset
+from mmfeed.testing import make_episodes, write_lerobot, write_webdataset
 from mmfeed.testing.synth_index import write_synthetic_index
 
 from naive import feistel_shuffle, uniform_batches
@@ -161,6 +161,18 @@ def test_per_sample_columns_match_the_materialized_windows(shards):
     assert (np.asarray(items.tokens) == items.uniform_price).all()
     with pytest.raises(IndexError, match="out of range"):
         items.episode[len(episode)]
+
+
+def test_whole_columns_equal_the_columns_per_sample_id_also_where_episodes_change_task(tmp_path):
+    root = write_lerobot(tmp_path / "ds", make_episodes(5, seed=0, min_length=8, max_length=20), task_switch=True)
+    source = open_dataset(root)
+    assert (source.episode_tasks < 0).all()  # every episode changes task halfway
+    items = Packing(layout=TokenLayout(tokens_per_frame={}), window=SPEC, stride=2).dataset(source).items
+    ids = np.arange(len(items))
+    for name in ("episode", "start", "length", "task", "tokens"):
+        assert np.array_equal(np.asarray(getattr(items, name)), getattr(items, name)[ids]), name
+    episode, anchor = episode_windows(source.lengths, stride=2)
+    assert np.array_equal(np.asarray(items.task), [source.step_tasks(e)[a] for e, a in zip(episode, anchor)])
 
 
 def test_prices_that_differ_plan_sample_by_sample_and_one_price_arithmetically(shards):
