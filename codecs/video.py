@@ -1,12 +1,14 @@
 """Video frames as uint8 ``[N, H, W, 3]`` numpy arrays (or I420 planes ``[N, H * 3 // 2, W]`` with
 ``frame_format="yuv420"``, see :mod:`mmfeed.codecs.colour`), by frame index or by presentation time.
 
-Two backends sit behind one small protocol (:class:`VideoReader`) in the :data:`BACKENDS` registry: ``"decord"``
-(H.264/HEVC, fast single-frame seeks) and ``"pyav"`` (everything FFmpeg decodes, AV1 through libdav1d).
+Three backends sit behind one small protocol (:class:`VideoReader`) in the :data:`BACKENDS` registry: ``"decord"``
+(H.264/HEVC, fast single-frame seeks), ``"pyav"`` (everything FFmpeg decodes, AV1 through libdav1d) and the optional
+``"torchcodec"`` (imported only when asked for; see :mod:`mmfeed.codecs._torchcodec` for loading it).
 ``"auto"`` is PyAV for every codec: decord 0.6 cannot open AV1 and seeks open-GOP HEVC wrongly, and where it
 works mmfeed's GOP-coalesced PyAV reader is the faster of the two (``python -m mmfeed.bench.decode``, 640x480
 H.264: 1.26x decord on clips, 1.15x on sparse frames, 1.2x sequentially; 1.45x through the loader). decord stays
-available by name.
+available by name, and so does torchcodec, which "auto" never picks: it is an optional package that loads only
+with FFmpeg's shared libraries on the loader's path, so it cannot be assumed present.
 
 >>> import tempfile, os
 >>> from mmfeed.testing import frame_pattern, read_index, write_video
@@ -27,6 +29,7 @@ from numpy.typing import ArrayLike
 
 from mmfeed.codecs._decord import DecordReader
 from mmfeed.codecs._pyav import PyAVReader
+from mmfeed.codecs._torchcodec import TorchCodecReader
 from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
 from mmfeed.codecs.demux import VideoInfo, VideoSource, frames_at_times, probe, validate_indices
 
@@ -66,7 +69,7 @@ class VideoReader(Protocol):
         ...
 
 
-BACKENDS: dict[str, type] = {"decord": DecordReader, "pyav": PyAVReader}
+BACKENDS: dict[str, type] = {"decord": DecordReader, "pyav": PyAVReader, "torchcodec": TorchCodecReader}
 """Backend name -> reader class; every class takes ``(source, info, *, threads, size)``; PyAV also
 ``frame_format``."""
 
@@ -80,8 +83,8 @@ class DecodeOptions:
     - ``size``: ``(height, width)`` to scale every frame to inside the decoder's converter, or None.
     - ``crop``: ``(top, left, height, width)`` cut from each frame after any resize, or None.
     - ``frame_format``: ``"rgb24"`` (uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, as
-      decoded, without a colour conversion; PyAV only, even sizes and crops; :func:`mmfeed.codecs.colour.
-      yuv420_to_rgb` converts them later, on the device).
+      decoded, without a colour conversion; PyAV only, not decord or torchcodec; even sizes and crops;
+      :func:`mmfeed.codecs.colour.yuv420_to_rgb` converts them later, on the device).
     """
 
     backend: str = "auto"
@@ -112,6 +115,9 @@ class DecodeOptions:
             if self.backend == "decord":
                 raise ValueError("backend 'decord' cannot deliver frame_format='yuv420' (decord only gives RGB); "
                                  "use backend='pyav' or 'auto'")
+            if self.backend == "torchcodec":
+                raise ValueError("backend 'torchcodec' cannot deliver frame_format='yuv420' (mmfeed asks "
+                                 "torchcodec for RGB only); use backend='pyav' or 'auto'")
             if self.size is not None and (self.size[0] % 2 or self.size[1] % 2):
                 raise ValueError(f"frame_format='yuv420' needs an even frame size (4:2:0 chroma covers 2x2 pixels), "
                                  f"got size {self.size}")

@@ -1,0 +1,248 @@
+"""torchcodec backend (optional): ``torchcodec.decoders.VideoDecoder`` in exact seek mode, ``get_frames_at``.
+
+torchcodec is never imported by mmfeed unless ``backend="torchcodec"`` is asked for; ``"auto"`` never picks it
+(it is an optional package whose native libraries need FFmpeg at load time, so it cannot be assumed to load).
+
+Loading it. torchcodec 0.13 (the build for torch 2.13) links against FFmpeg's shared libraries under their
+standard sonames (``libavcodec.so.62``... for FFmpeg 8). PyAV's wheel bundles FFmpeg 8 in ``site-packages/av.libs``
+under mangled names (``libavcodec-5e6b81c2.so.62.28.102``), so a folder of symlinks with the standard names is
+enough; the folder also links PyAV's other bundled libraries under their own names, which the FFmpeg libraries
+find through their ``$ORIGIN`` rpath (resolved against the link's folder). The dynamic loader reads
+``LD_LIBRARY_PATH`` only when a process starts, so set it before python runs::
+
+    pip install torchcodec==0.13.0
+    python -m mmfeed.codecs._torchcodec link ~/.cache/mmfeed/ffmpeg   # prints the export line below
+    export LD_LIBRARY_PATH=~/.cache/mmfeed/ffmpeg${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+The loader recognises a symlinked file that is already loaded (same inode), so a process that imports both PyAV
+and torchcodec holds one copy of FFmpeg. :func:`torchcodec_error` says why torchcodec does not load, if it does not.
+
+Frames: at the native size they are bit-identical to PyAV's rgb24 frames (both convert with swscale from the same
+decoder output). A ``size`` is applied inside torchcodec (``torchcodec.transforms.Resize``: bilinear with
+antialiasing, after the RGB conversion), so resized frames are close to but not identical with PyAV's, which
+scales while converting from YUV (measured on mmfeed's test patterns, H.264 and AV1, 48x64 and 240x320 scaled
+down and up: at most 20 levels apart, 2-5 on average; the burned-in frame index still reads back).
+
+Frame identity: torchcodec's exact mode scans the file and numbers frames in presentation order, as
+:func:`mmfeed.codecs.demux.probe` does; the reader checks that both count the same frames, and that every
+decoded frame's presentation time is the one the demux index gives its index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import logging
+import os
+import re
+import sys
+from typing import Callable
+
+import numpy as np
+
+from mmfeed.codecs.demux import VideoInfo, VideoSource
+from mmfeed.codecs.errors import DecodeError
+
+__all__ = ["TorchCodecReader", "link_pyav_ffmpeg", "torchcodec_available", "torchcodec_error"]
+
+log = logging.getLogger(__name__)
+
+FFMPEG_LIBRARIES = ("avutil", "avcodec", "avformat", "avdevice", "avfilter", "swscale", "swresample")
+"""The FFmpeg libraries torchcodec links against (``ldd libtorchcodec_core8.so``)."""
+
+_MANGLED = re.compile(r"^lib(?P<name>[A-Za-z0-9_]+)-[0-9a-f]{8}\.so\.(?P<major>\d+)(\.\d+)*$")
+
+
+@functools.lru_cache(maxsize=1)
+def torchcodec_error() -> str | None:
+    """None when ``torchcodec.decoders`` imports, else why not (not installed, or its native libraries do not
+    load, with the loader's own message for FFmpeg 8 and the recipe of this module's docstring)."""
+    if importlib.util.find_spec("torchcodec") is None:
+        return "torchcodec is not installed (pip install torchcodec==0.13.0 for torch 2.13)"
+    try:
+        import torchcodec.decoders  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as exc:
+        text = str(exc)
+        found = re.search(r"FFmpeg version 8:.*?(OSError: [^\n]*)", text, re.S)
+        detail = found.group(1) if found else text.strip().splitlines()[-1] if text.strip() else repr(exc)
+        return (f"torchcodec is installed but does not load ({type(exc).__name__}; FFmpeg 8: {detail}); link "
+                "PyAV's FFmpeg with 'python -m mmfeed.codecs._torchcodec link DIR' and start python with DIR on "
+                "LD_LIBRARY_PATH")
+    return None
+
+
+def torchcodec_available() -> bool:
+    """Whether ``backend="torchcodec"`` can open videos in this process."""
+    return torchcodec_error() is None
+
+
+def link_pyav_ffmpeg(folder: str | os.PathLike) -> dict[str, str]:
+    """Fill ``folder`` with symlinks to the libraries PyAV's wheel bundles (``site-packages/av.libs``): each under
+    its own file name, and each FFmpeg library also under its standard soname (``libavcodec.so.62``). Returns
+    ``{standard soname: target}``; raises FileNotFoundError when PyAV has no bundled ``av.libs``."""
+    spec = importlib.util.find_spec("av")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("PyAV is not installed")
+    libs = os.path.join(os.path.dirname(os.path.dirname(spec.origin)), "av.libs")
+    if not os.path.isdir(libs):
+        raise FileNotFoundError(f"PyAV bundles no shared libraries here ({libs} does not exist)")
+    os.makedirs(folder, exist_ok=True)
+    standard: dict[str, str] = {}
+    for name in sorted(os.listdir(libs)):
+        target = os.path.join(libs, name)
+        _symlink(target, os.path.join(folder, name))
+        found = _MANGLED.match(name)
+        if found and found.group("name") in FFMPEG_LIBRARIES:
+            soname = f"lib{found.group('name')}.so.{found.group('major')}"
+            _symlink(target, os.path.join(folder, soname))
+            standard[soname] = target
+    missing = sorted(set(FFMPEG_LIBRARIES) - {s[3:].split(".so")[0] for s in standard})
+    if missing:
+        log.warning("%s holds no %s; torchcodec will not load from %s", libs, ", ".join(missing), folder)
+    return standard
+
+
+def _symlink(target: str, link: str) -> None:
+    if os.path.islink(link) or os.path.exists(link):
+        if os.path.realpath(link) == os.path.realpath(target):
+            return
+        os.remove(link)
+    os.symlink(target, link)
+
+
+class TorchCodecReader:
+    """Random access into one video with torchcodec; ``decode`` hands sorted indices to ``get_frames_at``."""
+
+    name = "torchcodec"
+
+    def __init__(
+        self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None
+    ) -> None:
+        self.info = info
+        self._size = tuple(size) if size is not None else None
+        reason = torchcodec_error()
+        if reason is not None:
+            raise DecodeError(f"{info.path}: backend 'torchcodec' is unavailable: {reason}; use backend='pyav'",
+                              path=info.path)
+        from torchcodec.decoders import VideoDecoder
+
+        if isinstance(source, (bytearray, memoryview)):
+            target = bytes(source)
+        elif isinstance(source, bytes):
+            target = source
+        else:
+            target = os.fspath(source)
+        transforms = None
+        if self._size is not None and self._size != (info.height, info.width):
+            from torchcodec.transforms import Resize
+
+            transforms = [Resize(self._size)]
+        try:
+            self._decoder = VideoDecoder(target, stream_index=info.stream_index, dimension_order="NHWC",
+                                         num_ffmpeg_threads=int(threads), seek_mode="exact", transforms=transforms)
+        except (RuntimeError, ValueError) as exc:
+            raise DecodeError(f"{info.path}: torchcodec cannot open the file: {exc}", path=info.path) from exc
+        n = len(self._decoder)
+        if n != info.num_frames:
+            self._decoder = None
+            raise DecodeError(
+                f"{info.path}: torchcodec counts {n} frames but the file's packets hold {info.num_frames}; use "
+                "backend='pyav'",
+                path=info.path, num_frames=info.num_frames, duration=info.duration,
+            )
+        # Half the smallest gap between frames: a decoded frame's time must lie this close to its index's time.
+        gaps = np.diff(info.timestamps)
+        self._time_tolerance = float(gaps.min()) / 2 if len(gaps) and gaps.min() > 0 else 1e-3
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        """(height, width) of the frames this reader returns."""
+        return self._size if self._size is not None else (self.info.height, self.info.width)
+
+    def decode(self, indices: np.ndarray) -> np.ndarray:
+        """Frames at the sorted, unique, in-range ``indices`` as uint8 ``[N, H, W, 3]``."""
+        h, w = self.out_shape
+        if len(indices) == 0:
+            return np.zeros((0, h, w, 3), dtype=np.uint8)
+        wanted = [int(i) for i in indices]
+        try:
+            batch = self._decoder.get_frames_at(wanted)
+        except (RuntimeError, IndexError, ValueError) as exc:
+            raise self._failure(wanted, exc) from exc
+        times = batch.pts_seconds.numpy()
+        off = np.abs(times - self.info.timestamps[indices]) > self._time_tolerance
+        if off.any():
+            k = int(np.flatnonzero(off)[0])
+            raise DecodeError(
+                f"{self.info.path}: torchcodec returned the frame at {times[k]:.6f} s for frame {wanted[k]}, which "
+                f"the demux index places at {self.info.timestamps[wanted[k]]:.6f} s; use backend='pyav'",
+                path=self.info.path, index=wanted[k], num_frames=self.info.num_frames, duration=self.info.duration,
+            )
+        frames = batch.data.numpy()
+        if frames.shape[1:] != (h, w, 3):
+            raise DecodeError(f"{self.info.path}: torchcodec returned frames of shape {frames.shape[1:]}, expected "
+                              f"{(h, w, 3)}", path=self.info.path, index=wanted[0])
+        return np.ascontiguousarray(frames, dtype=np.uint8)
+
+    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None], chunk: int = 32) -> None:
+        """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order (``frame``: ``[H, W, 3]``
+        uint8, valid only during the call); decoded ``chunk`` frames at a time to bound memory."""
+        for lo in range(0, len(indices), chunk):
+            frames = self.decode(indices[lo : lo + chunk])
+            for k in range(len(frames)):
+                sink(lo + k, frames[k])
+
+    def close(self) -> None:
+        """Drop the decoder (torchcodec closes the file when it is freed)."""
+        self._decoder = None
+
+    def _failure(self, wanted: list[int], exc: Exception) -> DecodeError:
+        """The DecodeError for a failed ``get_frames_at(wanted)``, naming the first frame that fails on its own."""
+        bad = wanted[0]
+        if len(wanted) > 1:
+            for i in wanted:
+                try:
+                    self._decoder.get_frames_at([i])
+                except (RuntimeError, IndexError, ValueError) as one:
+                    bad, exc = i, one
+                    break
+        return DecodeError(
+            f"{self.info.path}: torchcodec failed decoding frame {bad}: {exc}; the video has {self.info.num_frames} "
+            f"frames ({self.info.duration:.3f} s)",
+            path=self.info.path, index=bad, num_frames=self.info.num_frames, duration=self.info.duration,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``link DIR``: link PyAV's FFmpeg into DIR and print the LD_LIBRARY_PATH line; ``check``: say whether
+    torchcodec loads in this process."""
+    parser = argparse.ArgumentParser(prog="python -m mmfeed.codecs._torchcodec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    link = sub.add_parser("link", help="symlink PyAV's bundled FFmpeg under its standard sonames into DIR")
+    link.add_argument("dir")
+    sub.add_parser("check", help="exit 0 when torchcodec loads, else print why and exit 1")
+    args = parser.parse_args(argv)
+    if args.command == "link":
+        folder = os.path.abspath(os.path.expanduser(args.dir))
+        try:
+            standard = link_pyav_ffmpeg(folder)
+        except FileNotFoundError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        for soname, target in standard.items():
+            print(f"# {soname} -> {target}")
+        print(f"export LD_LIBRARY_PATH={folder}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}")
+        return 0
+    reason = torchcodec_error()
+    if reason is None:
+        import torchcodec
+
+        print(f"torchcodec {torchcodec.__version__} loads")
+        return 0
+    print(reason)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
