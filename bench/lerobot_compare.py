@@ -1,4 +1,4 @@
-"""Real LeRobot beside mmfeed on the same LeRobot v3 directory: the same samples, and throughput side by side.
+r"""Real LeRobot beside mmfeed on the same LeRobot v3 directory: the same samples, and throughput side by side.
 
 LeRobot lives in its own virtual environment (its torch and torchvision pins differ from mmfeed's), so this
 module runs a small child script (:data:`CHILD_SCRIPT`) under that environment's python. The child opens
@@ -20,20 +20,32 @@ on the benchmark directory with :func:`mmfeed.bench.loader.run_mmfeed` and print
 
     python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python --json out.json
 
-FFmpeg libraries for torchcodec: if ``<venv>/ffmpeg/usr/lib/<triplet>`` exists (Debian packages unpacked
-there with ``dpkg -x``), its library folders are put on the child's ``LD_LIBRARY_PATH``; ``--lib-dir`` adds more.
-A venv that works (lerobot 0.4.4 pins torch<2.11, so it is installed without its dependencies)::
+FFmpeg libraries for torchcodec: ``<venv>/ffmpeg-links`` (PyAV's bundled FFmpeg under the standard sonames, see
+below) and any ``<venv>/ffmpeg/usr/lib/<triplet>`` (Debian packages unpacked there with ``dpkg -x``) are put on
+the child's ``LD_LIBRARY_PATH``; ``--lib-dir`` adds more. A venv that works beside the system torch 2.13 CPU and
+PyAV 18 (lerobot 0.4.4 pins torch<2.11, torchvision<0.26 and torchcodec<0.11, so those are installed without
+dependencies; torchcodec 0.13 is built for torch 2.13 and loads FFmpeg 4 to 8)::
 
-    python3 -m venv /work/lerobot-venv && V=/work/lerobot-venv/bin
-    $V/pip install torch==2.14.1 torchvision==0.29.1
-    $V/pip install lerobot==0.4.4 torchcodec==0.14.0 --no-deps
-    $V/pip install "datasets>=4,<5" "huggingface-hub>=0.34.2,<0.36" "av>=15,<16" "packaging>=24.2,<26" pandas \
-        pyarrow jsonlines draccus==0.10.0 "einops>=0.8,<0.9" termcolor "accelerate>=1.10,<2"
-    apt-get install -y --download-only -o Dir::Cache::archives=/tmp/debs libavcodec59 libavformat59 \
-        libavutil57 libswscale6 libswresample4 libavdevice59 libavfilter8
-    for d in /tmp/debs/*.deb; do dpkg -x "$d" /work/lerobot-venv/ffmpeg; done
+    python3 -m venv --system-site-packages /work/lerobot-venv && V=/work/lerobot-venv/bin
+    SP=/work/lerobot-venv/lib/python3.11/site-packages
+    printf 'torch==2.13.0\ntorchvision==0.28.0\n' > /work/lerobot-venv/constraints.txt
+    $V/pip install --no-deps lerobot==0.4.4 torchvision==0.28.0
+    $V/pip install --no-deps --ignore-installed torchcodec==0.13.0
+    $V/pip install -c /work/lerobot-venv/constraints.txt "datasets>=4,<5" "huggingface-hub>=0.34.2,<0.36" \
+        "packaging>=24.2,<26" jsonlines draccus==0.10.0 "einops>=0.8,<0.9" "termcolor>=2.4,<4" "accelerate>=1.10,<2"
+    # PyPI's torchvision 0.28.0 is the CUDA build: its _C.so needs libtorch_cuda, which CPU torch lacks, and its
+    # register_fake("torchvision::nms") then fails the import; LeRobot needs no torchvision op, so skip those two
+    G='torch.library.register_fake if torchvision.extension._has_ops() else (lambda *a, **k: (lambda f: f))'
+    sed -i "s/^@torch\.library\.register_fake(/@($G)(/" $SP/torchvision/_meta_registrations.py
+    # FFmpeg 8 for torchcodec: PyAV's av.libs under their own (mangled) names, which their $ORIGIN run paths need,
+    # and under the sonames libtorchcodec_core8.so asks for (libavcodec.so.62, ...)
+    AVLIBS=$(python3 -c 'import av, os; print(os.path.join(os.path.dirname(av.__file__), os.pardir, "av.libs"))')
+    mkdir -p /work/lerobot-venv/ffmpeg-links && cd /work/lerobot-venv/ffmpeg-links
+    for f in "$AVLIBS"/*; do b=$(basename "$f"); ln -sf "$f" "$b"; case $b in libav*|libsw*)
+        ln -sf "$f" "${b%%-*}.so.$(echo "$b" | sed -E 's/.*[.]so[.]([0-9]+).*/\1/')";; esac; done
 
-torchvision 0.29 has no ``io.VideoReader``, so LeRobot's ``video_backend="pyav"`` fails there; use torchcodec.
+LeRobot's ``video_backend="pyav"`` needs ``torchvision.io.VideoReader``, which torchvision 0.28 no longer has
+(nor 0.29); use torchcodec. PyAV stays the system's 18 (lerobot pins av<16; it reads no video through PyAV with torchcodec).
 """
 
 from __future__ import annotations
@@ -137,9 +149,12 @@ with open(os.path.join(out, "result.json"), "w") as f:
 
 
 def _lib_dirs(python: str | os.PathLike, extra: Sequence[str] = ()) -> list[str]:
-    """Library folders for the child: ``extra`` plus any FFmpeg unpacked under ``<venv>/ffmpeg/usr/lib``."""
+    """Library folders for the child: ``extra``, ``<venv>/ffmpeg-links`` (FFmpeg under its standard sonames) and
+    any FFmpeg unpacked under ``<venv>/ffmpeg/usr/lib``."""
     dirs = [str(d) for d in extra]
     venv = Path(python).absolute().parent.parent
+    if (venv / "ffmpeg-links").is_dir():
+        dirs.append(str(venv / "ffmpeg-links"))
     for lib in sorted((venv / "ffmpeg" / "usr" / "lib").glob("*-linux-gnu")):
         dirs.append(str(lib))
         dirs += [str(lib / sub) for sub in ("blas", "lapack", "pulseaudio") if (lib / sub).is_dir()]
