@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
+from numpy.lib.stride_tricks import as_strided
 
 __all__ = sorted(["BlockTables", "Layout", "Metadata", "block_tables", "document_metadata", "layout_from_rows",
                   "make_layout"])
@@ -82,15 +83,32 @@ class Metadata(NamedTuple):
 class BlockTables(NamedTuple):
     """FlexAttention block-sparse tables (the arguments of ``BlockMask.from_kv_blocks``), int32, head dim 1.
 
-    ``kv_num_blocks[r, 0, i]`` partial kv blocks of query block i (they need the mask_mod), listed first and in
-    ascending order in ``kv_indices[r, 0, i]`` (followed by the remaining block indices, ascending, as torch's
-    own ``create_block_mask`` lays them out); ``full_*`` likewise for blocks where every pair may attend.
+    ``kv_num_blocks[r, 0, i]`` partial kv blocks of query block i (they need the mask_mod), listed in ascending
+    order at the start of ``kv_indices[r, 0, i]``; ``full_*`` likewise for blocks where every pair may attend.
+    Only those first ``num`` entries of a row mean anything (torch reads no others).
+
+    Storage is compact: ``kv_indices`` holds ``width = max(1, kv_num_blocks.max())`` entries per query block
+    (the listed blocks, then the unlisted ones ascending up to ``width``: torch's own ``create_block_mask``
+    layout cut to ``width`` columns), ``nb * width`` per row instead of ``nb * nb``. It is shown as an
+    ``[R, 1, nb, nb]`` strided view of that storage, because torch 2.13 reads the number of kv blocks from
+    ``kv_indices.shape[-1]`` (``from_kv_blocks``' transpose, ``BlockMask.to_dense``, the CPU kernel's checks):
+    entries past ``width`` of row i are the start of row i + 1 (do not write through the view). :meth:`compact`
+    gives the ``[R, 1, nb, width]`` tables themselves.
     """
 
     kv_num_blocks: np.ndarray  # [R, 1, nb]
-    kv_indices: np.ndarray  # [R, 1, nb, nb]
+    kv_indices: np.ndarray  # [R, 1, nb, nb] view of [R, 1, nb, width] storage
     full_kv_num_blocks: np.ndarray  # [R, 1, nb]
-    full_kv_indices: np.ndarray  # [R, 1, nb, nb]
+    full_kv_indices: np.ndarray  # [R, 1, nb, nb] view of [R, 1, nb, full width] storage
+
+    def compact(self) -> BlockTables:
+        """The same tables with ``kv_indices [R, 1, nb, width]`` (``width = max(1, kv_num_blocks.max())``, and
+        likewise for the full table): no copy for tables from :func:`block_tables`, the first columns else."""
+        def cut(num: np.ndarray, idx: np.ndarray) -> np.ndarray:
+            return idx[..., : max(1, int(num.max())) if num.size else 1]
+
+        return BlockTables(self.kv_num_blocks, cut(self.kv_num_blocks, self.kv_indices), self.full_kv_num_blocks,
+                           cut(self.full_kv_num_blocks, self.full_kv_indices))
 
 
 def _int_array(name: str, values: object) -> np.ndarray:
@@ -339,128 +357,157 @@ def document_metadata(layout: Layout) -> Metadata:
     return Metadata(doc, pos, step, mod, cu, max_seqlen)
 
 
+@njit(cache=True, inline="always")
+def _pair_kind(q, k, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, real):
+    """0 empty, 1 partial, 2 full: the tile (query block q, kv block k) from the two blocks' document/step spans."""
+    single = real[q] and real[k] and lo[q] == hi[q] and lo[k] == hi[k] and lo[q] == lo[k]
+    if q == k:  # every token sees itself: never empty; full for one-token blocks
+        return 2 if block_size == 1 or (single and lo_max[q] <= lo_min[q]) else 1
+    a, z = max(lo[q], lo[k]), min(hi[q], hi[k])
+    if hi[q] < 0 or hi[k] < 0 or a > z:  # no real document in common
+        return 0
+    if a != z:  # more than one shared document: cannot happen for contiguous documents
+        return 1
+    if a != lo[q] and a != hi[q] or a != lo[k] and a != hi[k]:  # shared document only inside a block
+        return 1
+    q_max = lo_max[q] if a == lo[q] else hi_max[q]
+    k_min = lo_min[k] if a == lo[k] else hi_min[k]
+    if k_min > q_max:  # every key of the shared document is later than every query
+        return 0
+    return 2 if single and lo_max[k] <= lo_min[q] else 1
+
+
 @njit(cache=True)
-def _block_tables_kernel(doc, step, block_size, kv_num, kv_idx, full_num, full_idx):
-    num_rows, capacity = doc.shape
-    nb = kv_num.shape[2]
+def _block_spans(doc, step, r, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, real):
+    """Row r, per block: lowest/highest real document, the step range of each of those two, all tokens real.
+    Returns whether real document ids never decrease and no real token follows padding (contiguous runs)."""
+    capacity = doc.shape[1]
     big = np.iinfo(np.int64).max
-    # per block: lowest/highest real document, the step range of each of those two documents, all tokens real
-    lo = np.empty(nb, np.int64)
-    hi = np.empty(nb, np.int64)
-    lo_min = np.empty(nb, np.int64)
-    lo_max = np.empty(nb, np.int64)
-    hi_min = np.empty(nb, np.int64)
-    hi_max = np.empty(nb, np.int64)
-    real = np.empty(nb, np.bool_)
-    kind = np.empty(nb, np.int8)  # 0 empty, 1 partial, 2 full
-    first = np.empty(nb, np.int64)
-    last = np.empty(nb, np.int64)
-    for r in range(num_rows):
-        contiguous = True  # real document ids never decrease and no real token follows padding
-        prev, padded = -1, False
-        for i in range(capacity):
+    contiguous, prev, padded = True, -1, False
+    for b in range(lo.shape[0]):
+        start = b * block_size
+        stop = min(start + block_size, capacity)
+        d0 = doc[r, start] if stop > start else -1
+        same = 0
+        for i in range(start, stop):  # one document only (the usual block): vectorized scans
+            same += doc[r, i] == d0
+        if d0 >= 0 and same == stop - start:
+            smin = smax = step[r, start]
+            for i in range(start + 1, stop):
+                smin, smax = min(smin, step[r, i]), max(smax, step[r, i])
+            contiguous &= not padded and d0 >= prev
+            prev = d0
+            lo[b], hi[b], real[b] = d0, d0, stop - start == block_size
+            lo_min[b], lo_max[b], hi_min[b], hi_max[b] = smin, smax, smin, smax
+            continue
+        all_real = stop - start == block_size
+        dl, dh = big, -1
+        lmin = lmax = hmin = hmax = 0
+        for i in range(start, stop):
             d = doc[r, i]
             if d < 0:
+                all_real = False
                 padded = True
-            else:
-                if padded or d < prev:
-                    contiguous = False
-                prev = d
+                continue
+            if padded or d < prev:
+                contiguous = False
+            prev = d
+            s = step[r, i]
+            if d < dl:
+                dl, lmin, lmax = d, s, s
+            elif d == dl:
+                lmin, lmax = min(lmin, s), max(lmax, s)
+            if d > dh:
+                dh, hmin, hmax = d, s, s
+            elif d == dh:
+                hmin, hmax = min(hmin, s), max(hmax, s)
+        lo[b], hi[b], real[b] = dl, dh, all_real
+        lo_min[b], lo_max[b], hi_min[b], hi_max[b] = lmin, lmax, hmin, hmax
+    return contiguous
+
+
+@njit(cache=True)
+def _classify_kernel(doc, step, block_size, kv_num, full_num, first, offsets):
+    """Kind (0 empty, 1 partial, 2 full) of every tile a query block can reach, flat: query block q of row r
+    reaches kv blocks ``first[r, q] + j`` for ``j < offsets[r * nb + q + 1] - offsets[r * nb + q]``."""
+    num_rows, nb = first.shape
+    spans = np.empty((num_rows, 6, nb), np.int64)  # lo, hi, lo_min, lo_max, hi_min, hi_max
+    real = np.empty((num_rows, nb), np.bool_)
+    last = np.empty(nb, np.int64)
+    offsets[0] = 0
+    for r in range(num_rows):
+        lo, hi = spans[r, 0], spans[r, 1]
+        contiguous = _block_spans(doc, step, r, block_size, lo, hi, spans[r, 2], spans[r, 3], spans[r, 4],
+                                  spans[r, 5], real[r])
+        # documents are contiguous runs: the blocks sharing one with query block q run from the first block of
+        # q's lowest document to the last block of its highest; otherwise every block may
         for b in range(nb):
-            start = b * block_size
-            stop = min(start + block_size, capacity)
-            all_real = stop - start == block_size
-            dl, dh = big, -1
-            lmin = lmax = hmin = hmax = 0
-            for i in range(start, stop):
-                d = doc[r, i]
-                if d < 0:
-                    all_real = False
-                    continue
-                s = step[r, i]
-                if d < dl:
-                    dl, lmin, lmax = d, s, s
-                elif d == dl:
-                    lmin, lmax = min(lmin, s), max(lmax, s)
-                if d > dh:
-                    dh, hmin, hmax = d, s, s
-                elif d == dh:
-                    hmin, hmax = min(hmin, s), max(hmax, s)
-            lo[b], hi[b], real[b] = dl, dh, all_real
-            lo_min[b], lo_max[b], hi_min[b], hi_max[b] = lmin, lmax, hmin, hmax
-        # kv blocks that can share a document with query block q lie in [first[q], last[q]]: from the first block
-        # of q's lowest document to the last block of its highest (documents are contiguous runs)
-        for b in range(nb):
-            first[b] = b
+            first[r, b] = b
             if b > 0 and hi[b - 1] >= 0 and lo[b] == hi[b - 1]:
-                first[b] = first[b - 1] if lo[b - 1] == hi[b - 1] else b - 1
+                first[r, b] = first[r, b - 1] if lo[b - 1] == hi[b - 1] else b - 1
         for b in range(nb - 1, -1, -1):
             last[b] = b
             if b < nb - 1 and hi[b] >= 0 and hi[b] == lo[b + 1]:
                 last[b] = last[b + 1] if lo[b + 1] == hi[b + 1] else b + 1
         for q in range(nb):
-            k0, k1 = (first[q], last[q]) if hi[q] >= 0 else (q, q)
             if not contiguous:
-                k0, k1 = 0, nb - 1
-            for k in range(k0, k1 + 1):
-                single = real[q] and real[k] and lo[q] == hi[q] and lo[k] == hi[k] and lo[q] == lo[k]
-                if q == k:  # every token sees itself: never empty; full for one-token blocks
-                    kind[k] = 2 if block_size == 1 or (single and lo_max[q] <= lo_min[q]) else 1
-                    continue
-                a, z = max(lo[q], lo[k]), min(hi[q], hi[k])
-                if hi[q] < 0 or hi[k] < 0 or a > z:  # no real document in common
-                    kind[k] = 0
-                    continue
-                if a != z:  # more than one shared document: cannot happen for contiguous documents
-                    kind[k] = 1
-                    continue
-                if a == lo[q]:
-                    q_max, q_min_ok = lo_max[q], True
-                elif a == hi[q]:
-                    q_max, q_min_ok = hi_max[q], True
-                else:
-                    q_max, q_min_ok = 0, False
-                if a == lo[k]:
-                    k_min, k_ok = lo_min[k], True
-                elif a == hi[k]:
-                    k_min, k_ok = hi_min[k], True
-                else:
-                    k_min, k_ok = 0, False
-                if not (q_min_ok and k_ok):
-                    kind[k] = 1
-                elif k_min > q_max:  # every key of the shared document is later than every query
-                    kind[k] = 0
-                elif single and lo_max[k] <= lo_min[q]:
-                    kind[k] = 2
-                else:
-                    kind[k] = 1
+                first[r, q], last[q] = 0, nb - 1
+            elif hi[q] < 0:
+                first[r, q], last[q] = q, q
+            offsets[r * nb + q + 1] = offsets[r * nb + q] + last[q] - first[r, q] + 1
+    kinds = np.empty(offsets[-1], np.int8)
+    for r in range(num_rows):
+        lo, hi, lo_min, lo_max, hi_min, hi_max = spans[r]
+        real_r = real[r]
+        for q in range(nb):
+            at, k0 = offsets[r * nb + q], first[r, q]
             n_part = n_full = 0
-            for k in range(k0, k1 + 1):
-                if kind[k] == 1:
-                    kv_idx[r, 0, q, n_part] = k
-                    n_part += 1
-                elif kind[k] == 2:
-                    full_idx[r, 0, q, n_full] = k
-                    n_full += 1
+            for j in range(offsets[r * nb + q + 1] - at):
+                kind = _pair_kind(q, k0 + j, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, real_r)
+                kinds[at + j] = kind
+                n_part += kind == 1
+                n_full += kind == 2
             kv_num[r, 0, q], full_num[r, 0, q] = n_part, n_full
-            for k in range(nb):
-                if k < k0 or k > k1 or kind[k] != 1:
-                    kv_idx[r, 0, q, n_part] = k
-                    n_part += 1
-                if k < k0 or k > k1 or kind[k] != 2:
-                    full_idx[r, 0, q, n_full] = k
-                    n_full += 1
+    return kinds
+
+
+@njit(cache=True)
+def _indices_kernel(kinds, first, offsets, want, out, width):
+    """Per query block: its kv blocks of kind ``want`` ascending, then the others ascending up to ``width``
+    entries (torch's ``create_block_mask`` order, cut to ``width`` columns)."""
+    num_rows, nb = first.shape
+    for g in range(num_rows * nb):
+        at, k0, n = offsets[g], first.flat[g], 0
+        span = offsets[g + 1] - at
+        row = out[g * width:(g + 1) * width]
+        for j in range(span):
+            if kinds[at + j] == want:
+                row[n] = k0 + j
+                n += 1
+        k = 0
+        while n < width:
+            if k < k0 or k >= k0 + span or kinds[at + k - k0] != want:
+                row[n] = k
+                n += 1
+            k += 1
+
+
+def _rows_view(storage: np.ndarray, num_rows: int, nb: int, width: int) -> np.ndarray:
+    """``[R, 1, nb, nb]`` over ``[R, 1, nb, width]`` storage: row q starts ``width`` entries after row q - 1."""
+    s = storage.itemsize
+    return as_strided(storage, (num_rows, 1, nb, nb), (nb * width * s, nb * width * s, width * s, s))
 
 
 def block_tables(document_ids: np.ndarray, step_ids: np.ndarray, block_size: int = 128) -> BlockTables:
-    """Classify every (query block, kv block) pair of each row as empty, partial or full under the attention rule.
+    """Classify the (query block, kv block) pairs of each row as empty, partial or full under the attention rule.
 
     Works from per-block minima/maxima of the document and step ids: each query block is compared only with the
-    kv blocks its first and last documents span (found at block granularity from where documents start), so the
-    classification costs O(R * C + R * sum of spans) and the only O(nb^2) work is writing the tables in torch's
-    layout (``nb = ceil(C / block_size)``); a capacity that is not a multiple of ``block_size`` is padded logically
-    (the missing tokens count as padding). Exact for layouts whose documents are contiguous runs (everything
-    :func:`document_metadata` produces); for other id arrays it stays correct by calling more blocks partial.
+    kv blocks its first and last documents span (found at block granularity from where documents start), so
+    time and table memory are O(R * C + R * nb * span), ``nb = ceil(C / block_size)``, span the most kv blocks a
+    query block's documents cover (see :class:`BlockTables` for the layout); a capacity that is not a multiple
+    of ``block_size`` is padded logically (the missing tokens count as padding). Exact for layouts whose
+    documents are contiguous runs (everything :func:`document_metadata` produces); for other id arrays it
+    compares every pair of blocks (span nb) and stays correct by calling more blocks partial.
     """
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
@@ -470,9 +517,16 @@ def block_tables(document_ids: np.ndarray, step_ids: np.ndarray, block_size: int
         raise ValueError(f"document_ids and step_ids must both be [R, C], got {doc.shape} and {step.shape}")
     num_rows, capacity = doc.shape
     nb = max(1, -(-capacity // int(block_size)))
-    kv_num = np.empty((num_rows, 1, nb), np.int32)
-    kv_idx = np.empty((num_rows, 1, nb, nb), np.int32)
-    full_num = np.empty((num_rows, 1, nb), np.int32)
-    full_idx = np.empty((num_rows, 1, nb, nb), np.int32)
-    _block_tables_kernel(doc, step, int(block_size), kv_num, kv_idx, full_num, full_idx)
-    return BlockTables(kv_num, kv_idx, full_num, full_idx)
+    nums = np.empty((2, num_rows, 1, nb), np.int32)
+    first = np.empty((num_rows, nb), np.int64)
+    offsets = np.empty(num_rows * nb + 1, np.int64)
+    kinds = _classify_kernel(doc, step, int(block_size), nums[0], nums[1], first, offsets)
+    tables = []
+    for want, num in ((1, nums[0]), (2, nums[1])):
+        width = max(1, int(num.max())) if num.size else 1
+        # the rows back to back, then nb - width spare entries so that the last row's [nb] view stays in bounds
+        storage = np.empty(num_rows * nb * width + nb - width, np.int32)
+        storage[num_rows * nb * width:] = 0
+        _indices_kernel(kinds, first, offsets, want, storage, width)
+        tables += [num, _rows_view(storage, num_rows, nb, width)]
+    return BlockTables(*tables)

@@ -6,16 +6,18 @@ token attends only to itself.
 
 import os
 
+import numba
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from numpy.lib.array_utils import byte_bounds
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from mmfeed import PackedBatch
-from mmfeed.packing.metadata import block_tables
+from mmfeed.packing.metadata import block_tables, document_metadata, layout_from_rows
 from mmfeed.testing.strategies import packed_layouts
 from flex import eager_flex
 from naive import naive_attention_mask, naive_block_tables
@@ -40,6 +42,52 @@ def materialize(block_mask, mask_mod, capacity):
     r, q, k = torch.meshgrid(*(torch.arange(n) for n in (blocks.shape[0], capacity, capacity)), indexing="ij")
     by_mod = mask_mod(r, torch.zeros_like(r), q, k)[:, None]
     return up(full) | (up(blocks) & by_mod)
+
+
+def compact_reference(dense, block_size):
+    """naive_block_tables with every index list cut to its table's width (the most blocks any query block of
+    the batch lists, at least 1): the compact tables block_tables stores."""
+    kv_num, kv_idx, full_num, full_idx = naive_block_tables(dense, block_size)
+
+    def cut(num, idx):
+        width = max([1] + [n for row in num for n in row])
+        return [[listed[:width] for listed in row] for row in idx]
+
+    return kv_num, cut(kv_num, kv_idx), full_num, cut(full_num, full_idx)
+
+
+def naive_block_mask(mask, block_size):
+    """blocks[r][qb][kb]: some pair of the tile may attend (slots past C never do), the block-level dense mask
+    BlockMask.to_dense() gives."""
+    out = []
+    for m in mask:
+        c = len(m)
+        nb = max(1, -(-c // block_size))
+        out.append([[any(m[q][k] for q in range(qb * block_size, min(c, (qb + 1) * block_size))
+                         for k in range(kb * block_size, min(c, (kb + 1) * block_size)))
+                     for kb in range(nb)] for qb in range(nb)])
+    return out
+
+
+def storage_bytes(view):
+    """Bytes of memory an array's elements span (its storage, not its shape times its itemsize)."""
+    low, high = byte_bounds(view)
+    return high - low
+
+
+def assert_tables_equal_naive(tables, dense, block_size):
+    """The counts equal the naive ones; compact() equals the naive tables cut to width; the [R, 1, nb, nb]
+    tables torch reads start each row with those entries and span only R * nb * width (+ nb) int32 entries."""
+    kv_num, kv_idx, full_num, full_idx = compact_reference(dense, block_size)
+    compact = tables.compact()
+    assert tables.kv_num_blocks[:, 0].tolist() == kv_num and compact.kv_indices[:, 0].tolist() == kv_idx
+    assert tables.full_kv_num_blocks[:, 0].tolist() == full_num and compact.full_kv_indices[:, 0].tolist() == full_idx
+    rows, nb = len(kv_num), len(kv_num[0])
+    for view, cut in ((tables.kv_indices, compact.kv_indices), (tables.full_kv_indices, compact.full_kv_indices)):
+        width = cut.shape[-1]
+        assert view.shape == (rows, 1, nb, nb) and view.dtype == np.int32 and cut.dtype == np.int32
+        assert np.array_equal(view[..., :width], cut) and np.shares_memory(view, cut)
+        assert storage_bytes(view) == 4 * (rows * nb * width + nb - width)
 
 
 def test_example_mask():
@@ -82,23 +130,20 @@ def test_padding_and_real_tokens_never_see_each_other(layout):
 @settings(max_examples=60)
 def test_block_tables_equal_naive(layout, block_size):
     """The per-block min/max kernel classifies every tile (empty, partial, full) as the dense mask does,
-    including block sizes that do not divide the capacity."""
+    including block sizes that do not divide the capacity, and stores the compact tables."""
     rows, capacity, steps = layout
     b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps)
     tables = block_tables(b.document_ids.numpy(), b.step_ids.numpy(), block_size)
     dense = naive_attention_mask(b.document_ids.tolist(), b.step_ids.tolist())
-    kv_num, kv_idx, full_num, full_idx = naive_block_tables(dense, block_size)
-    assert tables.kv_num_blocks[:, 0].tolist() == kv_num
-    assert tables.kv_indices[:, 0].tolist() == kv_idx
-    assert tables.full_kv_num_blocks[:, 0].tolist() == full_num
-    assert tables.full_kv_indices[:, 0].tolist() == full_idx
+    assert_tables_equal_naive(tables, dense, block_size)
 
 
 @given(LAYOUTS, st.sampled_from([4, 16, 128]))
 @settings(max_examples=40)
 def test_block_mask_materializes_to_dense_mask(layout, block_size):
     """Full blocks + mask_mod on partial blocks give exactly attention_mask(); the tables equal torch's own
-    create_block_mask over the same mask_mod."""
+    create_block_mask over the same mask_mod: counts, the kv indices in its order cut to the compact width
+    (the entries past it are unused), the transposed q tables torch derives, and to_dense()."""
     rows, capacity, steps = layout
     b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps)
     bm = b.block_mask(block_size)
@@ -106,8 +151,13 @@ def test_block_mask_materializes_to_dense_mask(layout, block_size):
     mod = b.mask_mod(block_size)
     assert torch.equal(materialize(bm, mod, capacity), b.attention_mask())
     ref = create_block_mask(mod, len(rows), 1, capacity, capacity, device="cpu", BLOCK_SIZE=block_size)
-    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+    for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+        assert torch.equal(getattr(bm, num), getattr(ref, num)), num
+        width = max(1, int(getattr(bm, num).max()))
+        assert torch.equal(getattr(bm, idx)[..., :width], getattr(ref, idx)[..., :width]), idx
+    for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
         assert torch.equal(getattr(bm, name), getattr(ref, name)), name
+    assert torch.equal(bm.to_dense(), ref.to_dense())
 
 
 @given(LAYOUTS)
@@ -194,18 +244,23 @@ def mixed_rows(draw):
 
 
 @pytest.mark.kernels
-@given(mixed_rows(), st.sampled_from([4, 16, 32]))
-@settings(max_examples=25, deadline=None)
+@given(mixed_rows(), st.integers(1, 48))
+@settings(max_examples=40, deadline=None)
 def test_block_tables_of_long_mixed_documents_equal_the_dense_rule(layout, block_size):
-    """Documents spanning many blocks (block-causal video and token-causal text mixed): the tables built from
-    each block's document span equal the ones read off the dense mask, tile by tile."""
+    """Documents spanning many blocks (block-causal video and token-causal text mixed), any block size: the
+    tables built from each block's document span equal the ones read off the dense mask, tile by tile; the
+    BlockMask torch builds from them gives the dense rule's blocks (to_dense) and, with mask_mod on the
+    partial ones, exactly attention_mask()."""
     rows, capacity, steps = layout
     b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps)
     tables = block_tables(b.document_ids.numpy(), b.step_ids.numpy(), block_size)
     dense = b.attention_mask()[:, 0].tolist()
-    kv_num, kv_idx, full_num, full_idx = naive_block_tables(dense, block_size)
-    assert tables.kv_num_blocks[:, 0].tolist() == kv_num and tables.kv_indices[:, 0].tolist() == kv_idx
-    assert tables.full_kv_num_blocks[:, 0].tolist() == full_num and tables.full_kv_indices[:, 0].tolist() == full_idx
+    assert_tables_equal_naive(tables, dense, block_size)
+    bm = BlockMask.from_kv_blocks(*(torch.from_numpy(t) for t in tables), BLOCK_SIZE=block_size,
+                                  mask_mod=b.mask_mod(block_size), seq_lengths=(capacity, capacity))
+    assert bm.to_dense()[:, 0].bool().tolist() == naive_block_mask(dense, block_size)
+    assert torch.equal(materialize(bm, bm.mask_mod, capacity), b.attention_mask())
+    assert torch.equal(b.block_mask(block_size).to_dense(), bm.to_dense())
 
 
 @pytest.mark.kernels
@@ -216,6 +271,73 @@ def test_block_tables_of_non_contiguous_ids_stay_correct():
     step = np.array([list(range(8)) + list(range(8)) + list(range(8, 16)) + [-1] * 8 + list(range(8, 16))])
     dense = naive_attention_mask(doc.tolist(), step.tolist())
     tables = block_tables(doc, step, 8)
-    kv_num, kv_idx, full_num, full_idx = naive_block_tables(dense, 8)
-    assert tables.kv_num_blocks[:, 0].tolist() == kv_num and tables.kv_indices[:, 0].tolist() == kv_idx
-    assert tables.full_kv_num_blocks[:, 0].tolist() == full_num and tables.full_kv_indices[:, 0].tolist() == full_idx
+    assert_tables_equal_naive(tables, dense, 8)
+
+
+def long_mixed_row(capacity, seed):
+    """One row filled with documents of 64-4096 tokens, alternately token-causal text and block-causal video of
+    256-token frames; its document and step ids and the longest document."""
+    rng = np.random.default_rng(seed)
+    lengths, steps = [], []
+    while True:
+        video = len(lengths) % 2 == 1
+        n = int(rng.integers(64, 4097))
+        n = max(256, n // 256 * 256) if video else n
+        if sum(lengths) + n > capacity:
+            break
+        lengths.append(n)
+        steps.append([256] * (n // 256) if video else None)
+    meta = document_metadata(layout_from_rows([lengths], capacity, step_sizes=[steps]))
+    return meta.document_ids, meta.step_ids, max(lengths)
+
+
+def tile_kinds(doc, step, q_block, block_size):
+    """Kind of every kv block for one query block, read off the token-level rule (numpy), keys restricted to the
+    documents of the query block's tokens (no other key may attend): {kv block: 1 partial, 2 full}."""
+    nb = -(-doc.shape[0] // block_size)
+    qs = np.arange(q_block * block_size, min(doc.shape[0], (q_block + 1) * block_size))
+    real = doc[qs] >= 0
+    keys = np.flatnonzero(np.isin(doc, doc[qs][real])) if real.any() else np.zeros(0, np.int64)
+    keys = np.union1d(keys, qs)
+    allowed = (doc[qs][:, None] == doc[keys][None, :]) & (step[keys][None, :] <= step[qs][:, None])
+    allowed &= real[:, None]
+    allowed |= qs[:, None] == keys[None, :]
+    kinds = {}
+    for kb in np.unique(keys // block_size):
+        cols = (keys // block_size) == kb
+        tile = np.zeros((block_size, block_size), bool)  # slots past C never attend
+        tile[: len(qs), (keys[cols] - kb * block_size)] = allowed[:, cols]
+        if tile.any():
+            kinds[int(kb)] = 2 if tile.all() else 1
+    assert all(0 <= k < nb for k in kinds)
+    return kinds
+
+
+@pytest.mark.kernels
+def test_block_tables_of_a_million_token_row_take_o_blocks_bytes():
+    """One row of 2**20 tokens (2**16 under NUMBA_DISABLE_JIT) of mixed text and video documents, block 128:
+    each table spans nb * width + nb int32 entries, width at most the blocks two of the longest documents
+    cover, not nb * nb; sampled query blocks list exactly the tiles the token-level rule gives."""
+    capacity = 2**16 if numba.config.DISABLE_JIT else 2**20
+    doc, step, longest = long_mixed_row(capacity, seed=0)
+    t = block_tables(doc, step, 128)
+    nb = capacity // 128
+    span = 2 * (-(-longest // 128) + 1)  # a block holds the end of one document and the start of the next
+    assert t.kv_num_blocks.shape == t.full_kv_num_blocks.shape == (1, 1, nb)
+    assert t.kv_indices.shape == t.full_kv_indices.shape == (1, 1, nb, nb)
+    c = t.compact()
+    total = 0
+    for num, view, cut in ((t.kv_num_blocks, t.kv_indices, c.kv_indices),
+                           (t.full_kv_num_blocks, t.full_kv_indices, c.full_kv_indices)):
+        width = cut.shape[-1]
+        assert width == max(1, int(num.max())) and width <= span
+        assert storage_bytes(view) == 4 * (nb * width + nb - width)
+        total += storage_bytes(view) + num.nbytes
+    assert total <= 4 * nb * (2 * span + 4)  # O(blocks): 4.5 MB at 2**20 tokens, where [nb, nb] tables take 537 MB
+    rng = np.random.default_rng(1)
+    for q in rng.choice(nb, 48, replace=False):
+        kinds = tile_kinds(doc[0], step[0], int(q), 128)
+        partial = sorted(k for k, v in kinds.items() if v == 1)
+        full = sorted(k for k, v in kinds.items() if v == 2)
+        assert t.kv_indices[0, 0, q, : t.kv_num_blocks[0, 0, q]].tolist() == partial, q
+        assert t.full_kv_indices[0, 0, q, : t.full_kv_num_blocks[0, 0, q]].tolist() == full, q
