@@ -2,8 +2,9 @@
 
 On a 640x480 H.264 (GOP 30) and an AV1 (GOP 2) video of 300 frames, one episode each, a batch is 16 robot-style
 samples from that episode: either 8-frame clips or 4 sparse history frames (offsets -15, -10, -5, 0 from a random
-anchor, clamped to the video). For every backend that opens the file it times, in the same run, on the same
-request sets, the methods interleaved:
+anchor, clamped to the video). For every backend that opens the file (PyAV; decord on H.264 when installed;
+torchcodec when it loads in this process, see :mod:`mmfeed.codecs._torchcodec`) it times, in the same run, on the
+same request sets, the methods interleaved:
 
 - ``coalesced``: one :func:`mmfeed.codecs.decode_batch` call for the batch's 16 requests through a warm
   :class:`VideoReaderCache` (the file stays open across batches, as in a worker): the union of the wanted frames
@@ -13,7 +14,8 @@ request sets, the methods interleaved:
 - ``per_sample_reopen``: one :func:`mmfeed.codecs.read_frames` call per sample (opens and closes the file each
   time, a fresh output array per sample), as LeRobot's pyav path does;
 - ``baseline``: for each requested frame, seek to its keyframe and decode forward to it, on an open file, with
-  the same RGB conversion as the coalesced reader (so the ratio measures the seek strategy alone);
+  the same RGB conversion as the coalesced reader (so the ratio measures the seek strategy alone); torchcodec:
+  one ``get_frames_at([i])`` per requested frame on an open decoder;
 - ``sequential``: every frame in order into a whole-video buffer allocated up front: the ceiling.
 
 ``coalesced``, ``per_sample`` and ``baseline`` write into one uint8 batch buffer, ``sequential`` into its own
@@ -24,9 +26,12 @@ With ``--lerobot-python`` (a venv with lerobot and torchcodec), a child under th
 sets, with ``torch.set_num_threads(1)`` as in a DataLoader worker: ``lerobot`` is LeRobot's own
 ``decode_video_frames(path, [i / fps, ...], tolerance_s=1e-4, backend="torchcodec")`` per sample (cached decoder,
 ``get_frames_at``, its timestamp check and the float32 ``[0, 1]`` output) and ``torchcodec`` the cached decoder's
-``get_frames_at(indices=...)`` per sample alone (uint8). Without it those figures are None.
+``get_frames_at(indices=...)`` per sample alone (uint8). Without it those figures are None. (Rows of backend
+``torchcodec`` are this process's torchcodec through mmfeed's reader; its ``per_sample`` figure is the same
+``get_frames_at`` per sample on a cached decoder, plus the demux-index check.)
 
-Figures are frames per second, the median over repeats after one warm-up batch. ``frames_per_s`` counts every
+Figures are frames per second, the median over repeats after one warm-up batch; ``*_spread`` is the
+(max - min) / median of the per-batch rates behind each wall-clock median. ``frames_per_s`` counts every
 frame handed to a request (duplicates included: the useful decoded frames/s), ``unique_frames_per_s`` each
 distinct frame once; ``fraction_of_sequential`` and ``unique_fraction_of_sequential`` divide them by the
 sequential rate. Speedups are coalesced frames/s over each other method's. The ``cpu_*`` figures use the process's
@@ -56,6 +61,7 @@ from mmfeed.bench.common import consecutive_views, environment, table
 from mmfeed.bench.lerobot_compare import run_child
 from mmfeed.codecs import FrameRequest, VideoReaderCache, decode_batch, probe, read_frames
 from mmfeed.codecs._decord import _to_numpy, decord_available
+from mmfeed.codecs._torchcodec import torchcodec_available, torchcodec_error
 from mmfeed.codecs.video import DecodeOptions, choose_backend, open_reader
 
 log = logging.getLogger(__name__)
@@ -132,9 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         cache_dir = tempfile.mkdtemp(prefix="mmfeed-bench-")
     results, lerobot_versions = [], None
+    if not torchcodec_available():
+        log.info("torchcodec not measured: %s", torchcodec_error())
     for name, (codec, gop) in VIDEOS.items():
         path = _video(cache_dir, codec, gop, height, width, frames)
-        backends = ["pyav"] + (["decord"] if codec == "h264" and decord_available() else [])
+        backends = ["pyav"] + (["decord"] if codec == "h264" and decord_available() else []) + (
+            ["torchcodec"] if torchcodec_available() else [])
         for workload in ("clips", "sparse"):
             batches = request_sets(probe(path).num_frames, workload, repeats, args.seed)
             theirs: dict[str, Any] = {"lerobot_frames_per_s": None, "torchcodec_frames_per_s": None}
@@ -157,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "height": height, "width": width, "frames": frames, "repeats": repeats, "seed": args.seed,
             "samples_per_batch": SAMPLES_PER_BATCH, "clip_len": CLIP_LEN, "sparse_offsets": list(SPARSE_OFFSETS),
             "threads": 1, "quick": args.quick, "lerobot_python": args.lerobot_python,
+            "torchcodec": torchcodec_error() or "measured",
         },
         "lerobot_versions": lerobot_versions,
         "environment": environment(),
@@ -250,6 +260,10 @@ def _figures(wall: dict[str, list[float]], cpu: dict[str, list[float]], batches:
         counts = frames[method] if counts is None else counts
         return float(np.median(counts / np.asarray(seconds[method][1:])))
 
+    def spread(method: str) -> float:
+        rates = frames[method] / np.asarray(wall[method][1:])
+        return float((rates.max() - rates.min()) / np.median(rates))
+
     out: dict[str, float] = {"coverage": float(unique.mean() / num_frames), "frames_per_batch": float(delivered.mean())}
     for prefix, seconds in (("", wall), ("cpu_", cpu)):
         fps = rate(seconds, "coalesced")
@@ -262,6 +276,9 @@ def _figures(wall: dict[str, list[float]], cpu: dict[str, list[float]], batches:
             out[f"{prefix}speedup_vs_{other}"] = fps / out[f"{prefix}{other}_frames_per_s"]
         out[f"{prefix}fraction_of_sequential"] = fps / seq
         out[f"{prefix}unique_fraction_of_sequential"] = out[f"{prefix}unique_frames_per_s"] / seq
+    out["frames_per_s_spread"] = spread("coalesced")
+    for other in ("baseline", "per_sample", "per_sample_reopen", "sequential"):
+        out[f"{other}_frames_per_s_spread"] = spread(other)
     return out
 
 
@@ -279,6 +296,17 @@ def _per_frame_decoder(path: str, backend: str) -> Callable[[list[np.ndarray], l
                 for k, i in enumerate(request.tolist()):
                     vr.seek_accurate(i)
                     out[k] = _to_numpy(vr.next())
+
+        return run
+    if backend == "torchcodec":
+        from torchcodec.decoders import VideoDecoder
+
+        decoder = VideoDecoder(path, dimension_order="NHWC", num_ffmpeg_threads=1, seek_mode="exact")
+
+        def run(batch, outs):
+            for request, out in zip(batch, outs):
+                for k, i in enumerate(request.tolist()):
+                    out[k] = decoder.get_frames_at([i]).data[0].numpy()
 
         return run
     import av
@@ -383,17 +411,27 @@ def _print_report(results: list[dict[str, Any]], checks: dict[str, dict[str, Any
     print(table(results, key + [("frames_per_s", "coalesced"), ("per_sample_frames_per_s", "per_sample"),
                                 ("per_sample_reopen_frames_per_s", "per_sample_reopen"),
                                 ("baseline_frames_per_s", "per_frame"), ("lerobot_frames_per_s", "lerobot"),
-                                ("torchcodec_frames_per_s", "torchcodec"), ("sequential_frames_per_s", "sequential")]))
+                                ("torchcodec_frames_per_s", "lerobot venv tc"),
+                                ("sequential_frames_per_s", "sequential")]))
+    print("\nspread of the per-batch frames/s behind each median above: (max - min) / median")
+    print(table(results, key[:4] + [("frames_per_s_spread", "coalesced"),
+                                    ("per_sample_frames_per_s_spread", "per_sample"),
+                                    ("per_sample_reopen_frames_per_s_spread", "per_sample_reopen"),
+                                    ("baseline_frames_per_s_spread", "per_frame"),
+                                    ("sequential_frames_per_s_spread", "sequential")]))
     print("\ncoalesced speedup over each method, and share of sequential (delivered / distinct frames)")
     print(table(results, key[:4] + [("speedup_vs_per_sample", "x per_sample"),
                                     ("speedup_vs_per_sample_reopen", "x reopen"), ("speedup_vs_baseline", "x per_frame"),
-                                    ("speedup_vs_lerobot", "x lerobot"), ("speedup_vs_torchcodec", "x torchcodec"),
+                                    ("speedup_vs_lerobot", "x lerobot"), ("speedup_vs_torchcodec", "x venv tc"),
                                     ("fraction_of_sequential", "of seq"), ("unique_fraction_of_sequential", "uniq/seq"),
                                     ("cpu_speedup_vs_per_sample", "cpu x per_sample"),
                                     ("cpu_speedup_vs_baseline", "cpu x per_frame"),
                                     ("cpu_fraction_of_sequential", "cpu of seq")]))
     if results and results[0]["lerobot_frames_per_s"] is None:
-        print("lerobot / torchcodec: not measured (pass --lerobot-python PATH to a venv with lerobot and torchcodec)")
+        print("lerobot / lerobot venv tc: not measured (pass --lerobot-python PATH to a venv with lerobot and "
+              "torchcodec)")
+    if not any(r["backend"] == "torchcodec" for r in results):
+        print(f"backend torchcodec: not measured ({torchcodec_error()})")
     for target, check in checks.items():
         figure = "not measured" if check is None else (
             f"worst {check['value']:.2f} ({check['row']}): {'met' if check['met'] else 'NOT met'}")

@@ -1,4 +1,5 @@
-"""The decode benchmark's smoke run: every figure present, positive and finite; real LeRobot when a venv has it.
+"""The decode benchmark's smoke run: every figure present, positive and finite; torchcodec rows beside PyAV's when
+torchcodec loads in this process; real LeRobot when a venv has it.
 
 The LeRobot test runs when ``MMFEED_LEROBOT_PYTHON`` names a venv python with lerobot (the ``lerobot_python``
 fixture) and skips, saying why, otherwise.
@@ -12,6 +13,7 @@ import math
 import pytest
 
 from mmfeed.bench import decode
+from mmfeed.codecs._torchcodec import torchcodec_available, torchcodec_error
 
 NEW_KEYS = [f"{prefix}{key}" for prefix in ("", "cpu_") for key in (
     "per_sample_frames_per_s", "per_sample_reopen_frames_per_s", "speedup_vs_per_sample_reopen",
@@ -24,22 +26,51 @@ def cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("decode-bench"))
 
 
-def test_quick_run_reports_every_figure(cache_dir, tmp_path):
-    """Every row has the like-for-like figures, each positive and finite; without --lerobot-python the LeRobot
-    figures are None and no target on them is claimed."""
-    out = tmp_path / "decode.json"
-    assert decode.main(["--quick", "--json", str(out), "--repeats", "1", "--cache-dir", cache_dir]) == 0
-    report = json.loads(out.read_text())
+SPREADS = ["frames_per_s_spread"] + [f"{m}_frames_per_s_spread" for m in
+                                     ("baseline", "per_sample", "per_sample_reopen", "sequential")]
+
+
+@pytest.fixture(scope="module")
+def quick_report(cache_dir, tmp_path_factory):
+    """One quick run (2 measured repeats, so that each spread has two rates), its JSON report."""
+    out = tmp_path_factory.mktemp("decode-report") / "decode.json"
+    assert decode.main(["--quick", "--json", str(out), "--repeats", "2", "--cache-dir", cache_dir]) == 0
+    return json.loads(out.read_text())
+
+
+def test_quick_run_reports_every_figure(quick_report):
+    """Every row has the like-for-like figures, each positive and finite, and the spread behind each median;
+    without --lerobot-python the LeRobot figures are None and no target on them is claimed."""
+    report = quick_report
     rows = report["results"]
     assert {(r["video"], r["workload"]) for r in rows} == {(v, w) for v in decode.VIDEOS for w in ("clips", "sparse")}
     for row in rows:
         for key in NEW_KEYS + ["frames_per_s", "speedup_vs_baseline", "speedup_vs_per_sample", "coverage"]:
             assert math.isfinite(row[key]) and row[key] > 0, (key, row[key])
         assert row["unique_fraction_of_sequential"] <= row["fraction_of_sequential"]  # distinct <= delivered
+        for key in SPREADS:
+            assert math.isfinite(row[key]) and row[key] >= 0, (key, row[key])
         for key in ("lerobot_frames_per_s", "torchcodec_frames_per_s", "speedup_vs_lerobot", "speedup_vs_torchcodec"):
             assert row[key] is None
     assert set(report["targets"]) == {"speedup_vs_lerobot_h264_gop30", "fraction_of_sequential_at_coverage_ge_0.25"}
     assert report["target_checks"]["speedup_vs_lerobot_h264_gop30"] is None
+
+
+def test_torchcodec_rows_beside_pyav_when_it_loads(quick_report):
+    """Each video and workload has a torchcodec row beside PyAV's, on the same request sets (same coverage and
+    frames per batch), never the auto backend; when torchcodec does not load the report says why."""
+    rows = quick_report["results"]
+    if not torchcodec_available():
+        assert not any(r["backend"] == "torchcodec" for r in rows)
+        assert quick_report["settings"]["torchcodec"] == torchcodec_error()
+        pytest.skip(str(torchcodec_error()))
+    assert quick_report["settings"]["torchcodec"] == "measured"
+    by_key = {(r["video"], r["workload"], r["backend"]): r for r in rows}
+    for video in decode.VIDEOS:
+        for workload in ("clips", "sparse"):
+            mine, pyav = by_key[(video, workload, "torchcodec")], by_key[(video, workload, "pyav")]
+            assert not mine["auto"] and pyav["auto"]
+            assert (mine["coverage"], mine["frames_per_batch"]) == (pyav["coverage"], pyav["frames_per_batch"])
 
 
 def test_request_sets_are_seeded_and_in_range():
