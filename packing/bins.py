@@ -112,22 +112,28 @@ def _nf_kernel(lengths, capacity, max_per_bin):
 
 @njit(cache=True)
 def _counts(lengths, capacity, max_per_bin):
-    """Items per length (those that fit), and an upper bound on the rows any-fit packing opens.
-
-    No two open rows of an any-fit packer are both at most half full, so rows <= 2 * tokens / capacity + 1,
-    plus the rows closed by ``max_per_bin``.
-    """
+    """Items per length (those that fit), and an upper bound on the rows any-fit packing opens."""
     counts = np.zeros(capacity + 1, dtype=np.int64)
     for i in range(lengths.size):
         if lengths[i] <= capacity:
             counts[lengths[i]] += 1
+    return counts, _max_bins(counts, capacity, max_per_bin)
+
+
+@njit(cache=True)
+def _max_bins(counts, capacity, max_per_bin):
+    """An upper bound on the rows any-fit packing opens for items counted per length.
+
+    No two open rows of an any-fit packer are both at most half full, so rows <= 2 * tokens / capacity + 1,
+    plus the rows closed by ``max_per_bin``.
+    """
     nfit = 0
     tokens = 0
     for length in range(capacity + 1):
         nfit += counts[length]
         tokens += counts[length] * length
     closed = nfit // max_per_bin if max_per_bin < nfit else 0
-    return counts, max(1, min(nfit, 2 * tokens // capacity + 2 + closed))
+    return max(1, min(nfit, 2 * tokens // capacity + 2 + closed))
 
 
 @njit(cache=True)
@@ -151,18 +157,26 @@ def _scatter_back(lengths, capacity, counts, assigned):
 
 @njit(cache=True)
 def _bfd_kernel(lengths, capacity, max_per_bin, bits, off, nwords):
-    """Best fit decreasing, one run of equal lengths at a time.
+    """Best fit decreasing (see :func:`_bfd_sorted`), rows mapped back to the items' input positions."""
+    counts, max_bins = _counts(lengths, capacity, max_per_bin)
+    assigned, num_bins = _bfd_sorted(counts, max_bins, capacity, max_per_bin, bits, off, nwords)
+    return _scatter_back(lengths, capacity, counts, assigned), num_bins
+
+
+@njit(cache=True)
+def _bfd_sorted(counts, max_bins, capacity, max_per_bin, bits, off, nwords):
+    """Best fit decreasing of the items counted per length (``counts[L]`` items of length L), one run of equal
+    lengths at a time: the row of every item in decreasing-length order (int32), and the number of rows.
 
     Within a run of items of length L, the smallest fitting space s only grows: the row popped from s takes
     min(s // L, items left) items in a row (after each it is still the best fit), then falls below L. So the
     kernel scans the present spaces upward from L once per run instead of querying once per item. The result is
     exactly the item-by-item BFD of ``tests/naive.py``.
     """
-    counts, max_bins = _counts(lengths, capacity, max_per_bin)
     assigned = np.empty(counts.sum(), dtype=np.int32)
     head = np.full(capacity + 1, -1, dtype=np.int32)  # top row of the stack of rows with that much space left
     below = np.empty(max_bins, dtype=np.int32)  # next row down in the same stack
-    limited = max_per_bin < lengths.size
+    limited = max_per_bin < counts.sum()  # else no row can reach the limit
     items = np.zeros(max_bins if limited else 1, dtype=np.int64)
     top = off.size - 1
     num_bins = 0
@@ -260,19 +274,27 @@ def _bfd_kernel(lengths, capacity, max_per_bin, bits, off, nwords):
                         break
                     pos >>= 6
             start = space + 1
-    return _scatter_back(lengths, capacity, counts, assigned), num_bins
+    return assigned, num_bins
 
 
 @njit(cache=True)
 def _ffd_kernel(lengths, capacity, max_per_bin):
-    """First fit decreasing; like BFD, the first fitting row takes min(space // L, left) items of a run at once."""
+    """First fit decreasing (see :func:`_ffd_sorted`), rows mapped back to the items' input positions."""
     counts, max_bins = _counts(lengths, capacity, max_per_bin)
+    assigned, num_bins = _ffd_sorted(counts, max_bins, capacity, max_per_bin)
+    return _scatter_back(lengths, capacity, counts, assigned), num_bins
+
+
+@njit(cache=True)
+def _ffd_sorted(counts, max_bins, capacity, max_per_bin):
+    """First fit decreasing of the items counted per length: the row of every item in decreasing-length order.
+    Like BFD, the first fitting row takes min(space // L, left) items of a run at once."""
     assigned = np.empty(counts.sum(), dtype=np.int32)
     leaves = 1
     while leaves < max_bins:
         leaves *= 2
     tree = np.full(2 * leaves, -1, dtype=np.int32)  # max remaining space in each subtree; -1 = no open row
-    limited = max_per_bin < lengths.size
+    limited = max_per_bin < counts.sum()  # else no row can reach the limit
     items = np.zeros(max_bins if limited else 1, dtype=np.int64)
     num_bins = 0
     j = 0
@@ -313,7 +335,7 @@ def _ffd_kernel(lengths, capacity, max_per_bin):
                     break
                 tree[node] = best
                 node //= 2
-    return _scatter_back(lengths, capacity, counts, assigned), num_bins
+    return assigned, num_bins
 
 
 @njit(cache=True)
@@ -388,6 +410,26 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int, max_per_bin: int) ->
     bits, off, nwords = bitset_new(capacity + 1)
     bin_of, num_bins = _bfd_kernel(lengths, capacity, max_per_bin, bits, off, nwords)
     return bin_of, int(num_bins)
+
+
+def pack_counts(counts: np.ndarray, capacity: int, algorithm: str = "bfd") -> tuple[np.ndarray, int]:
+    """Pack items given only as counts per length (``counts[L]`` items of length L, ``L <= capacity``) with a
+    decreasing algorithm ("bfd" or "ffd"): the row of each item in decreasing-length order (int32
+    ``[counts.sum()]``; items of equal length are interchangeable), and the number of rows. Exactly the rows
+    :func:`pack` gives the same items, listed in the order those algorithms place them."""
+    cap = as_capacity(capacity)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    if counts.shape != (cap + 1,) or (counts < 0).any():
+        raise ValueError(f"counts must be {cap + 1} non-negative integers (lengths 0..capacity)")
+    if not _DECREASING.get(algorithm, False):
+        raise ValueError(f"pack_counts needs a decreasing algorithm, got {algorithm!r}")
+    max_bins = _max_bins(counts, cap, _NO_LIMIT)
+    if algorithm == "bfd":
+        bits, off, nwords = bitset_new(cap + 1)
+        assigned, num_bins = _bfd_sorted(counts, max_bins, cap, _NO_LIMIT, bits, off, nwords)
+    else:
+        assigned, num_bins = _ffd_sorted(counts, max_bins, cap, _NO_LIMIT)
+    return assigned, int(num_bins)
 
 
 def split_rows(items: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:

@@ -408,3 +408,44 @@ def uniform_batches(order: list[int], per_row: int, ranks: int, k: int, remainde
     steps = len(dealt) // per_step
     return [[[r for r in dealt[s * per_step + rank * k : s * per_step + (rank + 1) * k] if r is not None]
              for s in range(steps)] for rank in range(ranks)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plan's sorted pack path (mmfeed.packing.plan._by_length, _rows_sorted, _shuffle_segments)
+
+_MASK64 = (1 << 64) - 1
+
+
+def xorshift64(state: int) -> int:
+    """One xorshift64 step (13, 7, 17) on a Python int kept to 64 bits."""
+    state ^= (state << 13) & _MASK64
+    state ^= state >> 7
+    state ^= (state << 17) & _MASK64
+    return state
+
+
+def shuffle_segments(ids: list[int], offsets: list[int], state: int) -> tuple[list[int], int]:
+    """Fisher-Yates from the back of each segment; swap place i with (high 32 bits * (i + 1)) >> 32."""
+    out = list(ids)
+    for g in range(len(offsets) - 1):
+        lo, hi = offsets[g], offsets[g + 1]
+        for i in range(hi - lo - 1, 0, -1):
+            state = xorshift64(state)
+            j = lo + (((state >> 32) * (i + 1)) >> 32)
+            out[lo + i], out[j] = out[j], out[lo + i]
+    return out, state
+
+
+def by_length(tokens: list[int], capacity: int) -> tuple[list[int], list[int], list[int]]:
+    """Ids that fit by decreasing length, ties by id; counts per length 0..capacity; oversize ids."""
+    fit = sorted((i for i, t in enumerate(tokens) if t <= capacity), key=lambda i: (-tokens[i], i))
+    counts = [sum(1 for t in tokens if t == length) for length in range(capacity + 1)]
+    return fit, counts, [i for i, t in enumerate(tokens) if t > capacity]
+
+
+def rows_from_places(assigned: list[int], ids: list[int]) -> list[list[int]]:
+    """Row b holds the ids of the places assigned to b, in place order."""
+    rows: list[list[int]] = [[] for _ in range(max(assigned, default=-1) + 1)]
+    for b, i in zip(assigned, ids):
+        rows[b].append(i)
+    return rows

@@ -5,6 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import naive
+
 from mmfeed.packing.plan import PlanConfig, plan_epoch, worker_steps
 
 sizes = st.lists(st.integers(1, 300), min_size=0, max_size=120).map(lambda xs: np.array(xs, dtype=np.int64))
@@ -136,3 +138,73 @@ def test_counting_sort_rows_equal_the_argsort_construction(tokens, capacity, see
     assert samples.tolist() == order[by_row].tolist()
     assert offsets.tolist() == [0, *np.cumsum(np.bincount(packed.bin_of[placed], minlength=packed.num_bins))]
     assert costs.tolist() == row_costs(t[order], packed.bin_of, capacity, alpha=0.67).tolist()
+
+
+# The sorted pack path: samples by length, shuffled within a length, rows from the counts, each row shuffled.
+
+
+@pytest.mark.kernels
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(1, 40), min_size=0, max_size=150), capacity=st.integers(1, 45),
+       state=st.integers(1, 2**63 - 1))
+def test_by_length_equals_the_sorted_ids_and_shuffles_within_each_length(tokens, capacity, state):
+    from mmfeed.packing.plan import _by_length, _shuffle_segments
+
+    t = np.asarray(tokens, dtype=np.int64)
+    want, counts, over = naive.by_length(tokens, capacity)
+    ids, got_counts, oversize = _by_length(t, capacity, np.uint64(state), False)
+    assert ids.tolist() == want and got_counts.tolist() == counts and oversize.tolist() == over
+    shuffled, _, _ = _by_length(t, capacity, np.uint64(state), True)
+    starts = np.concatenate([[0], np.cumsum(counts[::-1])]).tolist()
+    assert shuffled.tolist() == naive.shuffle_segments(want, starts, state)[0]
+    seg = np.arange(10, dtype=np.int64)
+    left = _shuffle_segments(seg, np.array([0, 4, 10]), np.uint64(state))
+    assert seg.tolist() == naive.shuffle_segments(list(range(10)), [0, 4, 10], state)[0]
+    assert int(left) == naive.shuffle_segments(list(range(10)), [0, 4, 10], state)[1]
+
+
+@pytest.mark.kernels
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(1, 90), min_size=0, max_size=200), capacity=st.integers(1, 100),
+       algorithm=st.sampled_from(["bfd", "ffd"]), state=st.integers(1, 2**63 - 1), shuffle=st.booleans())
+def test_rows_from_counts_are_the_rows_pack_gives(tokens, capacity, algorithm, state, shuffle):
+    """pack_counts places exactly as pack() on the sorted lengths; _rows_sorted builds those rows (each a
+    permutation of the naive row, sorted by id without shuffle) with row_costs' costs, bit for bit."""
+    from mmfeed.packing import pack, row_costs
+    from mmfeed.packing.bins import pack_counts
+    from mmfeed.packing.plan import _by_length, _rows_sorted
+
+    t = np.asarray(tokens, dtype=np.int64)
+    ids, counts, _ = _by_length(t, capacity, np.uint64(state), shuffle)
+    assigned, num_bins = pack_counts(counts, capacity, algorithm)
+    lengths = t[ids]
+    assert assigned.tolist() == pack(lengths, capacity, algorithm).bin_of.tolist()
+    offsets, samples, costs = _rows_sorted(assigned, ids, counts, num_bins, float(capacity), 0.67,
+                                           np.uint64(state), shuffle)
+    want = naive.rows_from_places(assigned.tolist(), ids.tolist())
+    got = [samples[offsets[b]:offsets[b + 1]].tolist() for b in range(num_bins)]
+    assert [sorted(r) for r in got] == [sorted(r) for r in want]
+    if not shuffle:
+        assert got == [sorted(r) for r in want]
+    row_of = np.repeat(np.arange(num_bins), np.diff(offsets))
+    assert costs.tolist() == row_costs(t[samples], row_of, capacity, alpha=0.67).tolist()
+
+
+def test_shuffle_off_packs_the_index_order_and_the_shuffle_keeps_the_same_rows_multiset():
+    """Without shuffle the sorted path is the old construction (pack in index order, rows by increasing id);
+    with it, the rows hold the same lengths, other samples."""
+    from mmfeed.packing import pack
+
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(1, 700, size=3000)
+    cfg = PlanConfig(capacity=1024, rows_per_batch=2, shuffle=False)
+    plan = plan_epoch(tokens, cfg, seed=0, epoch=0, world_size=2)
+    packed = pack(tokens, 1024)
+    want = sorted(sorted(r.tolist()) for r in packed.bins())
+    assert sorted(plan.row(r).tolist() for r in range(plan.num_rows)) == want
+    assert all(np.all(np.diff(plan.row(r)) > 0) for r in range(plan.num_rows))
+    shuffled = plan_epoch(tokens, PlanConfig(capacity=1024, rows_per_batch=2), seed=0, epoch=0, world_size=2)
+    assert sorted(sorted(tokens[shuffled.row(r)].tolist()) for r in range(shuffled.num_rows)) == \
+        sorted(sorted(tokens[r].tolist()) for r in packed.bins())
+    assert sorted(plan.row(r).tolist() for r in range(plan.num_rows)) != \
+        sorted(sorted(shuffled.row(r).tolist()) for r in range(shuffled.num_rows))
