@@ -1,24 +1,34 @@
-r"""Real LeRobot beside mmfeed on the same LeRobot v3 directory: the same samples, and throughput side by side.
+r"""Real LeRobot beside mmfeed on the same LeRobot v3 directory: the same samples, and throughput at equal sampling.
 
 LeRobot lives in its own virtual environment (its torch and torchvision pins differ from mmfeed's), so this
 module runs a small child script (:data:`CHILD_SCRIPT`) under that environment's python. The child opens
 ``LeRobotDataset(repo_id="local/synthetic", root=..., delta_timestamps=..., video_backend=...)`` fully offline
-and either
-
-- dumps the samples at given indices (frames converted back from LeRobot's float ``[0, 1]`` CHW to uint8 HWC,
-  every array feature, every ``*_is_pad`` flag and the index columns) as ``.npy`` files, or
-- times ``torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True, num_workers=2)`` after a warm-up.
+and either dumps the samples at given indices (frames converted back from LeRobot's float ``[0, 1]`` CHW to uint8
+HWC, every array feature, every ``*_is_pad`` flag and the index columns) as ``.npy`` files, or times its loader.
 
 Both sides read the same features under the same names: the ``delta_timestamps`` LeRobot gets are the window
-mmfeed reads (``WindowSpec.from_delta_timestamps``), feature for feature. The parent reads the samples through
-mmfeed's loader path (:class:`~mmfeed.loaders.sources.lerobot.LeRobotSource` and the window requests of
+mmfeed reads (``WindowSpec.from_delta_timestamps``). The parent reads the samples through mmfeed's loader path
+(:class:`~mmfeed.loaders.sources.lerobot.LeRobotSource` and the window requests of
 :class:`~mmfeed.loaders.items.EpisodeItems`; LeRobot's sample ``i`` is the global frame
 ``dataset_from_index[episode] + anchor``, which is also mmfeed's sample ``i`` with stride 1) and compares them
-feature by feature: arrays and pad flags exactly, frames by the index pattern drawn into the pixels (both must
-show the frame LeRobot's clamping asks for) plus the largest pixel difference. Then it measures mmfeed's loader
-on the benchmark directory with :func:`mmfeed.bench.loader.run_mmfeed` and prints both throughputs::
+feature by feature: arrays and pad flags exactly; frames of a synthetic directory by the index pattern drawn into
+the pixels, those of any other directory by their mean pixel difference (:func:`compare_samples`).
 
-    python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python --json out.json
+Throughput, the same sampling on both sides (:func:`sampling`): a global shuffle over all windows, batches of
+``batch_size``, ``workers`` persistent worker processes. LeRobot: ``torch.utils.data.DataLoader(LeRobotDataset(...),
+batch_size=32, shuffle=True, num_workers=W)`` (:func:`torch_loader`); mmfeed: ``mmfeed.DataLoader(root,
+packing=Packing(window=..., plan=PlanConfig(mode="fixed", batch_size=32)), num_workers=W)`` (:func:`mmfeed_loader`:
+32 windows per batch in a global shuffle, padded, no episode blocks). Each side is timed over a stretch of batches
+after a warm-up, with the CPU seconds of its process and its workers over that stretch (``/proc``), repeats
+interleaved (LeRobot, mmfeed, LeRobot, ...), each repeat a fresh loader::
+
+    python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python [--root DIR] \
+        [--workers 2] [--batch-size 32] [--delta-json FILE] [--json out.json]
+
+The window (:func:`default_window`): every camera of the directory with two frames ``[-1/fps, 0]``,
+``observation.state`` at ``[0]`` and a 50-step ``action`` chunk ``[i/fps for i in range(50)]`` where present;
+``--delta-json`` gives another ``{feature: [seconds]}``. Without ``--root`` a synthetic AV1 directory is written
+once and cached (:data:`SYNTHETIC`: 20 episodes of 200 steps, two 240x320 cameras, GOP 2).
 
 FFmpeg libraries for torchcodec: ``<venv>/ffmpeg-links`` (PyAV's bundled FFmpeg under the standard sonames, see
 below) and any ``<venv>/ffmpeg/usr/lib/<triplet>`` (Debian packages unpacked there with ``dpkg -x``) are put on
@@ -51,32 +61,74 @@ LeRobot's ``video_backend="pyav"`` needs ``torchvision.io.VideoReader``, which t
 from __future__ import annotations
 
 import argparse
+import gc
+import inspect
 import json
 import logging
 import os
+import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mmfeed.bench.common import child_pids, cpu_seconds, robot_window, spread
 from mmfeed.testing.video import read_index
 
-__all__ = ["CHILD_SCRIPT", "check_small", "compare_samples", "delta_timestamps", "edge_indices", "ground_truth",
-           "lerobot_child", "main", "mmfeed_samples", "run", "run_child"]
+__all__ = ["CHILD_SCRIPT", "SYNTHETIC", "check_small", "compare_samples", "compare_throughput", "default_window",
+           "delta_timestamps", "edge_indices", "ground_truth", "lerobot_child", "load_window", "main",
+           "mmfeed_loader", "mmfeed_samples", "parse_args", "run", "run_child", "sampling", "time_mmfeed",
+           "timed_stretch", "torch_loader"]
 
 log = logging.getLogger(__name__)
 
-CHILD_SCRIPT = r'''
+
+def sampling(batch_size: int = 32, num_workers: int = 2, seed: int = 0) -> dict[str, Any]:
+    """The sampling both sides run: a global shuffle over all windows (seeded), ``batch_size`` windows a batch,
+    ``num_workers`` persistent worker processes."""
+    return {"shuffle": "global", "batch_size": int(batch_size), "num_workers": int(num_workers),
+            "persistent_workers": num_workers > 0, "seed": int(seed)}
+
+
+def torch_loader(dataset, *, batch_size: int, num_workers: int, seed: int):
+    """LeRobot's side of :func:`sampling`: ``torch.utils.data.DataLoader(dataset, batch_size=batch_size,
+    shuffle=True, num_workers=num_workers)``, seeded, with persistent workers (run in the child)."""
+    import torch
+
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                                       generator=torch.Generator().manual_seed(seed),
+                                       persistent_workers=num_workers > 0)
+
+
+def timed_stretch(batches: Iterator[Any], steps: int, count: Callable[[Any], int]) -> dict[str, Any]:
+    """Time ``steps`` batches of ``batches``: wall seconds, samples (``count(batch)`` summed) and the CPU seconds
+    of this process and of its child processes (the loader's workers) over the stretch (Linux ``/proc``)."""
+    workers = sorted(child_pids())
+    self0, workers0 = cpu_seconds([os.getpid()]), cpu_seconds(workers)
+    start, samples = time.perf_counter(), 0
+    for _ in range(steps):
+        samples += int(count(next(batches)))
+    seconds = time.perf_counter() - start
+    cpu_main, cpu_workers = cpu_seconds([os.getpid()]) - self0, cpu_seconds(workers) - workers0
+    return {"seconds": seconds, "samples": samples, "batches": steps, "samples_per_s": samples / seconds,
+            "cpu_s": cpu_main + cpu_workers, "cpu_s_main": cpu_main, "cpu_s_workers": cpu_workers,
+            "worker_processes": len(workers), "cpu_s_per_1000_samples": 1000.0 * (cpu_main + cpu_workers) / samples}
+
+
+_CHILD_HEAD = """from __future__ import annotations
 import json, os, sys, time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 import numpy as np
 import torch
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
+"""
 
+_CHILD_BODY = r"""
 args = json.loads(sys.argv[1])
 out = args["out"]
 ds = LeRobotDataset(args["repo_id"], root=args["root"], delta_timestamps=args["delta_timestamps"],
@@ -111,10 +163,7 @@ if args["indices"]:
     result["tasks"] = [it["task"] for it in items]
 
 if args["steps"]:
-    workers = args["num_workers"]
-    loader = torch.utils.data.DataLoader(ds, batch_size=args["batch_size"], shuffle=True, num_workers=workers,
-                                         generator=torch.Generator().manual_seed(args["seed"]),
-                                         persistent_workers=workers > 0)
+    loader = torch_loader(ds, batch_size=args["batch_size"], num_workers=args["num_workers"], seed=args["seed"])
 
     def forever():
         while True:
@@ -123,29 +172,17 @@ if args["steps"]:
     batches = forever()
     for _ in range(args["warmup"]):
         next(batches)
-    runs = []
-    for _ in range(args["repeats"]):
-        samples = frames = real = 0
-        start = time.perf_counter()
-        for _ in range(args["steps"]):
-            batch = next(batches)
-            for key in ds.meta.video_keys:
-                value = batch[key]
-                frames += value.shape[0] * (value.shape[1] if value.ndim == 5 else 1)
-                pad = batch.get(key + "_is_pad")
-                real += int((~pad).sum()) if pad is not None else value.shape[0]
-            samples += len(batch["index"])
-        seconds = time.perf_counter() - start
-        runs.append({"seconds": seconds, "samples": samples, "frames": frames, "samples_per_s": samples / seconds,
-                     "frames_per_s": frames / seconds, "non_pad_frames_per_s": real / seconds})
-    median = sorted(runs, key=lambda r: r["frames_per_s"])[len(runs) // 2]
-    result["timing"] = {**median, "repeats": runs, "batch_size": args["batch_size"], "num_workers": workers,
-                        "steps": args["steps"], "warmup": args["warmup"]}
+    result["timing"] = timed_stretch(batches, args["steps"], lambda batch: len(batch["index"]))
 
 with open(os.path.join(out, "result.json"), "w") as f:
     json.dump(result, f)
-'''
-"""The script run under LeRobot's python (``python -c CHILD_SCRIPT ARGS_JSON``); it never imports mmfeed."""
+"""
+
+CHILD_SCRIPT = "\n\n".join([_CHILD_HEAD, *(inspect.getsource(fn) for fn in (child_pids, cpu_seconds, torch_loader,
+                                                                             timed_stretch)), _CHILD_BODY])
+"""The script run under LeRobot's python (``python -c CHILD_SCRIPT ARGS_JSON``); it never imports mmfeed: the
+helpers it shares with the parent (:func:`torch_loader`, :func:`timed_stretch` and ``/proc`` CPU reading) are
+copied into it as source."""
 
 
 def _lib_dirs(python: str | os.PathLike, extra: Sequence[str] = ()) -> list[str]:
@@ -186,7 +223,6 @@ def lerobot_child(
     indices: Sequence[int] = (),
     steps: int = 0,
     warmup: int = 3,
-    repeats: int = 1,
     batch_size: int = 32,
     num_workers: int = 2,
     seed: int = 0,
@@ -207,7 +243,7 @@ def lerobot_child(
         out.mkdir()
         args = {"repo_id": "local/synthetic", "root": str(root), "out": str(out),
                 "delta_timestamps": {k: [float(t) for t in v] for k, v in delta_timestamps.items()},
-                "indices": [int(i) for i in indices], "steps": int(steps), "warmup": int(warmup), "repeats": int(repeats),
+                "indices": [int(i) for i in indices], "steps": int(steps), "warmup": int(warmup),
                 "batch_size": int(batch_size), "num_workers": int(num_workers), "seed": int(seed),
                 "video_backend": video_backend}
         run_child(python, CHILD_SCRIPT, args, tmp, lib_dirs=lib_dirs, timeout_s=timeout_s)
@@ -303,16 +339,24 @@ def ground_truth(episodes, delta_timestamps: Mapping[str, Sequence[float]], indi
     return out
 
 
+PIXEL_TOLERANCE = 2.0
+"""Largest mean absolute pixel difference of two reads of the same frames (``frames="pixels"``)."""
+
+
 def compare_samples(expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
-                    keys: Sequence[str]) -> dict[str, Any]:
+                    keys: Sequence[str], *, frames: str = "pattern") -> dict[str, Any]:
     """Compare two sample sets key by key; ``{"ok": bool, "keys": {key: details}, "problems": [str]}``.
 
     keys: feature names (the same on both sides: ``observation.images.<cam>``, ``observation.state``, ``action``,
     ...); each one's ``<key>_is_pad`` is compared too, and ``episode_index`` / ``frame_index`` where both sides have them.
-    Non-video arrays must be equal exactly (same shape, bitwise for floats); frames must have the same shape and
-    show the same pattern index in every frame (:func:`mmfeed.testing.read_index`); their largest pixel
-    difference is reported, not judged (two decoders may round colour conversion differently).
+    Non-video arrays must be equal exactly (same shape, bitwise for floats); frames must have the same shape and,
+    with ``frames="pattern"`` (synthetic data), show the same pattern index in every frame
+    (:func:`mmfeed.testing.read_index`), their pixel differences reported, not judged (two decoders may round
+    colour conversion differently); with ``frames="pixels"`` (any other data) differ by at most
+    :data:`PIXEL_TOLERANCE` on average.
     """
+    if frames not in ("pattern", "pixels"):
+        raise ValueError(f"frames must be 'pattern' or 'pixels', got {frames!r}")
     report: dict[str, Any] = {"keys": {}, "problems": []}
     problems = report["problems"]
     names = [*keys, *(f"{k}_is_pad" for k in keys), *(k for k in ("episode_index", "frame_index")
@@ -329,12 +373,17 @@ def compare_samples(expected: Mapping[str, np.ndarray], got: Mapping[str, np.nda
             continue
         details: dict[str, Any] = {"shape": list(a.shape)}
         if name.startswith("observation.images.") and not name.endswith("_is_pad"):
+            diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+            details.update(max_pixel_diff=int(diff.max(initial=0)), mean_pixel_diff=float(diff.mean()) if diff.size else 0.0)
+            if frames == "pixels":
+                if details["mean_pixel_diff"] > PIXEL_TOLERANCE:
+                    problems.append(f"{name}: mean pixel difference {details['mean_pixel_diff']:.2f} > {PIXEL_TOLERANCE}")
+                report["keys"][name] = details
+                continue
             flat = a.shape[0] * a.shape[1]
             ia = read_index(a.reshape(flat, *a.shape[2:])).reshape(a.shape[:2])
             ib = read_index(b.reshape(flat, *b.shape[2:])).reshape(b.shape[:2])
-            diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
-            details.update(index_equal=bool(np.array_equal(ia, ib)), max_pixel_diff=int(diff.max(initial=0)),
-                           mean_pixel_diff=float(diff.mean()) if diff.size else 0.0)
+            details["index_equal"] = bool(np.array_equal(ia, ib))
             if not details["index_equal"]:
                 where = np.argwhere(ia != ib)[:5].tolist()
                 problems.append(f"{name}: frame pattern index differs at [sample, step] {where}: "
@@ -352,6 +401,8 @@ def compare_samples(expected: Mapping[str, np.ndarray], got: Mapping[str, np.nda
     return report
 
 
+
+
 def _print_report(title: str, report: dict[str, Any]) -> None:
     print(f"{title}: {'MATCH' if report['ok'] else 'MISMATCH'}")
     for name, details in report["keys"].items():
@@ -359,16 +410,6 @@ def _print_report(title: str, report: dict[str, Any]) -> None:
     for problem in report["problems"]:
         print(f"  ! {problem}")
 
-
-def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return sorted(runs, key=lambda r: r["frames_per_s"])[len(runs) // 2]
-
-
-def _lerobot_style(workers: int, steps: int):
-    from mmfeed.bench.loader import LoaderBench
-
-    return replace(LoaderBench(format="lerobot", workers=workers, steps=steps), codec="av1", gop=2, height=240,
-                   width=320, history=2, horizon=50, tokens_per_frame=64, capacity=1024, rows_per_batch=8)
 
 
 def check_small(python: str, *, video_backend: str, lib_dirs: Sequence[str], seed: int = 0) -> dict[str, Any]:
@@ -392,80 +433,214 @@ def check_small(python: str, *, video_backend: str, lib_dirs: Sequence[str], see
             "tasks_equal": result["tasks"] == [episodes[e].task for e in truth["episode_index"]]}
 
 
-def run(python: str, *, video_backend: str = "torchcodec", lib_dirs: Sequence[str] = (), workers: int = 2,
-        steps: int = 120, lerobot_steps: int = 40, repeats: int = 3, batch_size: int = 32,
-        extra: int = 32) -> dict[str, Any]:
-    """The small equality check, the benchmark directory's edge samples, and both throughputs.
 
-    Each throughput is the median of ``repeats`` runs, LeRobot's and mmfeed's interleaved; a run is a fresh loader
-    measured over ``lerobot_steps`` (LeRobot) or ``steps`` (mmfeed) batches after the warm-up batches.
-    """
-    from mmfeed.bench.loader import dataset_path, run_mmfeed
 
-    results: dict[str, Any] = {"small": check_small(python, video_backend=video_backend, lib_dirs=lib_dirs)}
-    cfg = _lerobot_style(workers, steps)
-    path = dataset_path(cfg)
+SYNTHETIC = {"episodes": 20, "length": 200, "cameras": ("cam_high", "cam_wrist"), "height": 240, "width": 320,
+             "codec": "av1", "gop": 2}
+"""The directory written without ``--root`` (``write_lerobot(..., codec="av1", gop=2)``, 30 fps, seed 0)."""
+
+
+def synthetic_root() -> Path:
+    """The :data:`SYNTHETIC` LeRobot directory, written once under mmfeed's bench cache."""
+    from mmfeed.bench.loader import LoaderBench, dataset_path
+
+    s = SYNTHETIC
+    return dataset_path(LoaderBench(format="lerobot", episodes=s["episodes"], min_length=s["length"],
+                                    max_length=s["length"], cameras=s["cameras"], height=s["height"],
+                                    width=s["width"], codec=s["codec"], gop=s["gop"]))
+
+
+def default_window(root: str | os.PathLike, *, history: int = 2, horizon: int = 50) -> dict[str, list[float]]:
+    """The compared window of a LeRobot directory, as ``delta_timestamps``: every video feature with ``history``
+    frames at its own rate (``[-1/fps, 0]``), ``observation.state`` at ``[0]`` and a ``horizon``-step ``action``
+    chunk where the directory has them."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
-    source = LeRobotSource(path)
-    bounds = np.concatenate([[0], np.cumsum(source.lengths)])
-    window = cfg.window()
-    delta = delta_timestamps(window)
-    span = tuple(int(round(t * cfg.fps)) for t in window.span_s())
-    indices = edge_indices(bounds, span, extra=extra, seed=cfg.seed)
-    child, theirs = lerobot_child(python, path, delta, indices=indices, video_backend=video_backend, lib_dirs=lib_dirs)
-    ours = mmfeed_samples(path, delta, indices)
-    results["bench_dir"] = {"path": str(path), "samples": len(indices),
-                            "lerobot_vs_mmfeed": compare_samples(theirs, ours, list(delta))}
+    source = LeRobotSource(root)
+    videos = {f: float(source.rates(f)[0]) for f, feat in source.features.items() if feat.kind == "video"}
+    if not videos:
+        raise ValueError(f"{root}: no video features to compare (features: {sorted(source.features)})")
+    spec = robot_window(videos, fps=float(source.fps[0]), history=history, horizon=horizon,
+                        state="observation.state" if "observation.state" in source.features else None,
+                        action="action" if "action" in source.features else None)
+    return delta_timestamps(spec)
+
+
+def load_window(root: str | os.PathLike, path: str | os.PathLike) -> dict[str, list[float]]:
+    """``--delta-json``: ``{feature: [seconds]}`` from ``path``, every feature one of the directory's."""
+    from mmfeed.loaders.sources.lerobot import LeRobotSource
+
+    delta = json.loads(Path(path).read_text())
+    if not isinstance(delta, dict) or not delta or not all(isinstance(v, list) and v for v in delta.values()):
+        raise ValueError(f"{path}: expected a JSON object {{feature: [seconds, ...]}}, got {delta!r}")
+    unknown = sorted(set(delta) - set(LeRobotSource(root).features))
+    if unknown:
+        raise ValueError(f"{path}: {unknown} are no features of {root}")
+    return {str(k): [float(t) for t in v] for k, v in delta.items()}
+
+
+def mmfeed_loader(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, batch_size: int = 32,
+                  num_workers: int = 2, seed: int = 0, tokens_per_frame: int = 64, backend: str = "auto"):
+    """mmfeed's side of :func:`sampling`: ``mmfeed.DataLoader(root, packing=Packing(window=...,
+    plan=PlanConfig(mode="fixed", batch_size=batch_size)), num_workers=num_workers)`` with persistent workers;
+    every video feature priced ``tokens_per_frame`` tokens a frame."""
+    from mmfeed.loaders import DataLoader, Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
+
+    source = open_dataset(root, backend=backend)
+    window = WindowSpec.from_delta_timestamps(delta)
+    prices = {f: tokens_per_frame for f in window.features if source.features[f].kind == "video"}
+    packing = Packing(layout=TokenLayout(tokens_per_frame=prices), window=window, seed=seed,
+                      plan=PlanConfig(mode="fixed", batch_size=batch_size, shuffle=True, episode_block=0))
+    return DataLoader(source, packing=packing, num_workers=num_workers, persistent_workers=num_workers > 0)
+
+
+def _forever(loader) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, steps: int, warmup: int = 3,
+                **loader_args: Any) -> dict[str, Any]:
+    """:func:`timed_stretch` of a fresh :func:`mmfeed_loader` after ``warmup`` batches; its workers are gone
+    when this returns (so the next repeat of either side has the CPUs to itself)."""
+    loader = mmfeed_loader(root, delta, **loader_args)
+    batches = _forever(loader)
+    for _ in range(warmup):
+        next(batches)
+    out = timed_stretch(batches, steps, lambda batch: batch.num_documents)
+    batches.close()
+    del batches, loader
+    gc.collect()
+    deadline = time.monotonic() + 30.0
+    while child_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return out
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["samples_per_s"] for r in runs]
+    return {"samples_per_s": statistics.median(rates), "samples_per_s_spread": spread(rates),
+            "cpu_s_per_1000_samples": statistics.median(r["cpu_s_per_1000_samples"] for r in runs), "runs": runs}
+
+
+def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *,
+                       batch_size: int = 32, workers: int = 2, seed: int = 0, steps: int = 60,
+                       lerobot_steps: int = 20, warmup: int = 3, repeats: int = 3, tokens_per_frame: int = 64,
+                       backend: str = "auto", video_backend: str = "torchcodec",
+                       lib_dirs: Sequence[str] = ()) -> dict[str, Any]:
+    """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, mmfeed, ...): each side's
+    median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed / LeRobot."""
+    same = sampling(batch_size, workers, seed)
     lerobot_runs, mmfeed_runs = [], []
     for _ in range(max(1, repeats)):  # interleaved, so a change in background load hits both alike
-        timed, _ = lerobot_child(python, path, delta, steps=lerobot_steps, warmup=cfg.warmup, batch_size=batch_size,
-                                 num_workers=workers, seed=cfg.seed, video_backend=video_backend, lib_dirs=lib_dirs)
-        lerobot_runs.append({k: v for k, v in timed["timing"].items() if k != "repeats"})
-        mmfeed_runs.append(run_mmfeed(cfg, path))
-    results["lerobot"] = {**_median(lerobot_runs), "repeats": lerobot_runs}
-    results["mmfeed"] = {**_median(mmfeed_runs), "repeats": mmfeed_runs}
-    results["ratio_frames_per_s"] = results["mmfeed"]["frames_per_s"] / results["lerobot"]["frames_per_s"]
-    results["lerobot_versions"] = timed["versions"]
-    results["video_backend"] = timed["video_backend"]
-    results["settings"] = {**asdict(cfg), "delta_timestamps": delta, "lerobot_batch_size": batch_size}
+        child, _ = lerobot_child(python, root, delta, steps=lerobot_steps, warmup=warmup, batch_size=batch_size,
+                                 num_workers=workers, seed=seed, video_backend=video_backend, lib_dirs=lib_dirs)
+        lerobot_runs.append(child["timing"])
+        mmfeed_runs.append(time_mmfeed(root, delta, steps=steps, warmup=warmup, batch_size=batch_size,
+                                       num_workers=workers, seed=seed, tokens_per_frame=tokens_per_frame,
+                                       backend=backend))
+    lerobot, mmfeed = _summary(lerobot_runs), _summary(mmfeed_runs)
+    return {"lerobot": lerobot, "mmfeed": mmfeed, "ratio_samples_per_s": mmfeed["samples_per_s"] /
+            lerobot["samples_per_s"], "sampling": same, "lerobot_versions": child["versions"],
+            "video_backend": child["video_backend"], "tokens_per_frame": tokens_per_frame, "mmfeed_backend": backend}
+
+
+def run(python: str, *, root: str | os.PathLike | None = None, delta: Mapping[str, Sequence[float]] | None = None,
+        extra: int = 32, **throughput: Any) -> dict[str, Any]:
+    """The small equality check, the equality of ``root``'s edge samples (plus ``extra`` random ones) and
+    :func:`compare_throughput` on ``root`` (None: :func:`synthetic_root`)."""
+    from mmfeed.loaders.sources.lerobot import LeRobotSource
+
+    backend, lib_dirs = throughput.get("video_backend", "torchcodec"), throughput.get("lib_dirs", ())
+    results: dict[str, Any] = {"small": check_small(python, video_backend=backend, lib_dirs=lib_dirs)}
+    synthetic = root is None
+    root = synthetic_root() if synthetic else Path(root)
+    delta = dict(delta) if delta else default_window(root)
+    source = LeRobotSource(root)
+    bounds = np.concatenate([[0], np.cumsum(source.lengths)])
+    fps = float(source.fps[0])
+    steps = [round(t * fps) for seconds in delta.values() for t in seconds]
+    indices = edge_indices(bounds, (min(steps), max(steps)), extra=extra, seed=throughput.get("seed", 0))
+    _, theirs = lerobot_child(python, root, delta, indices=indices, video_backend=backend, lib_dirs=lib_dirs)
+    ours = mmfeed_samples(root, delta, indices)
+    results["root"] = {"path": str(root), "synthetic": synthetic, "samples": len(indices), "windows": int(bounds[-1]),
+                       "episodes": len(source.lengths), "delta_timestamps": delta,
+                       "lerobot_vs_mmfeed": compare_samples(theirs, ours, list(delta),
+                                                            frames="pattern" if synthetic else "pixels")}
+    if synthetic:
+        results["root"]["written"] = SYNTHETIC
+    results.update(compare_throughput(python, root, delta, **throughput))
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from mmfeed.loaders.sources.lerobot import is_lerobot_dir
+
     parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.lerobot_compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lerobot-python", required=True, help="python of the venv where lerobot is installed")
+    parser.add_argument("--root", help="a LeRobot v3 directory (default: a synthetic AV1 one, written once)")
+    parser.add_argument("--delta-json", metavar="FILE", help="the window: {feature: [seconds]} (default: every "
+                        "camera [-1/fps, 0], observation.state [0], action [i/fps for i in range(50)])")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes, both sides")
+    parser.add_argument("--batch-size", type=int, default=32, help="windows per batch, both sides")
+    parser.add_argument("--steps", type=int, default=60, help="measured mmfeed batches per repeat")
+    parser.add_argument("--lerobot-steps", type=int, default=20, help="measured LeRobot batches per repeat")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed batches before each measured stretch")
+    parser.add_argument("--repeats", type=int, default=3, help="figures = median over this many repeats")
+    parser.add_argument("--tokens-per-frame", type=int, default=64, help="mmfeed's price of a video frame")
+    parser.add_argument("--backend", default="auto", help="mmfeed's video backend")
     parser.add_argument("--video-backend", default="torchcodec", help="LeRobot's video_backend (torchcodec or pyav)")
     parser.add_argument("--lib-dir", action="append", default=[], help="extra LD_LIBRARY_PATH folder for the child")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=120, help="measured mmfeed batches per repeat")
-    parser.add_argument("--lerobot-steps", type=int, default=40, help="measured LeRobot batches per repeat")
-    parser.add_argument("--repeats", type=int, default=3, help="throughput = median over this many repeats")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
+    if not Path(args.lerobot_python).exists():
+        parser.error(f"--lerobot-python {args.lerobot_python} does not exist; pass the venv's bin/python")
+    if args.root is not None and not is_lerobot_dir(args.root):
+        parser.error(f"--root {args.root} is no LeRobot v3 directory (no meta/info.json)")
+    if args.delta_json is not None and not Path(args.delta_json).is_file():
+        parser.error(f"--delta-json {args.delta_json} does not exist")
+    for name in ("batch_size", "steps", "lerobot_steps", "repeats", "tokens_per_frame"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.workers < 0 or args.warmup < 0:
+        parser.error("--workers and --warmup must be >= 0")
+    return args
+
+
+def _print_side(name: str, side: dict[str, Any]) -> None:
+    s = side["samples_per_s_spread"]
+    print(f"{name:8s} {side['samples_per_s']:9.1f} samples/s (min {s['min']:.1f}, max {s['max']:.1f}, median of "
+          f"{len(side['runs'])})   {side['cpu_s_per_1000_samples']:.2f} CPU-s / 1000 samples")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     start = time.perf_counter()
-    results = run(args.lerobot_python, video_backend=args.video_backend, lib_dirs=args.lib_dir, workers=args.workers,
-                  steps=args.steps, lerobot_steps=args.lerobot_steps, repeats=args.repeats)
-    small = results["small"]
+    delta = load_window(args.root, args.delta_json) if args.delta_json else None
+    results = run(args.lerobot_python, root=args.root, delta=delta, batch_size=args.batch_size, workers=args.workers,
+                  steps=args.steps, lerobot_steps=args.lerobot_steps, warmup=args.warmup, repeats=args.repeats,
+                  tokens_per_frame=args.tokens_per_frame, backend=args.backend, video_backend=args.video_backend,
+                  lib_dirs=args.lib_dir)
+    small, root = results["small"], results["root"]
     _print_report(f"small directory, all {small['samples']} samples, LeRobot vs mmfeed", small["lerobot_vs_mmfeed"])
     _print_report("small directory, writer ground truth vs LeRobot", small["truth_vs_lerobot"])
     print(f"  tasks equal: {small['tasks_equal']}")
-    bench = results["bench_dir"]
-    _print_report(f"benchmark directory, {bench['samples']} edge + random samples, LeRobot vs mmfeed",
-                  bench["lerobot_vs_mmfeed"])
-    le, mm = results["lerobot"], results["mmfeed"]
-    print(f"\nLeRobot {results['lerobot_versions'].get('lerobot')} ({results['video_backend']}), torch DataLoader "
-          f"batch {le['batch_size']}, {le['num_workers']} workers: {le['frames_per_s']:.1f} frames/s, "
-          f"{le['samples_per_s']:.1f} samples/s (median of {len(le['repeats'])})")
-    print(f"mmfeed DataLoader (packed, {args.workers} workers): {mm['frames_per_s']:.1f} frames/s, "
-          f"{mm['samples_per_s']:.1f} samples/s (median of {len(mm['repeats'])})")
-    print(f"mmfeed / LeRobot (frames/s): {results['ratio_frames_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
+    _print_report(f"{root['path']}: {root['samples']} edge + random samples, LeRobot vs mmfeed",
+                  root["lerobot_vs_mmfeed"])
+    same = results["sampling"]
+    print(f"\n{root['episodes']} episodes, {root['windows']} windows {json.dumps(root['delta_timestamps'])}\n"
+          f"both: global shuffle, batch {same['batch_size']}, {same['num_workers']} workers; LeRobot "
+          f"{results['lerobot_versions'].get('lerobot')} ({results['video_backend']}) torch DataLoader, mmfeed "
+          f"DataLoader fixed plan ({results['mmfeed_backend']})")
+    _print_side("LeRobot", results["lerobot"])
+    _print_side("mmfeed", results["mmfeed"])
+    print(f"mmfeed / LeRobot (samples/s): {results['ratio_samples_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
     if args.json:
         from mmfeed.bench.common import environment
 
         Path(args.json).write_text(json.dumps({**results, "environment": environment()}, indent=2, default=str))
-    ok = small["lerobot_vs_mmfeed"]["ok"] and small["truth_vs_lerobot"]["ok"] and bench["lerobot_vs_mmfeed"]["ok"]
+    ok = all(r["ok"] for r in (small["lerobot_vs_mmfeed"], small["truth_vs_lerobot"], root["lerobot_vs_mmfeed"]))
     return 0 if ok else 1
 
 

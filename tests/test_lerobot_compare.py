@@ -7,13 +7,20 @@ otherwise that test skips and says why.
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
+import sys
 
 import numpy as np
 import pytest
+import torch
 
-from mmfeed.bench.lerobot_compare import (check_small, compare_samples, delta_timestamps, edge_indices,
-                                          ground_truth, mmfeed_samples)
+from mmfeed.bench.common import child_pids
+from mmfeed.bench.lerobot_compare import (CHILD_SCRIPT, check_small, compare_samples, default_window,
+                                          delta_timestamps, edge_indices, ground_truth, load_window, main,
+                                          mmfeed_loader, mmfeed_samples, parse_args, sampling, time_mmfeed,
+                                          torch_loader)
 from mmfeed.bench.loader import LoaderBench
 from mmfeed.loaders import WindowSpec
 from mmfeed.loaders.sources.lerobot import LeRobotSource
@@ -116,3 +123,129 @@ def test_real_lerobot_returns_what_mmfeed_returns(lerobot_python):
     assert result["truth_vs_lerobot"]["ok"], result["truth_vs_lerobot"]["problems"]
     assert result["tasks_equal"]
     assert result["child"]["num_samples"] == result["samples"]
+
+
+# ------------------------------------------------------------------ --root, the window and equal sampling
+
+
+@pytest.fixture(scope="module")
+def two_cams(tmp_path_factory):
+    """Four two-camera AV1 episodes (GOP 2, as the benchmark writes them), long enough for batches of 32."""
+    episodes = make_episodes(4, seed=5, cameras=("cam_high", "cam_wrist"), min_length=60, max_length=80, height=48,
+                             width=64)
+    root = write_lerobot(tmp_path_factory.mktemp("lerobot2") / "ds", episodes, codec="av1", gop=2)
+    return episodes, root
+
+
+def test_the_window_is_every_camera_the_state_and_a_50_step_chunk(two_cams):
+    """Built from the directory's own features: both cameras with two frames, the state at the anchor and 50
+    action steps, nothing else (no reward, no velocity, no index column)."""
+    _, root = two_cams
+    assert default_window(root) == {"observation.images.cam_high": [-1 / FPS, 0.0],
+                                    "observation.images.cam_wrist": [-1 / FPS, 0.0], "observation.state": [0.0],
+                                    "action": [i / FPS for i in range(50)]}
+    assert len(default_window(root, history=3, horizon=4)["observation.images.cam_wrist"]) == 3
+
+
+def test_delta_json_replaces_the_window_and_names_are_checked(two_cams, tmp_path):
+    _, root = two_cams
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"observation.images.cam_wrist": [0.0], "next.reward": [-1 / FPS, 0]}))
+    assert load_window(root, good) == {"observation.images.cam_wrist": [0.0], "next.reward": [-1 / FPS, 0.0]}
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"observation.images.cam_top": [0.0]}))
+    with pytest.raises(ValueError, match="cam_top"):
+        load_window(root, unknown)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"action": []}))
+    with pytest.raises(ValueError, match="feature"):
+        load_window(root, empty)
+
+
+def test_arguments(two_cams, tmp_path):
+    """Defaults are the issue's (2 workers, batches of 32, the synthetic directory); a missing python, a folder
+    that is no LeRobot directory, a missing window file and a batch size of 0 are usage errors."""
+    _, root = two_cams
+    args = parse_args(["--lerobot-python", sys.executable])
+    assert (args.root, args.workers, args.batch_size, args.delta_json, args.repeats) == (None, 2, 32, None, 3)
+    window = tmp_path / "w.json"
+    window.write_text("{}")
+    args = parse_args(["--lerobot-python", sys.executable, "--root", str(root), "--workers", "3", "--batch-size",
+                       "16", "--delta-json", str(window), "--json", str(tmp_path / "o.json")])
+    assert (args.root, args.workers, args.batch_size, args.delta_json) == (str(root), 3, 16, str(window))
+    for bad in (["--lerobot-python", str(tmp_path / "nope")],
+                ["--lerobot-python", sys.executable, "--root", str(tmp_path)],
+                ["--lerobot-python", sys.executable, "--delta-json", str(tmp_path / "nope.json")],
+                ["--lerobot-python", sys.executable, "--batch-size", "0"]):
+        with pytest.raises(SystemExit) as err:
+            parse_args(bad)
+        assert err.value.code == 2
+
+
+def test_both_sides_sample_alike(two_cams):
+    """LeRobot's loader (the function the child runs, copied into its script) and mmfeed's are built from one
+    :func:`sampling`: batch size, workers, a global shuffle; mmfeed's plan is fixed-size batches with no episode
+    blocks, and an epoch of it is batches of exactly 32 distinct windows drawn from across the episodes."""
+    episodes, root = two_cams
+    same = sampling(32, 2, 0)
+    theirs = torch_loader(list(range(100)), batch_size=same["batch_size"], num_workers=same["num_workers"],
+                          seed=same["seed"])
+    assert isinstance(theirs.sampler, torch.utils.data.RandomSampler)
+    assert (theirs.batch_size, theirs.num_workers, theirs.persistent_workers) == (32, 2, True)
+    assert inspect.getsource(torch_loader) in CHILD_SCRIPT and "torch_loader(ds, batch_size=" in CHILD_SCRIPT
+    ours = mmfeed_loader(root, default_window(root), batch_size=same["batch_size"], num_workers=same["num_workers"],
+                         seed=same["seed"])
+    plan = ours.dataset.config
+    assert (plan.mode, plan.batch_size, plan.episode_block, plan.shuffle, ours.num_workers) == ("fixed", 32, 0, True, 2)
+    windows = sum(ep.length for ep in episodes)
+    epoch = mmfeed_loader(root, default_window(root), batch_size=32, num_workers=0)
+    batches = [(b.metadata["sample"].numpy(), b.metadata["episode"].numpy(), b.num_documents) for b in epoch]
+    assert [n for _, _, n in batches] == [32] * (windows // 32)
+    samples = np.concatenate([s for s, _, _ in batches])
+    assert len(np.unique(samples)) == len(samples) and samples.max() < windows
+    assert not np.all(np.diff(samples) > 0)  # shuffled
+    assert min(len(np.unique(e)) for _, e, _ in batches) >= 3  # no episode blocks: every batch spans episodes
+
+
+def test_mmfeed_stretch_counts_samples_and_its_workers_cpu(two_cams):
+    """A timed stretch of mmfeed's loader: 4 batches of 32 samples, CPU seconds of both worker processes, and the
+    workers are gone afterwards."""
+    _, root = two_cams
+    got = time_mmfeed(root, default_window(root), steps=4, warmup=1, batch_size=32, num_workers=2)
+    assert (got["samples"], got["batches"], got["worker_processes"]) == (128, 4, 2)
+    assert got["cpu_s_workers"] > 0 and got["cpu_s"] == pytest.approx(got["cpu_s_main"] + got["cpu_s_workers"])
+    assert got["cpu_s_per_1000_samples"] == pytest.approx(1000 * got["cpu_s"] / 128)
+    assert got["samples_per_s"] == pytest.approx(128 / got["seconds"])
+    assert not child_pids()
+
+
+def test_the_child_script_is_python_without_mmfeed():
+    compile(CHILD_SCRIPT, "<lerobot child>", "exec")
+    assert "import mmfeed" not in CHILD_SCRIPT and "from mmfeed" not in CHILD_SCRIPT
+
+
+def test_pixel_comparison_for_directories_without_the_pattern(small):
+    """For any directory (no drawn index), frames are judged by their mean pixel difference."""
+    episodes, _, delta, indices = small
+    truth = ground_truth(episodes, delta, indices, FPS)
+    assert compare_samples(truth, truth, list(delta), frames="pixels")["ok"]
+    brighter = {**truth, CAM: np.clip(truth[CAM].astype(np.int16) + 10, 0, 255).astype(np.uint8)}
+    report = compare_samples(truth, brighter, list(delta), frames="pixels")
+    assert [p.split(":")[0] for p in report["problems"]] == [CAM]
+    with pytest.raises(ValueError, match="frames"):
+        compare_samples(truth, truth, list(delta), frames="exact")
+
+
+def test_real_throughput_at_equal_sampling(lerobot_python, two_cams, tmp_path):
+    """The command end to end with real LeRobot on a given directory: equal samples, both sides timed at the same
+    sampling, figures in the JSON."""
+    _, root = two_cams
+    out = tmp_path / "out.json"
+    assert main(["--lerobot-python", lerobot_python, "--root", str(root), "--steps", "2", "--lerobot-steps", "2",
+                 "--warmup", "1", "--repeats", "1", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["sampling"] == sampling(32, 2, 0) and not got["root"]["synthetic"]
+    for side in ("lerobot", "mmfeed"):
+        (run_,) = got[side]["runs"]
+        assert (run_["samples"], run_["worker_processes"]) == (64, 2) and got[side]["cpu_s_per_1000_samples"] > 0
+    assert got["ratio_samples_per_s"] == pytest.approx(got["mmfeed"]["samples_per_s"] / got["lerobot"]["samples_per_s"])
