@@ -36,10 +36,13 @@ NAMED_BENCHMARKS = {
     "decode": ("mmfeed.bench.decode", "video decode backends and GOP-aware batch decode"),
     "loader": ("mmfeed.bench.loader", "the one-camera windowed workload beside the decode limit and torch"),
     "scaling": ("mmfeed.bench.scaling", "the epoch plan from 8 to 1024 ranks: steps, drops, balance"),
-    "scale": ("mmfeed.bench.scale", "planning cost and memory up to 1e8 samples and 4096 ranks, block masks"),
+    "scale": ("mmfeed.bench.scale", "planning, windows, the index and block masks up to 1e8 samples, 4096 ranks"),
     "convert": ("mmfeed.bench.convert", "mmfeed convert throughput: local processes and Ray"),
     "train": ("mmfeed.bench.train", "training on packed rows vs pad-to-longest: useful tokens/s, padding, loss"),
 }
+
+#: ``--backend`` choices: "auto" and mmfeed.codecs.video.BACKENDS (listed here: the CLI starts without torch)
+VIDEO_BACKENDS = ["auto", "decord", "pyav", "torchcodec"]
 
 
 def _positive(kind: type, minimum: float) -> Callable[[str], float]:
@@ -260,7 +263,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episode-block", type=INT0, help="0 (default): mmfeed shuffles samples across the whole epoch, "
                    "as the baseline's sampler does; N: each batch from blocks of N episodes (mmfeed's locality)")
     p.add_argument("--workers", type=INT0, help="worker processes of both loaders (and of the decode limit; default 2)")
-    p.add_argument("--backend", choices=["auto", "decord", "pyav"], default="auto", help="video decode backend")
+    p.add_argument("--backend", choices=VIDEO_BACKENDS, default="auto", help="video decode backend")
     p.add_argument("--steps", type=INT1, help="batches per measured stretch (default: as many as --stretch-s takes)")
     p.add_argument("--stretch-s", type=NUM0, default=1.5, help="seconds of one measured stretch when --steps is not "
                    "given (default 1.5)")
@@ -371,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", default="bfd", help="packing algorithm (default bfd)")
     p.add_argument("--world-size", type=INT1, default=1, help="ranks the epoch is dealt to (default 1)")
     p.add_argument("--seed", type=INT0, default=0)
-    p.add_argument("--backend", choices=["auto", "decord", "pyav"], default="auto")
+    p.add_argument("--backend", choices=VIDEO_BACKENDS, default="auto")
     p.add_argument("--json", metavar="FILE", help="also write the survey and forecast as JSON")
     p.set_defaults(func=_inspect)
 

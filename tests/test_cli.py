@@ -467,3 +467,10 @@ def test_bench_scale_quick_writes_the_plan_and_block_mask_figures(tmp_path):
     windows, = report["windows"]  # 1e4 LeRobot episodes of 250 steps, one price: planned arithmetically
     assert windows["windows"] == 250 * 10**4 and windows["plan"] == "UniformPlan" and windows["steps"] > 0
     assert windows["first_batch_s"] > 0 and windows["peak_rss_bytes"] > windows["peak_above_import_bytes"] > 0
+
+
+def test_the_backend_choices_are_the_decoders_mmfeed_has():
+    from mmfeed.cli import VIDEO_BACKENDS
+    from mmfeed.codecs.video import BACKENDS
+
+    assert VIDEO_BACKENDS == ["auto", *sorted(BACKENDS)]
