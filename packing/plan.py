@@ -317,7 +317,7 @@ def _rows_sorted(assigned, ids, counts, num_bins, capacity, alpha, state, shuffl
     row's cost ``tokens + alpha * sum(len^2) / capacity``. The sums are of integers below 2**53, exact in any
     order, so the costs equal :func:`row_costs` bit for bit."""
     offsets = np.zeros(num_bins + 1, np.int64)
-    total = np.zeros(num_bins, np.int64)
+    total = np.zeros(num_bins, np.int32)  # a row holds at most capacity < 2**31 tokens
     square = np.zeros(num_bins, np.int64)
     j = 0
     for length in range(counts.size - 1, -1, -1):  # the places hold decreasing lengths
