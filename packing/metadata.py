@@ -26,7 +26,6 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit
-from numpy.lib.stride_tricks import as_strided
 
 __all__ = sorted(["BlockTables", "Layout", "Metadata", "block_tables", "document_metadata", "layout_from_rows",
                   "make_layout"])
@@ -83,17 +82,16 @@ class Metadata(NamedTuple):
 class BlockTables(NamedTuple):
     """FlexAttention block-sparse tables (the arguments of ``BlockMask.from_kv_blocks``), int32, head dim 1.
 
-    ``kv_num_blocks[r, 0, i]`` partial kv blocks of query block i (they need the mask_mod), listed in ascending
-    order at the start of ``kv_indices[r, 0, i]``; ``full_*`` likewise for blocks where every pair may attend.
-    Only those first ``num`` entries of a row mean anything (torch reads no others).
+    ``kv_num_blocks[r, 0, i]`` partial kv blocks of query block i (they need the mask_mod), listed ascending at
+    the start of ``kv_indices[r, 0, i]``; ``full_*`` likewise for blocks where every pair may attend. Only those
+    first ``num`` entries of a row mean anything (torch reads no others).
 
-    Storage is compact: ``kv_indices`` holds ``width = max(1, kv_num_blocks.max())`` entries per query block
-    (the listed blocks, then the unlisted ones ascending up to ``width``: torch's own ``create_block_mask``
-    layout cut to ``width`` columns), ``nb * width`` per row instead of ``nb * nb``. It is shown as an
-    ``[R, 1, nb, nb]`` strided view of that storage, because torch 2.13 reads the number of kv blocks from
-    ``kv_indices.shape[-1]`` (``from_kv_blocks``' transpose, ``BlockMask.to_dense``, the CPU kernel's checks):
-    entries past ``width`` of row i are the start of row i + 1 (do not write through the view). :meth:`compact`
-    gives the ``[R, 1, nb, width]`` tables themselves.
+    Storage is compact: ``width = max(1, kv_num_blocks.max())`` entries per query block (the listed blocks, then
+    the others ascending: torch's ``create_block_mask`` layout cut to ``width`` columns), not ``nb``. Torch 2.13
+    reads the number of kv blocks from ``kv_indices.shape[-1]`` (``from_kv_blocks``' transpose, ``to_dense``,
+    the CPU kernel's checks), so ``kv_indices`` is an ``[R, 1, nb, nb]`` strided view of that storage whose
+    entries past ``width`` of row i are the start of row i + 1 (never write through it); :meth:`compact` gives
+    the ``[R, 1, nb, width]`` tables.
     """
 
     kv_num_blocks: np.ndarray  # [R, 1, nb]
@@ -102,13 +100,9 @@ class BlockTables(NamedTuple):
     full_kv_indices: np.ndarray  # [R, 1, nb, nb] view of [R, 1, nb, full width] storage
 
     def compact(self) -> BlockTables:
-        """The same tables with ``kv_indices [R, 1, nb, width]`` (``width = max(1, kv_num_blocks.max())``, and
-        likewise for the full table): no copy for tables from :func:`block_tables`, the first columns else."""
-        def cut(num: np.ndarray, idx: np.ndarray) -> np.ndarray:
-            return idx[..., : max(1, int(num.max())) if num.size else 1]
-
-        return BlockTables(self.kv_num_blocks, cut(self.kv_num_blocks, self.kv_indices), self.full_kv_num_blocks,
-                           cut(self.full_kv_num_blocks, self.full_kv_indices))
+        """The tables with ``kv_indices [R, 1, nb, width]`` (and the full ones ``[R, 1, nb, full width]``), no copy."""
+        cut = [idx[..., : max(1, int(num.max())) if num.size else 1] for num, idx in zip(self[::2], self[1::2])]
+        return BlockTables(self.kv_num_blocks, cut[0], self.full_kv_num_blocks, cut[1])
 
 
 def _int_array(name: str, values: object) -> np.ndarray:
@@ -358,11 +352,11 @@ def document_metadata(layout: Layout) -> Metadata:
 
 
 @njit(cache=True, inline="always")
-def _pair_kind(q, k, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, real):
-    """0 empty, 1 partial, 2 full: the tile (query block q, kv block k) from the two blocks' document/step spans."""
-    single = real[q] and real[k] and lo[q] == hi[q] and lo[k] == hi[k] and lo[q] == lo[k]
+def _pair_kind(q, k, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, one):
+    """0 empty, 1 partial, 2 full: the tile (query block q, kv block k) from the two blocks' document/step spans
+    (``one[b]``: the document filling all of block b, or -1)."""
     if q == k:  # every token sees itself: never empty; full for one-token blocks
-        return 2 if block_size == 1 or (single and lo_max[q] <= lo_min[q]) else 1
+        return 2 if block_size == 1 or (one[q] >= 0 and lo_max[q] <= lo_min[q]) else 1
     a, z = max(lo[q], lo[k]), min(hi[q], hi[k])
     if hi[q] < 0 or hi[k] < 0 or a > z:  # no real document in common
         return 0
@@ -374,13 +368,14 @@ def _pair_kind(q, k, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, real):
     k_min = lo_min[k] if a == lo[k] else hi_min[k]
     if k_min > q_max:  # every key of the shared document is later than every query
         return 0
-    return 2 if single and lo_max[k] <= lo_min[q] else 1
+    return 2 if one[q] >= 0 and one[q] == one[k] and lo_max[k] <= lo_min[q] else 1
 
 
 @njit(cache=True)
-def _block_spans(doc, step, r, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, real):
-    """Row r, per block: lowest/highest real document, the step range of each of those two, all tokens real.
-    Returns whether real document ids never decrease and no real token follows padding (contiguous runs)."""
+def _block_spans(doc, step, r, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, one):
+    """Row r, per block: lowest/highest real document, the step range of each of those two, the document filling
+    the whole block (-1 if none). Returns whether documents are contiguous runs (ids never decrease, no real
+    token follows padding)."""
     capacity = doc.shape[1]
     big = np.iinfo(np.int64).max
     contiguous, prev, padded = True, -1, False
@@ -397,7 +392,7 @@ def _block_spans(doc, step, r, block_size, lo, hi, lo_min, lo_max, hi_min, hi_ma
                 smin, smax = min(smin, step[r, i]), max(smax, step[r, i])
             contiguous &= not padded and d0 >= prev
             prev = d0
-            lo[b], hi[b], real[b] = d0, d0, stop - start == block_size
+            lo[b], hi[b], one[b] = d0, d0, d0 if stop - start == block_size else -1
             lo_min[b], lo_max[b], hi_min[b], hi_max[b] = smin, smax, smin, smax
             continue
         all_real = stop - start == block_size
@@ -421,24 +416,27 @@ def _block_spans(doc, step, r, block_size, lo, hi, lo_min, lo_max, hi_min, hi_ma
                 dh, hmin, hmax = d, s, s
             elif d == dh:
                 hmin, hmax = min(hmin, s), max(hmax, s)
-        lo[b], hi[b], real[b] = dl, dh, all_real
+        lo[b], hi[b], one[b] = dl, dh, dl if all_real and dl == dh else -1
         lo_min[b], lo_max[b], hi_min[b], hi_max[b] = lmin, lmax, hmin, hmax
     return contiguous
 
 
 @njit(cache=True)
-def _classify_kernel(doc, step, block_size, kv_num, full_num, first, offsets):
-    """Kind (0 empty, 1 partial, 2 full) of every tile a query block can reach, flat: query block q of row r
-    reaches kv blocks ``first[r, q] + j`` for ``j < offsets[r * nb + q + 1] - offsets[r * nb + q]``."""
-    num_rows, nb = first.shape
-    spans = np.empty((num_rows, 6, nb), np.int64)  # lo, hi, lo_min, lo_max, hi_min, hi_max
-    real = np.empty((num_rows, nb), np.bool_)
+def _classify_kernel(doc, step, block_size, nb):
+    """Tile counts ``[2, R, 1, nb]`` (partial, full) and the kind (0 empty, 1 partial, 2 full) of every tile a
+    query block can reach, flat: query block q of row r reaches kv blocks ``first[r, q] + j`` for
+    ``j < offsets[r * nb + q + 1] - offsets[r * nb + q]``. Returns (counts, first, offsets, kinds)."""
+    num_rows = doc.shape[0]
+    nums = np.empty((2, num_rows, 1, nb), np.int32)
+    first = np.empty((num_rows, nb), np.int64)
+    offsets = np.empty(num_rows * nb + 1, np.int64)
+    spans = np.empty((num_rows, 7, nb), np.int64)  # lo, hi, lo_min, lo_max, hi_min, hi_max, one
     last = np.empty(nb, np.int64)
     offsets[0] = 0
     for r in range(num_rows):
         lo, hi = spans[r, 0], spans[r, 1]
         contiguous = _block_spans(doc, step, r, block_size, lo, hi, spans[r, 2], spans[r, 3], spans[r, 4],
-                                  spans[r, 5], real[r])
+                                  spans[r, 5], spans[r, 6])
         # documents are contiguous runs: the blocks sharing one with query block q run from the first block of
         # q's lowest document to the last block of its highest; otherwise every block may
         for b in range(nb):
@@ -457,18 +455,21 @@ def _classify_kernel(doc, step, block_size, kv_num, full_num, first, offsets):
             offsets[r * nb + q + 1] = offsets[r * nb + q] + last[q] - first[r, q] + 1
     kinds = np.empty(offsets[-1], np.int8)
     for r in range(num_rows):
-        lo, hi, lo_min, lo_max, hi_min, hi_max = spans[r]
-        real_r = real[r]
+        lo, hi, lo_min, lo_max, hi_min, hi_max, one = spans[r]
         for q in range(nb):
-            at, k0 = offsets[r * nb + q], first[r, q]
+            at, k0, d = offsets[r * nb + q], first[r, q], one[q]
             n_part = n_full = 0
             for j in range(offsets[r * nb + q + 1] - at):
-                kind = _pair_kind(q, k0 + j, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, real_r)
+                k = k0 + j
+                if d >= 0 and one[k] == d:  # both blocks inside one document: compare their step ranges
+                    kind = (lo_min[k] <= lo_max[q]) * (1 + (lo_max[k] <= lo_min[q]))
+                else:
+                    kind = _pair_kind(q, k, block_size, lo, hi, lo_min, lo_max, hi_min, hi_max, one)
                 kinds[at + j] = kind
                 n_part += kind == 1
                 n_full += kind == 2
-            kv_num[r, 0, q], full_num[r, 0, q] = n_part, n_full
-    return kinds
+            nums[0, r, 0, q], nums[1, r, 0, q] = n_part, n_full
+    return nums, first, offsets, kinds
 
 
 @njit(cache=True)
@@ -492,12 +493,6 @@ def _indices_kernel(kinds, first, offsets, want, out, width):
             k += 1
 
 
-def _rows_view(storage: np.ndarray, num_rows: int, nb: int, width: int) -> np.ndarray:
-    """``[R, 1, nb, nb]`` over ``[R, 1, nb, width]`` storage: row q starts ``width`` entries after row q - 1."""
-    s = storage.itemsize
-    return as_strided(storage, (num_rows, 1, nb, nb), (nb * width * s, nb * width * s, width * s, s))
-
-
 def block_tables(document_ids: np.ndarray, step_ids: np.ndarray, block_size: int = 128) -> BlockTables:
     """Classify the (query block, kv block) pairs of each row as empty, partial or full under the attention rule.
 
@@ -517,16 +512,14 @@ def block_tables(document_ids: np.ndarray, step_ids: np.ndarray, block_size: int
         raise ValueError(f"document_ids and step_ids must both be [R, C], got {doc.shape} and {step.shape}")
     num_rows, capacity = doc.shape
     nb = max(1, -(-capacity // int(block_size)))
-    nums = np.empty((2, num_rows, 1, nb), np.int32)
-    first = np.empty((num_rows, nb), np.int64)
-    offsets = np.empty(num_rows * nb + 1, np.int64)
-    kinds = _classify_kernel(doc, step, int(block_size), nums[0], nums[1], first, offsets)
+    nums, first, offsets, kinds = _classify_kernel(doc, step, int(block_size), nb)
     tables = []
     for want, num in ((1, nums[0]), (2, nums[1])):
         width = max(1, int(num.max())) if num.size else 1
-        # the rows back to back, then nb - width spare entries so that the last row's [nb] view stays in bounds
+        # the rows back to back, then nb - width spare entries so that the last row's [nb] view stays in bounds;
+        # the [R, 1, nb, nb] view starts query block q's row `width` entries after q - 1's
         storage = np.empty(num_rows * nb * width + nb - width, np.int32)
         storage[num_rows * nb * width:] = 0
         _indices_kernel(kinds, first, offsets, want, storage, width)
-        tables += [num, _rows_view(storage, num_rows, nb, width)]
+        tables += [num, np.ndarray((num_rows, 1, nb, nb), np.int32, storage, 0, (4 * nb * width,) * 2 + (4 * width, 4))]
     return BlockTables(*tables)
