@@ -55,7 +55,8 @@ dependencies; torchcodec 0.13 is built for torch 2.13 and loads FFmpeg 4 to 8)::
         ln -sf "$f" "${b%%-*}.so.$(echo "$b" | sed -E 's/.*[.]so[.]([0-9]+).*/\1/')";; esac; done
 
 LeRobot's ``video_backend="pyav"`` needs ``torchvision.io.VideoReader``, which torchvision 0.28 no longer has
-(nor 0.29); use torchcodec. PyAV stays the system's 18 (lerobot pins av<16; it reads no video through PyAV with torchcodec).
+(nor 0.29); use torchcodec. PyAV stays the system's 18 (lerobot pins av<16; with torchcodec it reads no video
+through PyAV).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ from mmfeed.testing.video import read_index
 
 __all__ = ["CHILD_SCRIPT", "SYNTHETIC", "check_small", "compare_samples", "compare_throughput", "default_window",
            "delta_timestamps", "edge_indices", "ground_truth", "lerobot_child", "load_window", "main",
-           "mmfeed_loader", "mmfeed_samples", "parse_args", "run", "run_child", "sampling", "time_mmfeed",
-           "timed_stretch", "torch_loader"]
+           "mmfeed_loader", "mmfeed_samples", "parse_args", "profile_mmfeed", "run", "run_child", "sampling",
+           "synthetic_root", "time_mmfeed", "timed_stretch", "torch_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -215,21 +216,10 @@ def run_child(python: str, script: str, args: Mapping[str, Any], tmp: str | os.P
         raise RuntimeError(f"LeRobot child under {python} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-def lerobot_child(
-    python: str | os.PathLike,
-    root: str | os.PathLike,
-    delta_timestamps: Mapping[str, Sequence[float]],
-    *,
-    indices: Sequence[int] = (),
-    steps: int = 0,
-    warmup: int = 3,
-    batch_size: int = 32,
-    num_workers: int = 2,
-    seed: int = 0,
-    video_backend: str = "torchcodec",
-    lib_dirs: Sequence[str] = (),
-    timeout_s: float = 1800.0,
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def lerobot_child(python: str | os.PathLike, root: str | os.PathLike, delta_timestamps: Mapping[str, Sequence[float]],
+                  *, indices: Sequence[int] = (), steps: int = 0, warmup: int = 3, batch_size: int = 32,
+                  num_workers: int = 2, seed: int = 0, video_backend: str = "torchcodec", lib_dirs: Sequence[str] = (),
+                  timeout_s: float = 1800.0) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Run :data:`CHILD_SCRIPT` under ``python``; return its result record and the dumped arrays by key.
 
     Run by :func:`run_child`, so nothing outside a temporary folder is written. Raises RuntimeError with the
@@ -348,7 +338,8 @@ def compare_samples(expected: Mapping[str, np.ndarray], got: Mapping[str, np.nda
     """Compare two sample sets key by key; ``{"ok": bool, "keys": {key: details}, "problems": [str]}``.
 
     keys: feature names (the same on both sides: ``observation.images.<cam>``, ``observation.state``, ``action``,
-    ...); each one's ``<key>_is_pad`` is compared too, and ``episode_index`` / ``frame_index`` where both sides have them.
+    ...); each one's ``<key>_is_pad`` is compared too, and ``episode_index`` / ``frame_index`` where both sides
+    have them.
     Non-video arrays must be equal exactly (same shape, bitwise for floats); frames must have the same shape and,
     with ``frames="pattern"`` (synthetic data), show the same pattern index in every frame
     (:func:`mmfeed.testing.read_index`), their pixel differences reported, not judged (two decoders may round
@@ -374,10 +365,12 @@ def compare_samples(expected: Mapping[str, np.ndarray], got: Mapping[str, np.nda
         details: dict[str, Any] = {"shape": list(a.shape)}
         if name.startswith("observation.images.") and not name.endswith("_is_pad"):
             diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
-            details.update(max_pixel_diff=int(diff.max(initial=0)), mean_pixel_diff=float(diff.mean()) if diff.size else 0.0)
+            details.update(max_pixel_diff=int(diff.max(initial=0)),
+                           mean_pixel_diff=float(diff.mean()) if diff.size else 0.0)
             if frames == "pixels":
                 if details["mean_pixel_diff"] > PIXEL_TOLERANCE:
-                    problems.append(f"{name}: mean pixel difference {details['mean_pixel_diff']:.2f} > {PIXEL_TOLERANCE}")
+                    problems.append(f"{name}: mean pixel difference {details['mean_pixel_diff']:.2f} > "
+                                    f"{PIXEL_TOLERANCE}")
                 report["keys"][name] = details
                 continue
             flat = a.shape[0] * a.shape[1]
@@ -480,7 +473,8 @@ def load_window(root: str | os.PathLike, path: str | os.PathLike) -> dict[str, l
 
 
 def mmfeed_loader(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, batch_size: int = 32,
-                  num_workers: int = 2, seed: int = 0, tokens_per_frame: int = 64, backend: str = "auto"):
+                  num_workers: int = 2, seed: int = 0, tokens_per_frame: int = 64, backend: str = "auto",
+                  timer: bool = False):
     """mmfeed's side of :func:`sampling`: ``mmfeed.DataLoader(root, packing=Packing(window=...,
     plan=PlanConfig(mode="fixed", batch_size=batch_size)), num_workers=num_workers)`` with persistent workers;
     every video feature priced ``tokens_per_frame`` tokens a frame."""
@@ -491,7 +485,8 @@ def mmfeed_loader(root: str | os.PathLike, delta: Mapping[str, Sequence[float]],
     prices = {f: tokens_per_frame for f in window.features if source.features[f].kind == "video"}
     packing = Packing(layout=TokenLayout(tokens_per_frame=prices), window=window, seed=seed,
                       plan=PlanConfig(mode="fixed", batch_size=batch_size, shuffle=True, episode_block=0))
-    return DataLoader(source, packing=packing, num_workers=num_workers, persistent_workers=num_workers > 0)
+    return DataLoader(source, packing=packing, num_workers=num_workers, persistent_workers=num_workers > 0,
+                      timer=timer or None)
 
 
 def _forever(loader) -> Iterator[Any]:
@@ -500,14 +495,18 @@ def _forever(loader) -> Iterator[Any]:
 
 
 def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, steps: int, warmup: int = 3,
-                **loader_args: Any) -> dict[str, Any]:
+                timer: bool = False, **loader_args: Any) -> dict[str, Any]:
     """:func:`timed_stretch` of a fresh :func:`mmfeed_loader` after ``warmup`` batches; its workers are gone
-    when this returns (so the next repeat of either side has the CPUs to itself)."""
-    loader = mmfeed_loader(root, delta, **loader_args)
+    when this returns (so the next repeat of either side has the CPUs to itself). ``timer``: also the loader's
+    :class:`~mmfeed.loaders.StepTimer` report (worker seconds per batch in read, decode and collate; the loop's
+    wait), for a profile."""
+    loader = mmfeed_loader(root, delta, timer=timer, **loader_args)
     batches = _forever(loader)
     for _ in range(warmup):
         next(batches)
     out = timed_stretch(batches, steps, lambda batch: batch.num_documents)
+    if timer:
+        out["timer"] = loader.timer.report()
     batches.close()
     del batches, loader
     gc.collect()
@@ -546,9 +545,10 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
 
 
 def run(python: str, *, root: str | os.PathLike | None = None, delta: Mapping[str, Sequence[float]] | None = None,
-        extra: int = 32, **throughput: Any) -> dict[str, Any]:
+        extra: int = 32, profile: bool = False, **throughput: Any) -> dict[str, Any]:
     """The small equality check, the equality of ``root``'s edge samples (plus ``extra`` random ones) and
-    :func:`compare_throughput` on ``root`` (None: :func:`synthetic_root`)."""
+    :func:`compare_throughput` on ``root`` (None: :func:`synthetic_root`); ``profile``: then
+    :func:`profile_mmfeed`."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     backend, lib_dirs = throughput.get("video_backend", "torchcodec"), throughput.get("lib_dirs", ())
@@ -570,13 +570,32 @@ def run(python: str, *, root: str | os.PathLike | None = None, delta: Mapping[st
     if synthetic:
         results["root"]["written"] = SYNTHETIC
     results.update(compare_throughput(python, root, delta, **throughput))
+    if profile:
+        keys = ("steps", "warmup", "batch_size", "seed", "tokens_per_frame", "backend")
+        results["mmfeed_profile"] = profile_mmfeed(root, delta, num_workers=throughput.get("workers", 2),
+                                                   **{k: throughput[k] for k in keys if k in throughput})
     return results
+
+
+def profile_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, steps: int = 60,
+                   **loader_args: Any) -> dict[str, Any]:
+    """Where mmfeed's time goes per batch: one :func:`time_mmfeed` stretch with the loader's timer; each worker
+    stage's mean seconds per batch and share (read: parquet rows and frame times; decode: demux, decode, colour
+    conversion and the copy into the batch's buffers; collate), the loop's wait, and the main process's CPU per
+    batch (receiving the batches from the workers)."""
+    got = time_mmfeed(root, delta, steps=steps, timer=True, **loader_args)
+    report = got.pop("timer")
+    stages = {name: {"ms_per_batch": 1e3 * v["mean_s"], "share": v["share"]} for name, v in report["stages"].items()}
+    return {**got, "stages": stages, "wait_ms_per_batch": 1e3 * report["wait_s"]["mean"],
+            "main_cpu_ms_per_batch": 1e3 * got["cpu_s_main"] / got["batches"],
+            "worker_cpu_ms_per_batch": 1e3 * got["cpu_s_workers"] / got["batches"]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from mmfeed.loaders.sources.lerobot import is_lerobot_dir
 
-    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.lerobot_compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.lerobot_compare",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--lerobot-python", required=True, help="python of the venv where lerobot is installed")
     parser.add_argument("--root", help="a LeRobot v3 directory (default: a synthetic AV1 one, written once)")
     parser.add_argument("--delta-json", metavar="FILE", help="the window: {feature: [seconds]} (default: every "
@@ -591,6 +610,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", default="auto", help="mmfeed's video backend")
     parser.add_argument("--video-backend", default="torchcodec", help="LeRobot's video_backend (torchcodec or pyav)")
     parser.add_argument("--lib-dir", action="append", default=[], help="extra LD_LIBRARY_PATH folder for the child")
+    parser.add_argument("--profile", action="store_true", help="then one timed mmfeed stretch: time per batch "
+                        "in each worker stage, the loop's wait, CPU of the main process and the workers")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     if not Path(args.lerobot_python).exists():
@@ -621,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args.lerobot_python, root=args.root, delta=delta, batch_size=args.batch_size, workers=args.workers,
                   steps=args.steps, lerobot_steps=args.lerobot_steps, warmup=args.warmup, repeats=args.repeats,
                   tokens_per_frame=args.tokens_per_frame, backend=args.backend, video_backend=args.video_backend,
-                  lib_dirs=args.lib_dir)
+                  lib_dirs=args.lib_dir, profile=args.profile)
     small, root = results["small"], results["root"]
     _print_report(f"small directory, all {small['samples']} samples, LeRobot vs mmfeed", small["lerobot_vs_mmfeed"])
     _print_report("small directory, writer ground truth vs LeRobot", small["truth_vs_lerobot"])
@@ -629,13 +650,19 @@ def main(argv: list[str] | None = None) -> int:
     _print_report(f"{root['path']}: {root['samples']} edge + random samples, LeRobot vs mmfeed",
                   root["lerobot_vs_mmfeed"])
     same = results["sampling"]
-    print(f"\n{root['episodes']} episodes, {root['windows']} windows {json.dumps(root['delta_timestamps'])}\n"
+    window = ", ".join(f"{k} {len(v)} x [{v[0]:.4g}..{v[-1]:.4g}] s" for k, v in root["delta_timestamps"].items())
+    print(f"\n{root['episodes']} episodes, {root['windows']} windows; window: {window}\n"
           f"both: global shuffle, batch {same['batch_size']}, {same['num_workers']} workers; LeRobot "
           f"{results['lerobot_versions'].get('lerobot')} ({results['video_backend']}) torch DataLoader, mmfeed "
           f"DataLoader fixed plan ({results['mmfeed_backend']})")
     _print_side("LeRobot", results["lerobot"])
     _print_side("mmfeed", results["mmfeed"])
     print(f"mmfeed / LeRobot (samples/s): {results['ratio_samples_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
+    if args.profile:
+        prof = results["mmfeed_profile"]
+        stages = ", ".join(f"{k} {v['ms_per_batch']:.1f} ms ({v['share']:.0%})" for k, v in prof["stages"].items())
+        print(f"mmfeed per batch: {stages} of worker time; loop wait {prof['wait_ms_per_batch']:.1f} ms; CPU "
+              f"{prof['worker_cpu_ms_per_batch']:.1f} ms workers, {prof['main_cpu_ms_per_batch']:.1f} ms main")
     if args.json:
         from mmfeed.bench.common import environment
 

@@ -19,8 +19,8 @@ import torch
 from mmfeed.bench.common import child_pids
 from mmfeed.bench.lerobot_compare import (CHILD_SCRIPT, check_small, compare_samples, default_window,
                                           delta_timestamps, edge_indices, ground_truth, load_window, main,
-                                          mmfeed_loader, mmfeed_samples, parse_args, sampling, time_mmfeed,
-                                          torch_loader)
+                                          mmfeed_loader, mmfeed_samples, parse_args, profile_mmfeed, sampling,
+                                          time_mmfeed, torch_loader)
 from mmfeed.bench.loader import LoaderBench
 from mmfeed.loaders import WindowSpec
 from mmfeed.loaders.sources.lerobot import LeRobotSource
@@ -219,6 +219,17 @@ def test_mmfeed_stretch_counts_samples_and_its_workers_cpu(two_cams):
     assert not child_pids()
 
 
+def test_the_profile_splits_a_batch_into_worker_stages(two_cams):
+    """--profile: each worker stage's time per batch (decode and collate among them), shares adding up to one,
+    and the CPU of the workers and of the main process per batch."""
+    _, root = two_cams
+    got = profile_mmfeed(root, default_window(root), steps=3, warmup=1, batch_size=32, num_workers=2)
+    assert {"read", "decode", "collate"} <= set(got["stages"])
+    assert all(v["ms_per_batch"] > 0 for v in got["stages"].values())
+    assert sum(v["share"] for v in got["stages"].values()) == pytest.approx(1.0)
+    assert got["worker_cpu_ms_per_batch"] == pytest.approx(1e3 * got["cpu_s_workers"] / 3) and got["samples"] == 96
+
+
 def test_the_child_script_is_python_without_mmfeed():
     compile(CHILD_SCRIPT, "<lerobot child>", "exec")
     assert "import mmfeed" not in CHILD_SCRIPT and "from mmfeed" not in CHILD_SCRIPT
@@ -242,10 +253,11 @@ def test_real_throughput_at_equal_sampling(lerobot_python, two_cams, tmp_path):
     _, root = two_cams
     out = tmp_path / "out.json"
     assert main(["--lerobot-python", lerobot_python, "--root", str(root), "--steps", "2", "--lerobot-steps", "2",
-                 "--warmup", "1", "--repeats", "1", "--json", str(out)]) == 0
+                 "--warmup", "1", "--repeats", "1", "--profile", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["sampling"] == sampling(32, 2, 0) and not got["root"]["synthetic"]
     for side in ("lerobot", "mmfeed"):
         (run_,) = got[side]["runs"]
         assert (run_["samples"], run_["worker_processes"]) == (64, 2) and got[side]["cpu_s_per_1000_samples"] > 0
     assert got["ratio_samples_per_s"] == pytest.approx(got["mmfeed"]["samples_per_s"] / got["lerobot"]["samples_per_s"])
+    assert got["mmfeed_profile"]["batches"] == 2 and "decode" in got["mmfeed_profile"]["stages"]
