@@ -449,3 +449,8 @@ def rows_from_places(assigned: list[int], ids: list[int]) -> list[list[int]]:
     for b, i in zip(assigned, ids):
         rows[b].append(i)
     return rows
+
+
+def descending_by_key(rows: list[int], keys: list[int]) -> list[int]:
+    """``rows`` ordered by ``keys``, largest first, equal keys in their given order."""
+    return [r for _, _, r in sorted((-k, i, r) for i, (k, r) in enumerate(zip(keys, rows)))]
