@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from mmfeed.packing.metadata import Layout, block_tables, document_metadata, layout_from_rows
+from mmfeed.packing.metadata import Layout, block_tables, document_metadata, layout_from_rows, transpose_tables
 
 __all__ = ["PackedBatch"]
 
@@ -260,9 +260,10 @@ class PackedBatch:
     def block_mask(self, block_size: int = 128) -> BlockMask:
         """FlexAttention ``BlockMask`` [R, 1, C, C] for the same rule as :meth:`attention_mask`.
 
-        Built straight from the ids with ``BlockMask.from_kv_blocks``: the block tables (empty / partial /
-        full per pair of blocks) come from per-block minima and maxima in numba, on host copies of the ids
-        (no device sync); partial blocks use :meth:`mask_mod`. Capacities that are not a multiple of
+        Built straight from the ids: the block tables (empty / partial / full per pair of blocks) come from
+        per-block minima and maxima in numba, on host copies of the ids (no device sync), and so do their
+        transposes for the backward pass (:func:`~mmfeed.packing.metadata.transpose_tables`); partial blocks use
+        :meth:`mask_mod`. Capacities that are not a multiple of
         ``block_size`` are padded logically.
         """
         host = self._host_ids()
@@ -271,9 +272,13 @@ class PackedBatch:
         tables = block_tables(host.document_ids, host.step_ids, block_size)
         device = self.device
         kv_num, kv_idx, full_num, full_idx = (torch.from_numpy(t).to(device) for t in tables)
-        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size,
-                                        mask_mod=self.mask_mod(block_size),
-                                        seq_lengths=(self.capacity, self.capacity))
+        # the query-block tables (the backward pass reads them) transposed in numba: torch's own transpose builds
+        # a dense [nb, nb] grid and sorts it (1 s at 128K tokens a row, minutes at 1M)
+        q_num, q_idx, full_q_num, full_q_idx = (torch.from_numpy(t).to(device) for t in transpose_tables(tables))
+        return BlockMask(seq_lengths=(self.capacity, self.capacity), kv_num_blocks=kv_num, kv_indices=kv_idx,
+                         full_kv_num_blocks=full_num, full_kv_indices=full_idx, q_num_blocks=q_num,
+                         q_indices=q_idx, full_q_num_blocks=full_q_num, full_q_indices=full_q_idx,
+                         BLOCK_SIZE=(block_size, block_size), mask_mod=self.mask_mod(block_size))
 
     def _host_ids(self) -> _Host | None:
         if self.document_ids.device.type == "cpu" and self.step_ids.device.type == "cpu":

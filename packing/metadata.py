@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 __all__ = sorted(["BlockTables", "Layout", "Metadata", "block_tables", "document_metadata", "layout_from_rows",
-                  "make_layout"])
+                  "make_layout", "transpose_tables"])
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -521,5 +521,58 @@ def block_tables(document_ids: np.ndarray, step_ids: np.ndarray, block_size: int
         storage = np.empty(num_rows * nb * width + nb - width, np.int32)
         storage[num_rows * nb * width:] = 0
         _indices_kernel(kinds, first, offsets, want, storage, width)
-        tables += [num, np.ndarray((num_rows, 1, nb, nb), np.int32, storage, 0, (4 * nb * width,) * 2 + (4 * width, 4))]
+        tables += [num, _square_view(storage, num_rows, nb, width)]
     return BlockTables(*tables)
+
+
+def _square_view(storage: np.ndarray, num_rows: int, nb: int, width: int) -> np.ndarray:
+    """The ``[R, 1, nb, nb]`` view torch reads of compact ``[R, 1, nb, width]`` rows (see :class:`BlockTables`)."""
+    return np.ndarray((num_rows, 1, nb, nb), np.int32, storage, 0, (4 * nb * width,) * 2 + (4 * width, 4))
+
+
+@njit(cache=True)
+def _transpose_kernel(num, idx, nb, out_num, storage, width):
+    """Rows of kv blocks -> rows of query blocks: kv block j lists, ascending, the query blocks whose row lists
+    j, then the query blocks that do not, ascending, up to ``width`` entries."""
+    fill = np.zeros(nb, np.int64)
+    for r in range(num.shape[0]):
+        fill[:] = 0
+        for q in range(nb):
+            for j in range(num[r, 0, q]):
+                kv = idx[r, 0, q, j]
+                storage[(r * nb + kv) * width + fill[kv]] = q
+                fill[kv] += 1
+        for kv in range(nb):
+            out_num[r, 0, kv] = fill[kv]
+            base = (r * nb + kv) * width
+            listed, q, at = fill[kv], 0, fill[kv]
+            p = 0
+            while at < width:  # the unlisted query blocks, ascending, merged past the listed ones
+                if p < listed and storage[base + p] == q:
+                    p += 1
+                else:
+                    storage[base + at] = q
+                    at += 1
+                q += 1
+
+
+def transpose_tables(tables: BlockTables) -> BlockTables:
+    """The query-block tables of ``tables`` (what ``BlockMask`` needs for the backward pass): ``q_num[r, 0, j]``
+    query blocks attend kv block j partially, listed ascending in ``q_indices[r, 0, j]`` (then ``full_*``), in
+    the compact layout of :class:`BlockTables`. Equal to torch's ``_transpose_ordered`` on the first ``num``
+    entries of every row, in O(R * nb * width) instead of torch's dense ``[nb, nb]`` grid and its sort."""
+    out = []
+    for num, idx in ((tables.kv_num_blocks, tables.kv_indices), (tables.full_kv_num_blocks, tables.full_kv_indices)):
+        num_rows, _, nb = num.shape
+        counts = np.zeros((num_rows, 1, nb), np.int32)
+        compact = idx[..., : max(1, int(num.max())) if num.size else 1]
+        for r in range(num_rows):  # the width first: how many query blocks list each kv block, at most
+            listed = compact[r, 0][np.arange(compact.shape[-1])[None, :] < num[r, 0][:, None]]
+            counts[r, 0] = np.bincount(listed, minlength=nb)
+        width = max(1, int(counts.max())) if counts.size else 1
+        storage = np.empty(num_rows * nb * width + nb - width, np.int32)
+        storage[num_rows * nb * width:] = 0
+        q_num = np.empty((num_rows, 1, nb), np.int32)
+        _transpose_kernel(num, compact, nb, q_num, storage, width)
+        out += [q_num, _square_view(storage, num_rows, nb, width)]
+    return BlockTables(*out)

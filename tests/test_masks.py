@@ -17,7 +17,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from mmfeed import PackedBatch
-from mmfeed.packing.metadata import block_tables, document_metadata, layout_from_rows
+from mmfeed.packing.metadata import block_tables, document_metadata, layout_from_rows, transpose_tables
 from mmfeed.testing.strategies import packed_layouts
 from flex import eager_flex
 from naive import naive_attention_mask, naive_block_tables
@@ -155,8 +155,10 @@ def test_block_mask_materializes_to_dense_mask(layout, block_size):
         assert torch.equal(getattr(bm, num), getattr(ref, num)), num
         width = max(1, int(getattr(bm, num).max()))
         assert torch.equal(getattr(bm, idx)[..., :width], getattr(ref, idx)[..., :width]), idx
-    for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
-        assert torch.equal(getattr(bm, name), getattr(ref, name)), name
+    for num, idx in (("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")):
+        assert torch.equal(getattr(bm, num), getattr(ref, num)), num  # transposed by mmfeed, same as torch's
+        width = max(1, int(getattr(bm, num).max()))
+        assert torch.equal(getattr(bm, idx)[..., :width], getattr(ref, idx)[..., :width]), idx
     assert torch.equal(bm.to_dense(), ref.to_dense())
 
 
@@ -229,10 +231,12 @@ def test_compiled_flex_attention_reads_the_compact_tables():
     bm = b.block_mask(128)
     assert bm.kv_indices.shape == (2, 1, 16, 16) and bm.kv_indices.stride()[-2] < 16
     assert bm.full_kv_indices.stride()[-2] < 16
+    assert bm.q_indices.stride()[-2] < 16 and bm.full_q_indices.stride()[-2] < 16  # transposed compact too
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 2000, 16, generator=g) for _ in range(3))
     # static shapes: recompiling for a second shape with dynamic ones hits an inductor C++ codegen error
-    # ("cur_kvSplitSize8 was not declared") in torch 2.13, with [nb, nb] tables as well
+    # ("cur_kvSplitSize8 was not declared") in torch 2.13, with [nb, nb] tables as well; the backward pass (the
+    # one reader of the q tables) is GPU-only in torch 2.13: "FlexAttention does not support backward on CPU"
     out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=bm)
     torch.testing.assert_close(out, sdpa(q, k, v, attn_mask=b.attention_mask()), atol=1e-5, rtol=1e-5)
 
@@ -297,6 +301,13 @@ def test_block_tables_of_non_contiguous_ids_stay_correct():
 def long_mixed_row(capacity, seed):
     """One row filled with documents of 64-4096 tokens, alternately token-causal text and block-causal video of
     256-token frames; its document and step ids and the longest document."""
+    lengths, steps = long_mixed_documents(capacity, seed)
+    meta = document_metadata(layout_from_rows([lengths], capacity, step_sizes=[steps]))
+    return meta.document_ids, meta.step_ids, max(lengths)
+
+
+def long_mixed_documents(capacity, seed):
+    """The documents of :func:`long_mixed_row`: their lengths and step sizes (None: token-causal)."""
     rng = np.random.default_rng(seed)
     lengths, steps = [], []
     while True:
@@ -307,8 +318,7 @@ def long_mixed_row(capacity, seed):
             break
         lengths.append(n)
         steps.append([256] * (n // 256) if video else None)
-    meta = document_metadata(layout_from_rows([lengths], capacity, step_sizes=[steps]))
-    return meta.document_ids, meta.step_ids, max(lengths)
+    return lengths, steps
 
 
 def tile_kinds(doc, step, q_block, block_size):
@@ -361,3 +371,40 @@ def test_block_tables_of_a_million_token_row_take_o_blocks_bytes():
         full = sorted(k for k, v in kinds.items() if v == 2)
         assert t.kv_indices[0, 0, q, : t.kv_num_blocks[0, 0, q]].tolist() == partial, q
         assert t.full_kv_indices[0, 0, q, : t.full_kv_num_blocks[0, 0, q]].tolist() == full, q
+
+
+@pytest.mark.kernels
+@given(mixed_rows(), st.integers(1, 48))
+@settings(max_examples=40, deadline=None)
+def test_transposed_tables_equal_torchs_transpose(layout, block_size):
+    """The query-block tables mmfeed transposes (the backward pass reads them) equal torch's own
+    ``_transpose_ordered`` of the kv tables: counts, and indices up to the compact width."""
+    from torch.nn.attention.flex_attention import _transpose_ordered
+
+    rows, capacity, steps = layout
+    b = PackedBatch.from_lengths(rows, capacity, step_sizes=steps)
+    tables = block_tables(b.document_ids.numpy(), b.step_ids.numpy(), block_size)
+    q = transpose_tables(tables)
+    for num, idx, q_num, q_idx in ((tables[0], tables[1], q[0], q[1]), (tables[2], tables[3], q[2], q[3])):
+        want_num, want_idx = _transpose_ordered(torch.from_numpy(num), torch.from_numpy(np.ascontiguousarray(idx)))
+        assert np.array_equal(q_num, want_num.numpy())
+        width = max(1, int(q_num.max()))
+        assert np.array_equal(np.ascontiguousarray(q_idx)[..., :width], want_idx.numpy()[..., :width])
+
+
+def test_a_million_token_block_mask_builds_with_compact_tables_both_ways():
+    """PackedBatch.block_mask() of one 2**20-token row (2**16 under NUMBA_DISABLE_JIT): the q tables come
+    compact too (torch's transpose would build a dense [nb, nb] grid), and they are the transpose of the kv
+    tables on sampled blocks."""
+    capacity = 2**16 if numba.config.DISABLE_JIT else 2**20
+    lengths, steps = long_mixed_documents(capacity, seed=2)
+    bm = PackedBatch.from_lengths([lengths], capacity, step_sizes=[steps]).block_mask(128)
+    nb = capacity // 128
+    for num, idx in ((bm.q_num_blocks, bm.q_indices), (bm.full_q_num_blocks, bm.full_q_indices)):
+        width = max(1, int(num.max()))
+        assert idx.shape == (1, 1, nb, nb) and storage_bytes(idx.numpy()) == 4 * (nb * width + nb - width)
+    kv_num, kv_idx = bm.kv_num_blocks[0, 0].numpy(), bm.kv_indices[0, 0].numpy()
+    q_num, q_idx = bm.q_num_blocks[0, 0].numpy(), bm.q_indices[0, 0].numpy()
+    for j in np.random.default_rng(3).choice(nb, 32, replace=False):
+        listing = [q for q in range(nb) if j in kv_idx[q, : kv_num[q]].tolist()]
+        assert q_idx[j, : q_num[j]].tolist() == listing, j
