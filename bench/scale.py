@@ -8,7 +8,9 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
 - ``plan``: ``plan_epoch`` over lognormal token prices (median 600, sigma 1, clipped to [1, 8192]), capacity
   8192, 4 rows per batch, mode "pack"; ``efficiency`` is the plan's packing efficiency.
 - ``block_mask``: :func:`mmfeed.packing.metadata.block_tables` (block 128) of one row filled with documents of
-  64-4096 tokens (alternately token-causal text and block-causal video of 256-token frames), best of 3 calls.
+  64-4096 tokens (alternately token-causal text and block-causal video of 256-token frames), best of 3 calls;
+  ``table_bytes`` the memory its tables span; ``block_mask_seconds_per_row`` the whole
+  ``PackedBatch.block_mask()`` (the tables, their transposes and the ``BlockMask``), best of 3.
 - ``open``: a :class:`~mmfeed.loaders.sources.webdataset.WebDatasetSource` over a synthetic shard index
   (:func:`mmfeed.testing.synth_index.write_synthetic_index`: two cameras, state, action; written once into the
   bench cache), opened ``cold`` (an empty index-array cache: the parquet is read and its arrays derived and
@@ -128,9 +130,31 @@ def _case_block_mask(capacity: int, before: str | None) -> dict:
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        meta.block_tables(ids.document_ids, ids.step_ids, 128)
+        tables = meta.block_tables(ids.document_ids, ids.step_ids, 128)
         best = min(best, time.perf_counter() - start)
-    return {"capacity": capacity, "documents": len(lengths), "seconds_per_row": best}
+    row = {"capacity": capacity, "documents": len(lengths), "seconds_per_row": best,
+           "table_bytes": sum(_span(t) for t in tables)}
+    if not before:  # the whole BlockMask FlexAttention takes: both tables, their transposes, the mask_mod
+        from mmfeed import PackedBatch
+
+        batch = PackedBatch.from_lengths([lengths], capacity, step_sizes=[steps])
+        batch.block_mask(128)
+        row["block_mask_seconds_per_row"] = min(_timed(lambda: batch.block_mask(128)) for _ in range(3))
+    return row
+
+
+def _span(array: np.ndarray) -> int:
+    """Bytes of memory an array's elements span (a strided view of compact tables: its storage)."""
+    from numpy.lib.array_utils import byte_bounds
+
+    low, high = byte_bounds(array)
+    return high - low
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _memory(pid: str = "self") -> dict[str, int]:
@@ -291,14 +315,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{samples:>11} {world:>6} {row['seconds']:>8.3f} {row['peak_rss_bytes'] / 2**20:>8.1f} "
                   f"{row['bytes_per_sample']:>9.1f} {row['efficiency']:>10.5f}")
-    print(f"\n{'capacity':>9} {'documents':>9} {'ms per row':>10}")
+    print(f"\n{'capacity':>9} {'documents':>9} {'tables ms/row':>13} {'table MB':>8} {'BlockMask ms/row':>16}")
     for capacity in cases["block_mask"]:
         row = _child("block_mask", [capacity], args.before, args.timeout)
         out["block_mask"].append(row)
         if "error" in row:
             print(f"{capacity:>9}  {row['error']}")
         else:
-            print(f"{capacity:>9} {row['documents']:>9} {row['seconds_per_row'] * 1e3:>10.2f}")
+            mask = row.get("block_mask_seconds_per_row")
+            print(f"{capacity:>9} {row['documents']:>9} {row['seconds_per_row'] * 1e3:>13.2f} "
+                  f"{row['table_bytes'] / 2**20:>8.2f} {'' if mask is None else f'{mask * 1e3:.2f}':>16}")
     print(f"\n{'episodes':>9} {'cache':>5} {'seconds':>8} {'RSS MB':>7} {'worker private MB':>17} "
           f"{'worker PSS MB':>13}")
     for episodes in cases["open"] if not args.before else ():
