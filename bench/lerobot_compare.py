@@ -23,7 +23,10 @@ after a warm-up, with the CPU seconds of its process and its workers over that s
 interleaved (LeRobot, mmfeed, LeRobot, ...), each repeat a fresh loader::
 
     python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python [--root DIR] \
-        [--workers 2] [--batch-size 32] [--delta-json FILE] [--json out.json]
+        [--workers 2] [--batch-size 32] [--delta-json FILE] [--profile] [--json out.json]
+
+``--profile`` adds one timed mmfeed stretch with the loader's timer: worker time per batch in read, decode and
+collate, the loop's wait, and the CPU of the workers and of the main process per batch (:func:`profile_mmfeed`).
 
 The window (:func:`default_window`): every camera of the directory with two frames ``[-1/fps, 0]``,
 ``observation.state`` at ``[0]`` and a 50-step ``action`` chunk ``[i/fps for i in range(50)]`` where present;
@@ -474,13 +477,14 @@ def load_window(root: str | os.PathLike, path: str | os.PathLike) -> dict[str, l
 
 def mmfeed_loader(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, batch_size: int = 32,
                   num_workers: int = 2, seed: int = 0, tokens_per_frame: int = 64, backend: str = "auto",
-                  timer: bool = False):
+                  frame_format: str = "rgb24", timer: bool = False):
     """mmfeed's side of :func:`sampling`: ``mmfeed.DataLoader(root, packing=Packing(window=...,
     plan=PlanConfig(mode="fixed", batch_size=batch_size)), num_workers=num_workers)`` with persistent workers;
-    every video feature priced ``tokens_per_frame`` tokens a frame."""
+    every video feature priced ``tokens_per_frame`` tokens a frame, its frames ``frame_format`` ("rgb24" as
+    LeRobot's, or "yuv420": I420 planes, no colour conversion in the workers)."""
     from mmfeed.loaders import DataLoader, Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 
-    source = open_dataset(root, backend=backend)
+    source = open_dataset(root, backend=backend, frame_format=frame_format)
     window = WindowSpec.from_delta_timestamps(delta)
     prices = {f: tokens_per_frame for f in window.features if source.features[f].kind == "video"}
     packing = Packing(layout=TokenLayout(tokens_per_frame=prices), window=window, seed=seed,
@@ -525,7 +529,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *,
                        batch_size: int = 32, workers: int = 2, seed: int = 0, steps: int = 60,
                        lerobot_steps: int = 20, warmup: int = 3, repeats: int = 3, tokens_per_frame: int = 64,
-                       backend: str = "auto", video_backend: str = "torchcodec",
+                       backend: str = "auto", frame_format: str = "rgb24", video_backend: str = "torchcodec",
                        lib_dirs: Sequence[str] = ()) -> dict[str, Any]:
     """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, mmfeed, ...): each side's
     median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed / LeRobot."""
@@ -537,24 +541,28 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
         lerobot_runs.append(child["timing"])
         mmfeed_runs.append(time_mmfeed(root, delta, steps=steps, warmup=warmup, batch_size=batch_size,
                                        num_workers=workers, seed=seed, tokens_per_frame=tokens_per_frame,
-                                       backend=backend))
+                                       backend=backend, frame_format=frame_format))
     lerobot, mmfeed = _summary(lerobot_runs), _summary(mmfeed_runs)
     return {"lerobot": lerobot, "mmfeed": mmfeed, "ratio_samples_per_s": mmfeed["samples_per_s"] /
             lerobot["samples_per_s"], "sampling": same, "lerobot_versions": child["versions"],
-            "video_backend": child["video_backend"], "tokens_per_frame": tokens_per_frame, "mmfeed_backend": backend}
+            "video_backend": child["video_backend"], "tokens_per_frame": tokens_per_frame, "mmfeed_backend": backend,
+            "mmfeed_frame_format": frame_format}
 
 
-def run(python: str, *, root: str | os.PathLike | None = None, delta: Mapping[str, Sequence[float]] | None = None,
-        extra: int = 32, profile: bool = False, **throughput: Any) -> dict[str, Any]:
+def run(python: str, *, root: str | os.PathLike | None = None,
+        delta: Mapping[str, Sequence[float]] | str | os.PathLike | None = None, extra: int = 32,
+        profile: bool = False, **throughput: Any) -> dict[str, Any]:
     """The small equality check, the equality of ``root``'s edge samples (plus ``extra`` random ones) and
-    :func:`compare_throughput` on ``root`` (None: :func:`synthetic_root`); ``profile``: then
-    :func:`profile_mmfeed`."""
+    :func:`compare_throughput` on ``root`` (None: :func:`synthetic_root`) with the window ``delta`` (a mapping, a
+    JSON file for :func:`load_window`, or None: :func:`default_window`); ``profile``: then :func:`profile_mmfeed`."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     backend, lib_dirs = throughput.get("video_backend", "torchcodec"), throughput.get("lib_dirs", ())
     results: dict[str, Any] = {"small": check_small(python, video_backend=backend, lib_dirs=lib_dirs)}
     synthetic = root is None
     root = synthetic_root() if synthetic else Path(root)
+    if isinstance(delta, (str, os.PathLike)):
+        delta = load_window(root, delta)
     delta = dict(delta) if delta else default_window(root)
     source = LeRobotSource(root)
     bounds = np.concatenate([[0], np.cumsum(source.lengths)])
@@ -571,7 +579,7 @@ def run(python: str, *, root: str | os.PathLike | None = None, delta: Mapping[st
         results["root"]["written"] = SYNTHETIC
     results.update(compare_throughput(python, root, delta, **throughput))
     if profile:
-        keys = ("steps", "warmup", "batch_size", "seed", "tokens_per_frame", "backend")
+        keys = ("steps", "warmup", "batch_size", "seed", "tokens_per_frame", "backend", "frame_format")
         results["mmfeed_profile"] = profile_mmfeed(root, delta, num_workers=throughput.get("workers", 2),
                                                    **{k: throughput[k] for k in keys if k in throughput})
     return results
@@ -608,6 +616,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="figures = median over this many repeats")
     parser.add_argument("--tokens-per-frame", type=int, default=64, help="mmfeed's price of a video frame")
     parser.add_argument("--backend", default="auto", help="mmfeed's video backend")
+    parser.add_argument("--frame-format", default="rgb24", choices=("rgb24", "yuv420"),
+                        help="mmfeed's frames: RGB as LeRobot's (default), or I420 planes (no conversion on CPU)")
     parser.add_argument("--video-backend", default="torchcodec", help="LeRobot's video_backend (torchcodec or pyav)")
     parser.add_argument("--lib-dir", action="append", default=[], help="extra LD_LIBRARY_PATH folder for the child")
     parser.add_argument("--profile", action="store_true", help="then one timed mmfeed stretch: time per batch "
@@ -638,11 +648,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     start = time.perf_counter()
-    delta = load_window(args.root, args.delta_json) if args.delta_json else None
-    results = run(args.lerobot_python, root=args.root, delta=delta, batch_size=args.batch_size, workers=args.workers,
-                  steps=args.steps, lerobot_steps=args.lerobot_steps, warmup=args.warmup, repeats=args.repeats,
-                  tokens_per_frame=args.tokens_per_frame, backend=args.backend, video_backend=args.video_backend,
-                  lib_dirs=args.lib_dir, profile=args.profile)
+    results = run(args.lerobot_python, root=args.root, delta=args.delta_json, batch_size=args.batch_size,
+                  workers=args.workers, steps=args.steps, lerobot_steps=args.lerobot_steps, warmup=args.warmup,
+                  repeats=args.repeats, tokens_per_frame=args.tokens_per_frame, backend=args.backend,
+                  frame_format=args.frame_format, video_backend=args.video_backend, lib_dirs=args.lib_dir,
+                  profile=args.profile)
     small, root = results["small"], results["root"]
     _print_report(f"small directory, all {small['samples']} samples, LeRobot vs mmfeed", small["lerobot_vs_mmfeed"])
     _print_report("small directory, writer ground truth vs LeRobot", small["truth_vs_lerobot"])
@@ -654,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{root['episodes']} episodes, {root['windows']} windows; window: {window}\n"
           f"both: global shuffle, batch {same['batch_size']}, {same['num_workers']} workers; LeRobot "
           f"{results['lerobot_versions'].get('lerobot')} ({results['video_backend']}) torch DataLoader, mmfeed "
-          f"DataLoader fixed plan ({results['mmfeed_backend']})")
+          f"DataLoader fixed plan ({results['mmfeed_backend']}, {results['mmfeed_frame_format']})")
     _print_side("LeRobot", results["lerobot"])
     _print_side("mmfeed", results["mmfeed"])
     print(f"mmfeed / LeRobot (samples/s): {results['ratio_samples_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")

@@ -230,6 +230,14 @@ def test_the_profile_splits_a_batch_into_worker_stages(two_cams):
     assert got["worker_cpu_ms_per_batch"] == pytest.approx(1e3 * got["cpu_s_workers"] / 3) and got["samples"] == 96
 
 
+def test_mmfeed_can_deliver_i420_planes_instead_of_rgb(two_cams):
+    """--frame-format yuv420: the same sampling, frames as I420 planes [H * 3 // 2, W] (half RGB's bytes)."""
+    _, root = two_cams
+    loader = mmfeed_loader(root, default_window(root), batch_size=32, num_workers=0, frame_format="yuv420")
+    batch = next(iter(loader))
+    assert tuple(batch.data["observation.images.cam_high"].shape) == (64, 72, 64) and batch.num_documents == 32
+
+
 def test_the_child_script_is_python_without_mmfeed():
     compile(CHILD_SCRIPT, "<lerobot child>", "exec")
     assert "import mmfeed" not in CHILD_SCRIPT and "from mmfeed" not in CHILD_SCRIPT
@@ -252,10 +260,15 @@ def test_real_throughput_at_equal_sampling(lerobot_python, two_cams, tmp_path):
     sampling, figures in the JSON."""
     _, root = two_cams
     out = tmp_path / "out.json"
+    window = tmp_path / "window.json"
+    window.write_text(json.dumps({"observation.images.cam_wrist": [-1 / FPS, 0.0], "action": [0.0, 1 / FPS]}))
     assert main(["--lerobot-python", lerobot_python, "--root", str(root), "--steps", "2", "--lerobot-steps", "2",
-                 "--warmup", "1", "--repeats", "1", "--profile", "--json", str(out)]) == 0
+                 "--warmup", "1", "--repeats", "1", "--profile", "--delta-json", str(window), "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["sampling"] == sampling(32, 2, 0) and not got["root"]["synthetic"]
+    assert got["root"]["delta_timestamps"] == json.loads(window.read_text())
+    assert got["root"]["lerobot_vs_mmfeed"]["ok"] and "index_equal" not in got["root"]["lerobot_vs_mmfeed"]["keys"][
+        "observation.images.cam_wrist"]  # a given directory: frames compared by their pixels
     for side in ("lerobot", "mmfeed"):
         (run_,) = got[side]["runs"]
         assert (run_["samples"], run_["worker_processes"]) == (64, 2) and got[side]["cpu_s_per_1000_samples"] > 0
