@@ -205,8 +205,9 @@ def _lib_dirs(python: str | os.PathLike, extra: Sequence[str] = ()) -> list[str]
 def run_child(python: str, script: str, args: Mapping[str, Any], tmp: str | os.PathLike, *,
               lib_dirs: Sequence[str] = (), timeout_s: float = 1800.0) -> None:
     """Run ``python -c script ARGS_JSON`` in ``tmp``, offline (``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``,
-    a private ``HF_HOME`` under ``tmp``), without mmfeed or the system site-packages on its path and with the venv's
-    FFmpeg folders on ``LD_LIBRARY_PATH``. Raises RuntimeError with the child's stderr when it fails."""
+    a private ``HF_HOME`` under ``tmp``), without ``PYTHONPATH`` or user site-packages (the child imports no
+    mmfeed; a ``--system-site-packages`` venv still sees the system's torch and PyAV) and with the venv's FFmpeg
+    folders on ``LD_LIBRARY_PATH``. Raises RuntimeError with the child's stderr when it fails."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(Path(tmp) / "hf"),
            "PYTHONNOUSERSITE": "1"}
     env.pop("PYTHONPATH", None)
