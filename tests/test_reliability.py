@@ -49,9 +49,10 @@ def members_of(tar_path):
     return groups
 
 
-def broken(clean, tmp_path, name, change):
+def broken(clean, tmp_path, name, change, every=False):
     """Copies of the clean shards, through webdataset's TarWriter, where change(members) edits the first
-    episode's members; returns the directory (not yet indexed) and the first episode's key."""
+    episode's members (every episode's with ``every``); returns the directory (not yet indexed) and the first
+    episode's key."""
     clean_dir, _ = clean
     out = tmp_path / name
     out.mkdir()
@@ -60,7 +61,7 @@ def broken(clean, tmp_path, name, change):
         with wds.TarWriter(str(out / tar_path.name), encoder=False) as sink:
             for key, members in members_of(tar_path).items():
                 victim = victim or key
-                sink.write({"__key__": key, **(change(dict(members)) if key == victim else members)})
+                sink.write({"__key__": key, **(change(dict(members)) if every or key == victim else members)})
     return out, victim
 
 
@@ -162,7 +163,8 @@ def test_skip_policy_keeps_the_step_count_and_lists_every_skip(clean, tmp_path, 
 
 
 def test_too_many_consecutive_failures_raise(clean, tmp_path):
-    path, _ = broken(clean, tmp_path, "trunc", CASES["truncated mp4"][0])
+    # every episode broken, so failures come in a row whatever order the plan puts the samples in
+    path, _ = broken(clean, tmp_path, "trunc", CASES["truncated mp4"][0], every=True)
     index(path)
     with pytest.raises(SampleError, match="in a row failed"):
         read_epoch(path, ErrorPolicy(on_error="warn", max_consecutive_errors=2))
