@@ -118,11 +118,11 @@ def _best_swap(c, cs, order, owner, load, a, x, q, step, stop, gap, window, targ
 
 
 @njit(cache=True)
-def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start=np.zeros((0, 0), np.int64)):
+def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
     """rows: int64 [steps, R*k] row ids (-1 = none, cost 0). Returns int64 [R, steps, k] row ids.
 
     Per step: the rows are placed by LPT with a min-heap of the ranks that have room (O(m log R)), or, when
-    ``start`` (int64 [R, k]) is given and its costliest rank costs less than LPT's, rank r takes the rows at
+    ``start`` (int64 [R, k]; ``_NO_START`` for none) is given and its costliest rank costs less than LPT's, rank r takes the rows at
     positions ``start[r]`` of the step; then, while
     the costliest rank (a max-heap) can lower its cost by swapping one of its rows with a row of another rank,
     the best such swap found among ``window`` rows around the ideal cost difference and ``window`` rows just
@@ -234,6 +234,7 @@ def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start=np.zeros((0
 
 
 _WINDOW = 32  # rows looked at per direction per row of the costliest rank
+_NO_START = np.zeros((0, 0), np.int64)  # no given placement: LPT (an argument, not a default: numba caches it)
 _MAX_SWAPS = 4  # swaps per row of a step, at most
 
 
@@ -315,7 +316,8 @@ def balance(
         steps, start = _stratified_steps(c, order[: full * per_step], per_step, ranks, k, rng)
         parts.append(_deal_kernel(c, steps, ranks, k, _WINDOW, _MAX_SWAPS, start))
     if len(order) > full * per_step:  # a last step completed by the remainder policy
-        parts.append(_deal_kernel(c, order[full * per_step :].reshape(1, per_step), ranks, k, _WINDOW, _MAX_SWAPS))
+        parts.append(_deal_kernel(c, order[full * per_step :].reshape(1, per_step), ranks, k, _WINDOW, _MAX_SWAPS,
+                                  _NO_START))
     assignment = np.concatenate(parts, axis=1) if parts else np.zeros((ranks, 0, k), np.int64)
     return RankPlan(assignment=assignment, dropped=dropped, replicated=replicated)
 
@@ -358,6 +360,6 @@ def _stratified_steps(c: np.ndarray, rows: np.ndarray, per_step: int, ranks: int
     strata = ordered.reshape(per_step, num_steps)
     profile = c[strata].mean(axis=1)
     start = _deal_kernel(profile, np.arange(per_step, dtype=np.int64).reshape(1, per_step), ranks, k, _WINDOW,
-                         _MAX_SWAPS)[:, 0, :].copy()
+                         _MAX_SWAPS, _NO_START)[:, 0, :].copy()
     steps = np.ascontiguousarray(strata.T[rng.permutation(num_steps)])
     return steps, start

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import naive
 from mmfeed.packing import balance, pack, row_costs, step_balance
-from mmfeed.packing.balance import _deal_kernel, _descending_by_key
+from mmfeed.packing.balance import _NO_START, _deal_kernel, _descending_by_key
 
 
 def realistic_costs(n_items: int = 6000, seed: int = 0) -> np.ndarray:
@@ -112,10 +112,10 @@ def test_heap_deal_equals_naive_lpt_and_swaps_only_lower_the_max(case):
     if m > 2:
         rows[0, -1] = -1  # an empty slot (cost 0), as remainder="pad" deals
     c = np.where(rows[0] >= 0, costs, 0.0)
-    lpt = _deal_kernel(costs, rows, ranks, k, 32, 0)[:, 0, :]
+    lpt = _deal_kernel(costs, rows, ranks, k, 32, 0, _NO_START)[:, 0, :]
     want = naive.lpt_deal(c.tolist(), ranks, k)
     assert [sorted(r) for r in lpt.tolist()] == [sorted(rows[0, s].tolist() for s in slot) for slot in want]
-    dealt = _deal_kernel(costs, rows, ranks, k, 32, 4)[:, 0, :]
+    dealt = _deal_kernel(costs, rows, ranks, k, 32, 4, _NO_START)[:, 0, :]
     assert sorted(dealt.ravel().tolist()) == sorted(rows[0].tolist())
     padded = np.append(costs, 0.0)
     lpt_max = naive.lpt_max(c.tolist(), ranks, k)
