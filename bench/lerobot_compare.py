@@ -74,7 +74,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +108,12 @@ def torch_loader(dataset, *, batch_size: int, num_workers: int, seed: int):
                                        persistent_workers=num_workers > 0)
 
 
-def timed_stretch(batches: Iterator[Any], steps: int, count: Callable[[Any], int]) -> dict[str, Any]:
+def timed_stretch(batches: Iterator[Any], steps: int, count: Callable[[Any], int],
+                  exclude: Collection[int] = ()) -> dict[str, Any]:
     """Time ``steps`` batches of ``batches``: wall seconds, samples (``count(batch)`` summed) and the CPU seconds
-    of this process and of its child processes (the loader's workers) over the stretch (Linux ``/proc``)."""
-    workers = sorted(child_pids())
+    of this process and of its child processes (the loader's workers; children in ``exclude``, there before the
+    loader, are not counted) over the stretch (Linux ``/proc``)."""
+    workers = sorted(set(child_pids()) - set(exclude))
     self0, workers0 = cpu_seconds([os.getpid()]), cpu_seconds(workers)
     start, samples = time.perf_counter(), 0
     for _ in range(steps):
@@ -505,18 +507,19 @@ def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *
     when this returns (so the next repeat of either side has the CPUs to itself). ``timer``: also the loader's
     :class:`~mmfeed.loaders.StepTimer` report (worker seconds per batch in read, decode and collate; the loop's
     wait), for a profile."""
+    others = set(child_pids())  # children that are not this loader's workers (a test runner's, say)
     loader = mmfeed_loader(root, delta, timer=timer, **loader_args)
     batches = _forever(loader)
     for _ in range(warmup):
         next(batches)
-    out = timed_stretch(batches, steps, lambda batch: batch.num_documents)
+    out = timed_stretch(batches, steps, lambda batch: batch.num_documents, exclude=others)
     if timer:
         out["timer"] = loader.timer.report()
     batches.close()
     del batches, loader
     gc.collect()
     deadline = time.monotonic() + 30.0
-    while child_pids() and time.monotonic() < deadline:
+    while set(child_pids()) - others and time.monotonic() < deadline:
         time.sleep(0.05)
     return out
 
