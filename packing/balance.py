@@ -118,6 +118,21 @@ def _best_swap(c, cs, order, owner, load, a, x, q, step, stop, gap, window, targ
 
 
 @njit(cache=True)
+def _nearly_sorted_order(c):
+    """The positions of ``c`` costliest first, ties by position (what a stable argsort of ``-c`` gives), by
+    insertion sort: O(m + inversions), for rows that come nearly in that order."""
+    order = np.arange(c.size)
+    for i in range(1, c.size):
+        p = order[i]
+        j = i - 1
+        while j >= 0 and c[order[j]] < c[p]:
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = p
+    return order
+
+
+@njit(cache=True)
 def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
     """rows: int64 [steps, R*k] row ids (-1 = none, cost 0). Returns int64 [R, steps, k] row ids.
 
@@ -143,7 +158,10 @@ def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
     for t in range(steps):
         for i in range(m):
             c[i] = costs[rows[t, i]] if rows[t, i] >= 0 else 0.0
-        order = np.argsort(-c, kind="mergesort")  # costliest first, ties by position
+        if start.shape[0] == R:  # stratified steps come nearly sorted (by whole cost units): insertion sort
+            order = _nearly_sorted_order(c)
+        else:
+            order = np.argsort(-c, kind="mergesort")  # costliest first, ties by position
         for r in range(R):
             load[r], fill[r], lo[r], wlo[r] = 0.0, 0, r, r
         size = R

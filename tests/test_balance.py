@@ -154,3 +154,13 @@ def test_steps_are_stratified_by_cost():
     random = np.sort(costs[np.random.default_rng(0).permutation(costs.size)[: profiles.size]].reshape(
         profiles.shape), axis=1)
     assert profiles.std(axis=0).mean() < 0.25 * random.std(axis=0).mean()
+
+
+@pytest.mark.kernels
+@given(st.lists(st.floats(0, 100, allow_nan=False), max_size=80))
+@settings(max_examples=80, deadline=None)
+def test_insertion_order_equals_a_stable_descending_argsort(values):
+    from mmfeed.packing.balance import _nearly_sorted_order
+
+    c = np.asarray(values, dtype=np.float64)
+    assert _nearly_sorted_order(c).tolist() == np.argsort(-c, kind="stable").tolist()
