@@ -15,10 +15,20 @@ import numpy as np
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.demux import VideoInfo, VideoSource
 
-__all__ = ["DECORD_CODECS", "DecordReader", "decord_available"]
+__all__ = ["DECORD_CODECS", "DecordReader", "decord_available", "each_in_chunks"]
 
 DECORD_CODECS = frozenset({"h264", "hevc", "mpeg4", "vp8", "vp9", "mjpeg"})
 """Codecs that decord 0.6's bundled FFmpeg decodes; AV1 (LeRobot's default) is not among them."""
+
+
+def each_in_chunks(decode: Callable[[np.ndarray], np.ndarray], indices: np.ndarray,
+                   sink: Callable[[int, np.ndarray], None], chunk: int = 32) -> None:
+    """``sink(k, frame)`` for each of ``indices`` in order, from ``decode(indices)`` called ``chunk`` indices at a
+    time (for readers that decode a batch at once: memory bounded by the chunk)."""
+    for lo in range(0, len(indices), chunk):
+        frames = decode(indices[lo : lo + chunk])
+        for k in range(len(frames)):
+            sink(lo + k, frames[k])
 
 
 def decord_available() -> bool:
@@ -105,10 +115,7 @@ class DecordReader:
     def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None], chunk: int = 32) -> None:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order (``frame``: ``[H, W, 3]``
         uint8, valid only during the call); decoded ``chunk`` frames at a time to bound memory."""
-        for lo in range(0, len(indices), chunk):
-            frames = self.decode(indices[lo : lo + chunk])
-            for k in range(len(frames)):
-                sink(lo + k, frames[k])
+        each_in_chunks(self.decode, indices, sink, chunk)
 
     def close(self) -> None:
         """Drop the decord reader (decord has no explicit close)."""

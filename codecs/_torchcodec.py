@@ -41,6 +41,7 @@ from typing import Callable
 
 import numpy as np
 
+from mmfeed.codecs._decord import each_in_chunks
 from mmfeed.codecs.demux import VideoInfo, VideoSource
 from mmfeed.codecs.errors import DecodeError
 
@@ -188,10 +189,7 @@ class TorchCodecReader:
     def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None], chunk: int = 32) -> None:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order (``frame``: ``[H, W, 3]``
         uint8, valid only during the call); decoded ``chunk`` frames at a time to bound memory."""
-        for lo in range(0, len(indices), chunk):
-            frames = self.decode(indices[lo : lo + chunk])
-            for k in range(len(frames)):
-                sink(lo + k, frames[k])
+        each_in_chunks(self.decode, indices, sink, chunk)
 
     def close(self) -> None:
         """Drop the decoder (torchcodec closes the file when it is freed)."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mmfeed.packing.plan import _check_done
 from mmfeed.packing.shuffle import index_shuffle
 
 if TYPE_CHECKING:
@@ -174,19 +175,6 @@ class UniformPlan:
         rows = self.num_steps * self.rows_per_step if self.config.remainder == "replicate" else \
             min(self.num_steps * self.rows_per_step, self.num_rows)
         return float(samples * self.price / (rows * self.capacity)) if rows else 0.0
-
-
-def _check_done(done: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = []
-    for item in done:
-        try:
-            world, steps = (int(v) for v in item)
-        except (TypeError, ValueError):
-            raise ValueError(f"done must hold (world_size, steps) pairs of integers, got {item!r}") from None
-        if world < 1 or steps < 0:
-            raise ValueError(f"a done segment needs world_size >= 1 and steps >= 0, got {item!r}")
-        out.append((world, steps))
-    return out
 
 
 def uniform_remainder(num_samples: int, price: int, config: PlanConfig, *, seed: int, epoch: int,
