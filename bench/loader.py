@@ -354,7 +354,7 @@ def write_synthetic(path: str | Path, cfg: LoaderBench, *, progress: Callable[[i
 
 def run_mmfeed(cfg: LoaderBench, path: Any, *, step_s: float = 0.0, timer: bool = False) -> dict[str, Any]:
     """Iterate mmfeed's loader for ``warmup + steps`` batches (on its own, not interleaved); figures over the
-    measured ones (``bench/lerobot_compare.py`` times mmfeed with it)."""
+    measured ones."""
     loader = DataLoader(cfg.planned(open_dataset(path, backend=cfg.backend)), num_workers=cfg.workers,
                         timer=timer or None, persistent_workers=cfg.workers > 0)
     videos = cfg.video_features
