@@ -2,7 +2,7 @@
 
 Ranks synchronise every optimizer step, so what matters is the slowest rank *in each step*. :func:`balance`
 shuffles the rows with ``(seed, epoch)`` and cuts them into steps of ``m = num_ranks * micro_batches`` rows (one
-global batch) *stratified by cost*: the rows sorted by cost (a counting sort; ties in shuffled order) form ``m``
+global batch) *stratified by cost*: the rows sorted by cost (a counting sort of quantised costs) form ``m``
 strata, every step takes one row of each stratum, and the steps run in a seeded random order. Every step then
 has nearly the same cost profile, so one deal of the strata's mean costs, computed once, places the rows of every
 step nearly balanced. Within each step every rank gets exactly ``micro_batches`` rows: the profile's placement
@@ -158,7 +158,7 @@ def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
     for t in range(steps):
         for i in range(m):
             c[i] = costs[rows[t, i]] if rows[t, i] >= 0 else 0.0
-        if start.shape[0] == R:  # stratified steps come nearly sorted (by whole cost units): insertion sort
+        if start.shape[0] == R:  # stratified steps come nearly sorted (by quantised cost): insertion sort
             order = _nearly_sorted_order(c)
         else:
             order = np.argsort(-c, kind="mergesort")  # costliest first, ties by position
@@ -362,19 +362,21 @@ def _stratified_steps(c: np.ndarray, rows: np.ndarray, per_step: int, ranks: int
     """The rows (shuffled ids, a whole number of steps) cut into steps with one row of every cost stratum each,
     and the placement of those positions on ranks that balances the strata's mean costs.
 
-    The rows sorted by cost (ties in shuffled order) form ``per_step`` strata of ``S = steps`` consecutive rows;
+    The rows sorted by cost (a counting sort of the costs quantised to about one bucket a row, ties in shuffled
+    order) form ``per_step`` strata of ``S = steps`` consecutive rows;
     step ``s`` takes the ``s``-th row of every stratum, and the steps run in a seeded random order. Every step
     then has nearly the same cost profile, so one deal of the profile (LPT and swaps on the strata's mean
     costs, computed once) places every step's rows nearly balanced; the per-step swaps only mend what differs.
     Returns ``(steps int64 [S, per_step], start int64 [ranks, k])``.
     """
     num_steps = len(rows) // per_step
-    keys = np.floor(c[rows]).astype(np.int64)
-    top = int(keys.max(initial=0)) + 1
-    if top <= 4 * len(rows) + 65536:
-        ordered = _descending_by_key(rows, keys, top)
-    else:  # costs too spread for counting: a comparison sort
-        ordered = rows[np.argsort(-c[rows], kind="stable")]
+    cost = c[rows]
+    low, high = float(cost.min()), float(cost.max())
+    buckets = min(len(rows) + 65536, 1 << 22)  # about one row a bucket: the strata come nearly sorted
+    keys = np.zeros(len(rows), np.int64)
+    if high > low:  # whatever the costs' scale (token counts, or costs normalised to [0, 1))
+        keys = ((cost - low) * ((buckets - 1) / (high - low))).astype(np.int64)
+    ordered = _descending_by_key(rows, keys, buckets)
     strata = ordered.reshape(per_step, num_steps)
     profile = c[strata].mean(axis=1)
     start = _deal_kernel(profile, np.arange(per_step, dtype=np.int64).reshape(1, per_step), ranks, k, _WINDOW,

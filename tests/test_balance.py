@@ -164,3 +164,14 @@ def test_insertion_order_equals_a_stable_descending_argsort(values):
 
     c = np.asarray(values, dtype=np.float64)
     assert _nearly_sorted_order(c).tolist() == np.argsort(-c, kind="stable").tolist()
+
+
+@pytest.mark.kernels
+def test_costs_on_any_scale_stratify_alike():
+    """Costs normalised to [0, 1) deal as well as the same costs in token units: the strata come from costs
+    quantised over their own range, not from whole units."""
+    costs = realistic_costs(100_000, seed=2)
+    tokens = step_balance(balance(costs, 64, 4, seed=0).assignment, costs)
+    unit = costs / (costs.max() * 1.0001)
+    normalised = step_balance(balance(unit, 64, 4, seed=0).assignment, unit)
+    assert normalised.mean() > 0.999 and abs(normalised.mean() - tokens.mean()) < 0.0005
