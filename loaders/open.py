@@ -20,8 +20,10 @@ def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
     it). Keyword arguments go to each source: ``backend="pyav"``, ``frame_size=(H, W)`` (or ``{feature: (H, W)}``)
     to resize frames inside the decoder, ``frame_format="yuv420"`` to deliver frames as I420 planes
     ``[H * 3 // 2, W]`` (half the bytes of RGB, no colour conversion in the workers; convert them on the device
-    with :func:`mmfeed.codecs.colour.yuv420_to_rgb`). ``len(ds)`` is the number of episodes, ``ds.features``
-    every feature under its own name, ``ds.stats`` their statistics and ``ds.episode(i)`` one whole episode::
+    with :func:`mmfeed.codecs.colour.yuv420_to_rgb`), ``decoder_threads=2`` for FFmpeg threads per open video
+    (they can pay only for long sequential reads with fewer workers than cores; see ``WebDatasetSource``). ``len(ds)`` is the number of episodes,
+    ``ds.features`` every feature under its own name, ``ds.stats`` their statistics and ``ds.episode(i)`` one
+    whole episode::
 
         ds = open_dataset("shards/")                      # doctest: +SKIP
         ds.features["observation.state"]                  # doctest: +SKIP

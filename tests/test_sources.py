@@ -193,3 +193,18 @@ def test_bad_paths_and_stale_index_are_named(shards, tmp_path):
     assert len(WebDatasetSource(copy, check_index=False)) == 3  # asked not to check, it reads on
     os.remove(copy / "mmfeed-index.parquet")
     assert len(open_dataset(copy)) == 3  # without an index the shards are indexed in memory
+
+
+@pytest.mark.parametrize("kind", ["webdataset", "lerobot"])
+def test_decoder_threads_decode_the_same_frames(kind, shards, tmp_path, episodes):
+    """``decoder_threads=2`` opens each video with two FFmpeg threads (frame and slice threading) and yields the
+    very frames one thread does; a bad count is refused at open."""
+    root = shards[0] if kind == "webdataset" else write_lerobot(tmp_path / "lr", episodes, codec="av1", gop=2)
+    one, two = open_dataset(root), open_dataset(root, decoder_threads=2)
+    requests = [EpisodeRequest(e, {CAM: np.arange(0, int(one.frames(CAM)[e]), 3)}) for e in range(len(one))]
+    for a, b in zip(one.read_many(requests), two.read_many(requests)):
+        assert np.array_equal(a[CAM], b[CAM])
+    caches = list(two._videos.values())
+    assert caches and all(c.options.threads == 2 for c in caches)
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        open_dataset(root, decoder_threads=0)

@@ -61,11 +61,13 @@ class LeRobotSource(EpisodeSource):
         are resized inside the decoder and the features report that size.
     frame_format: ``"rgb24"`` (frames uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, half
         the bytes, converted on the device by :func:`mmfeed.codecs.colour.yuv420_to_rgb`; PyAV only).
+    decoder_threads: FFmpeg threads per open video (default 1; see
+        :class:`~mmfeed.loaders.sources.webdataset.WebDatasetSource`).
     """
 
     def __init__(self, root: str | os.PathLike, *, backend: str = "auto", tolerance_s: float = 1e-4,
-                 frame_size: FrameSize = None, frame_format: str = "rgb24") -> None:
-        DecodeOptions(backend=backend, frame_format=frame_format)  # fails now, not at the first read
+                 frame_size: FrameSize = None, frame_format: str = "rgb24", decoder_threads: int = 1) -> None:
+        DecodeOptions(backend=backend, frame_format=frame_format, threads=decoder_threads)  # fails now
         self.frame_format = frame_format
         self.root = Path(root)
         self.name = str(self.root)
@@ -83,8 +85,8 @@ class LeRobotSource(EpisodeSource):
         if self._video_keys and not self.info.get("video_path"):
             raise ValueError(f"{self.root / 'meta' / 'info.json'}: video features but no 'video_path'")
         self._sizes = _frame_sizes(frame_size, specs, self.root)
-        self._options = {size: DecodeOptions(backend=backend, size=size, frame_format=frame_format)
-                         for size in set(self._sizes.values())}
+        self._options = {size: DecodeOptions(backend=backend, size=size, frame_format=frame_format,
+                                             threads=decoder_threads) for size in set(self._sizes.values())}
         self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, frame_format) for k, s in specs.items()}
         self._meta = _read_episodes(self.root, self._video_keys)
         self._lengths = self._meta["length"].astype(np.int64)
