@@ -139,10 +139,10 @@ class EpisodeItems:
         self.length = np.ones(len(episode), dtype=np.int64) if length is None else length
         self.task = self._sample_tasks(episode, start)
         if self.window is not None:
-            counts = {f: len(d) * self.source.present(f)[episode] for f, d in self.window.deltas.items()}
+            self.tokens = self._window_prices(episode, self.task)
         else:
-            counts = self._chunk_counts(episode, start, self.length)
-        self.tokens = self.layout.price(counts, self._text_lengths(self.task))
+            self.tokens = self.layout.price(self._chunk_counts(episode, start, self.length),
+                                            self._text_lengths(self.task))
 
     def _set_windows(self, lengths: np.ndarray, stride: int) -> None:
         """One window every ``stride`` steps of every episode, stored per episode only: the per-sample columns
@@ -168,14 +168,13 @@ class EpisodeItems:
         have = self._windows.per_episode > 0
         if not have.any():
             return None
-        counts = {f: len(d) * self.source.present(f)[have] for f, d in self.window.deltas.items()}
         task = self.source.episode_tasks[have].astype(np.int64)
         if (task < 0).any():  # some episode changes task: every task's text must then have one length
             text = np.unique(self._text_lengths(np.arange(len(self.text), dtype=np.int64)))
             if len(text) > 1:
                 return None
             task = np.where(task < 0, 0, task)
-        prices = np.unique(self.layout.price(counts, self._text_lengths(task)))
+        prices = np.unique(self._window_prices(np.flatnonzero(have), task))
         return int(prices[0]) if len(prices) == 1 else None
 
     @property
@@ -199,8 +198,7 @@ class EpisodeItems:
         if name == "task":
             values = np.repeat(task, per_episode)
         else:
-            counts = {f: len(d) * self.source.present(f) for f, d in self.window.deltas.items()}
-            values = np.repeat(self.layout.price(counts, self._text_lengths(task)), per_episode)
+            values = np.repeat(self._window_prices(np.arange(len(per_episode)), task), per_episode)
         changing = np.flatnonzero((task < 0) & (per_episode > 0))
         if len(changing):  # episodes whose task changes: their samples one by one
             ends = self._windows.ends
@@ -218,8 +216,11 @@ class EpisodeItems:
         if name == "length":
             return np.ones(len(samples), dtype=np.int64)
         task = self._sample_tasks(episode, start)
-        if name == "task":
-            return task
+        return task if name == "task" else self._window_prices(episode, task)
+
+    def _window_prices(self, episode: np.ndarray, task: np.ndarray) -> np.ndarray:
+        """The token price of windows in episodes ``episode`` with tasks ``task`` (the features they read are the
+        spec's features present in the episode)."""
         counts = {f: len(d) * self.source.present(f)[episode] for f, d in self.window.deltas.items()}
         return self.layout.price(counts, self._text_lengths(task))
 
