@@ -176,9 +176,7 @@ class PlannedDataset(torch.utils.data.Dataset):
             epoch, step, done = 0, key, ()
         rows = self.batch_samples(int(epoch), int(step), done)
         plan = self.plan(int(epoch), done)
-        num_rows = None
-        if self.static_shapes:
-            num_rows = plan.max_rows if isinstance(plan, UniformPlan) else plan.steps.shape[2]
+        num_rows = plan.max_rows if self.static_shapes else None
         return self.items.collate(rows, plan.capacity, num_rows=num_rows, static_shapes=self.static_shapes,
                                   max_documents=self._max_documents, errors=self._counter, epoch=int(epoch),
                                   seed=self.seed, transform=self.transform)

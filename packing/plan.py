@@ -125,6 +125,11 @@ class Plan:
     def num_rows(self) -> int:
         return len(self.row_offsets) - 1
 
+    @property
+    def max_rows(self) -> int:
+        """Row slots in one batch of one rank (the last axis of :attr:`steps`)."""
+        return int(self.steps.shape[2])
+
     def row(self, row: int) -> np.ndarray:
         return self.row_samples[self.row_offsets[row] : self.row_offsets[row + 1]]
 
