@@ -52,7 +52,7 @@ class UniformPlan:
     epoch: int
     world_size: int = 1
     offset: int = 0
-    _shape: tuple[int, int, int, int] = field(init=False, repr=False)
+    _shape: tuple[int, int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.config.mode != "pack" or self.config.episode_block:
@@ -66,7 +66,7 @@ class UniformPlan:
         rows = -(-(self.num_samples - self.offset) // per_row)
         full, extra = divmod(rows, self.world_size * self.config.rows_per_batch)
         steps = full + (1 if extra and self.config.remainder != "drop" else 0)
-        object.__setattr__(self, "_shape", (per_row, rows, full, steps))
+        object.__setattr__(self, "_shape", (per_row, rows, steps))
 
     # -- shape ---------------------------------------------------------------------------------------------------
     @property
@@ -86,7 +86,13 @@ class UniformPlan:
 
     @property
     def num_steps(self) -> int:
-        return self._shape[3]
+        return self._shape[2]
+
+    @property
+    def dealt_rows(self) -> int:
+        """Rows dealt over all steps and ranks: replicas included, empty ("pad") rows not."""
+        slots = self.num_steps * self.rows_per_step
+        return slots if self.config.remainder == "replicate" else min(slots, self.num_rows)
 
     @property
     def capacity(self) -> int:
@@ -99,14 +105,15 @@ class UniformPlan:
 
     # -- what a batch holds ----------------------------------------------------------------------------------------
     def _ids(self, start: int, stop: int) -> np.ndarray:
-        return index_shuffle(np.arange(self.offset + start, self.offset + stop, dtype=np.int64), self.num_samples,
-                             seed=self.seed, epoch=self.epoch) if self.config.shuffle else \
-            np.arange(self.offset + start, self.offset + stop, dtype=np.int64)
+        """The sample ids at positions ``[start, stop)`` of this plan (from :attr:`offset` on)."""
+        positions = np.arange(self.offset + start, self.offset + stop, dtype=np.int64)
+        if not self.config.shuffle:
+            return positions
+        return index_shuffle(positions, self.num_samples, seed=self.seed, epoch=self.epoch)
 
     def row(self, row: int) -> np.ndarray:
         """Sample ids of ``row`` (rows past :attr:`num_rows` replicate rows from the start of the order)."""
-        dealt = self.num_steps * self.rows_per_step if self.config.remainder == "replicate" else self.num_rows
-        if not 0 <= row < max(dealt, self.num_rows):
+        if not 0 <= row < max(self.dealt_rows, self.num_rows):
             raise IndexError(f"row {row} out of range ({self.num_rows} rows)")
         if row >= self.num_rows:
             row = (row - self.num_rows) % self.num_rows
@@ -148,11 +155,16 @@ class UniformPlan:
         return rows.reshape(self.num_steps, self.world_size, k).transpose(1, 0, 2).copy()
 
     # -- what the epoch leaves out or repeats ----------------------------------------------------------------------
+    def positions_in(self, steps: int) -> int:
+        """Positions of the order (from :attr:`offset`) that the first ``steps`` steps hold (replicas not
+        counted): a prefix, whatever the world size."""
+        rows = min(steps * self.rows_per_step, self.num_rows)
+        return min(rows * self.per_row, self.num_samples - self.offset)
+
     @property
     def consumed_positions(self) -> int:
         """Positions of the order (from :attr:`offset`) that this plan's batches hold (replicas not counted)."""
-        rows = min(self.num_steps * self.rows_per_step, self.num_rows)
-        return min(rows * self.per_row, self.num_samples - self.offset)
+        return self.positions_in(self.num_steps)
 
     @property
     def dropped(self) -> np.ndarray:
@@ -162,8 +174,8 @@ class UniformPlan:
     @property
     def replicated(self) -> np.ndarray:
         """Sorted sample ids dealt twice (remainder "replicate")."""
-        extra = self.num_steps * self.rows_per_step - self.num_rows
-        if self.config.remainder != "replicate" or extra <= 0:
+        extra = self.dealt_rows - self.num_rows
+        if extra <= 0:
             return np.zeros(0, dtype=np.int64)
         rows = [self.row(self.num_rows + j) for j in range(extra)]
         return np.sort(np.concatenate(rows))
@@ -172,8 +184,7 @@ class UniformPlan:
     def efficiency(self) -> float:
         """Tokens of the dealt samples / token slots of the dealt rows."""
         samples = self.consumed_positions + self.replicated.size
-        rows = self.num_steps * self.rows_per_step if self.config.remainder == "replicate" else \
-            min(self.num_steps * self.rows_per_step, self.num_rows)
+        rows = self.dealt_rows
         return float(samples * self.price / (rows * self.capacity)) if rows else 0.0
 
 
@@ -188,8 +199,7 @@ def uniform_remainder(num_samples: int, price: int, config: PlanConfig, *, seed:
         if seg_steps > plan.num_steps:
             raise ValueError(f"a segment of {seg_steps} steps at world size {seg_world} is longer than its plan "
                              f"({plan.num_steps} steps); the state does not belong to this dataset and plan")
-        rows = min(seg_steps * plan.rows_per_step, plan.num_rows)
-        offset = min(num_samples, offset + rows * plan.per_row)
+        offset += plan.positions_in(seg_steps)
     return UniformPlan(num_samples, price, config, seed, epoch, world_size, offset)
 
 
