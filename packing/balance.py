@@ -137,17 +137,17 @@ def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
     """rows: int64 [steps, R*k] row ids (-1 = none, cost 0). Returns int64 [R, steps, k] row ids.
 
     Per step: the rows are placed by LPT with a min-heap of the ranks that have room (O(m log R)), or, when
-    ``start`` (int64 [R, k]; ``_NO_START`` for none) is given and its costliest rank costs less than LPT's, rank r takes the rows at
-    positions ``start[r]`` of the step; then, while
-    the costliest rank (a max-heap) can lower its cost by swapping one of its rows with a row of another rank,
-    the best such swap found among ``window`` rows around the ideal cost difference and ``window`` rows just
-    below each of its rows (binary search in the step's sorted costs), at most ``max_swaps * m`` swaps.
+    ``start`` (int64 [R, k]; ``_NO_START`` for none) is given and its costliest rank costs less than LPT's, rank
+    r takes the rows at positions ``start[r]`` of the step; then, while the costliest rank (a max-heap) can
+    lower its cost by swapping one of its rows with a row of another rank, the best such swap found among
+    ``window`` rows around the ideal cost difference and ``window`` rows just below each of its rows (binary
+    search in the step's sorted costs), at most ``max_swaps * m`` swaps.
     """
     steps = rows.shape[0]
     R = num_ranks
     m = R * k
     out = np.full((R, steps, k), -1, dtype=np.int64)
-    load = np.empty(R)
+    load, given = np.empty(R), np.empty(R)
     fill = np.empty(R, np.int64)
     slot = np.empty((R, k), np.int64)  # positions in the step
     lo, wlo = np.empty(R, np.int64), np.empty(R, np.int64)  # min-heap of ranks by load, positions
@@ -178,18 +178,13 @@ def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
             if size > 0:
                 _sift(lo, wlo, load, 1.0, 0, size)
         if start.shape[0] == R:  # the given placement instead, where its costliest rank is below LPT's
-            worst = 0.0
             for r in range(R):
-                given = 0.0
+                given[r] = 0.0
                 for i in range(k):
-                    given += c[start[r, i]]
-                worst = max(worst, given)
-            if worst < load.max():
-                for r in range(R):
-                    load[r] = 0.0
-                    for i in range(k):
-                        slot[r, i] = start[r, i]
-                        load[r] += c[start[r, i]]
+                    given[r] += c[start[r, i]]
+            if given.max() < load.max():
+                load[:] = given
+                slot[:, :] = start
         if max_swaps > 0 and R > 1:
             for r in range(R):
                 lo[r], hi[r] = r, r
