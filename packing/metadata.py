@@ -516,13 +516,18 @@ def block_tables(document_ids: np.ndarray, step_ids: np.ndarray, block_size: int
     tables = []
     for want, num in ((1, nums[0]), (2, nums[1])):
         width = max(1, int(num.max())) if num.size else 1
-        # the rows back to back, then nb - width spare entries so that the last row's [nb] view stays in bounds;
-        # the [R, 1, nb, nb] view starts query block q's row `width` entries after q - 1's
-        storage = np.empty(num_rows * nb * width + nb - width, np.int32)
-        storage[num_rows * nb * width:] = 0
+        storage = _compact_storage(num_rows, nb, width)
         _indices_kernel(kinds, first, offsets, want, storage, width)
         tables += [num, _square_view(storage, num_rows, nb, width)]
     return BlockTables(*tables)
+
+
+def _compact_storage(num_rows: int, nb: int, width: int) -> np.ndarray:
+    """int32 storage for ``[R, 1, nb, width]`` rows back to back, then ``nb - width`` spare (zero) entries so that
+    the last row of the ``[nb]``-wide view stays in bounds."""
+    storage = np.empty(num_rows * nb * width + nb - width, np.int32)
+    storage[num_rows * nb * width:] = 0
+    return storage
 
 
 def _square_view(storage: np.ndarray, num_rows: int, nb: int, width: int) -> np.ndarray:
@@ -531,7 +536,7 @@ def _square_view(storage: np.ndarray, num_rows: int, nb: int, width: int) -> np.
 
 
 @njit(cache=True)
-def _transpose_kernel(num, idx, nb, out_num, storage, width):
+def _transpose_kernel(num, idx, nb, storage, width):
     """Rows of kv blocks -> rows of query blocks: kv block j lists, ascending, the query blocks whose row lists
     j, then the query blocks that do not, ascending, up to ``width`` entries."""
     fill = np.zeros(nb, np.int64)
@@ -543,7 +548,6 @@ def _transpose_kernel(num, idx, nb, out_num, storage, width):
                 storage[(r * nb + kv) * width + fill[kv]] = q
                 fill[kv] += 1
         for kv in range(nb):
-            out_num[r, 0, kv] = fill[kv]
             base = (r * nb + kv) * width
             listed, q, at = fill[kv], 0, fill[kv]
             p = 0
@@ -562,17 +566,16 @@ def transpose_tables(tables: BlockTables) -> BlockTables:
     the compact layout of :class:`BlockTables`. Equal to torch's ``_transpose_ordered`` on the first ``num``
     entries of every row, in O(R * nb * width) instead of torch's dense ``[nb, nb]`` grid and its sort."""
     out = []
-    for num, idx in ((tables.kv_num_blocks, tables.kv_indices), (tables.full_kv_num_blocks, tables.full_kv_indices)):
+    c = tables.compact()
+    for num, idx in ((c.kv_num_blocks, c.kv_indices), (c.full_kv_num_blocks, c.full_kv_indices)):
         num_rows, _, nb = num.shape
-        counts = np.zeros((num_rows, 1, nb), np.int32)
-        compact = idx[..., : max(1, int(num.max())) if num.size else 1]
-        for r in range(num_rows):  # the width first: how many query blocks list each kv block, at most
-            listed = compact[r, 0][np.arange(compact.shape[-1])[None, :] < num[r, 0][:, None]]
-            counts[r, 0] = np.bincount(listed, minlength=nb)
-        width = max(1, int(counts.max())) if counts.size else 1
-        storage = np.empty(num_rows * nb * width + nb - width, np.int32)
-        storage[num_rows * nb * width:] = 0
-        q_num = np.empty((num_rows, 1, nb), np.int32)
-        _transpose_kernel(num, compact, nb, q_num, storage, width)
+        listed = np.arange(idx.shape[-1]) < num[..., None]  # the entries that mean something
+        row = np.broadcast_to(np.arange(num_rows).reshape(-1, 1, 1, 1), idx.shape)
+        # how many query blocks list each kv block of each row: the transposed counts, and their widest
+        q_num = np.bincount((row * nb + idx)[listed], minlength=num_rows * nb).astype(np.int32)
+        q_num = q_num.reshape(num_rows, 1, nb)
+        width = max(1, int(q_num.max())) if q_num.size else 1
+        storage = _compact_storage(num_rows, nb, width)
+        _transpose_kernel(num, idx, nb, storage, width)
         out += [q_num, _square_view(storage, num_rows, nb, width)]
     return BlockTables(*out)
