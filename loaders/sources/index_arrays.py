@@ -21,6 +21,7 @@ cache is never read; files are written to a temporary name and renamed, so concu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -102,6 +103,21 @@ class IndexArrays:
         return IndexArrays, (self._table, None)
 
 
+def _lengths(lists: pa.Array) -> np.ndarray:
+    """The length of each list (0 for a null one), from the offsets when no list is null (``fill_null`` and
+    ``to_numpy`` import pandas: 0.4 s of a cold open)."""
+    if lists.null_count:
+        return pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    return np.diff(_numpy(lists.offsets))
+
+
+def _arrow(values: Any, kind: pa.DataType | None = None) -> pa.Array:
+    """A primitive Arrow array over a numpy array's buffer (``pa.array`` imports pandas to ask whether its input
+    is a pandas object)."""
+    values = np.ascontiguousarray(values, dtype=None if kind is None else kind.to_pandas_dtype())
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
 def _numpy(array: pa.Array) -> np.ndarray:
     """A numpy view of a primitive Arrow array without nulls (read from its data buffer: no copy, and none of
     the pandas machinery ``to_numpy`` may import)."""
@@ -112,13 +128,13 @@ def _numpy(array: pa.Array) -> np.ndarray:
 
 
 def _runs(column: pa.Array) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    counts = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    counts = _lengths(column)
     changing = np.flatnonzero(counts > 0)
     if not len(changing):
         return {}
     flat = column.flatten()
     starts, codes = _numpy(flat.field("start")), _numpy(flat.field("task"))
-    offsets = column.offsets.to_numpy()
+    offsets = _numpy(column.offsets)
     return {int(e): (starts[offsets[e]:offsets[e + 1]].astype(np.int64), codes[offsets[e]:offsets[e + 1]]
                      .astype(np.int64)) for e in changing}
 
@@ -132,7 +148,7 @@ def _first_appearance(values: pa.Array) -> tuple[np.ndarray, list[str]]:
     order = used[np.argsort(first)]
     remap = np.full(len(encoded.dictionary), -1, np.int64)
     remap[order] = np.arange(len(order))
-    return remap[indices], encoded.dictionary.take(pa.array(order)).to_pylist()
+    return remap[indices], encoded.dictionary.take(_arrow(order)).to_pylist()
 
 
 def derive(table: pa.Table, index_path: str | None = None, *, members: bool = True) -> pa.Table:
@@ -163,20 +179,20 @@ def _assemble(table: pa.Table, columns: Mapping[str, Mapping[str, Any]]) -> pa.T
     for t in run_tasks.to_pylist():  # episodes that change task are few: a Python loop over their runs
         run_codes.append(code.setdefault(t, len(code)))
     tasks = list(code)
-    changing = pc.list_value_length(runs).to_numpy(zero_copy_only=False) > 0
+    changing = _lengths(runs) > 0
     task_of[changing] = -1
-    run_struct = pa.StructArray.from_arrays([runs.flatten().field("start"), pa.array(run_codes, pa.int64())],
+    run_struct = pa.StructArray.from_arrays([runs.flatten().field("start"), _arrow(np.asarray(run_codes, np.int64))],
                                             names=["start", "task"])
-    arrays = {"episode_id": table["episode_id"].combine_chunks(), "shard": pa.array(shard_of.astype(np.int32)),
+    arrays = {"episode_id": table["episode_id"].combine_chunks(), "shard": _arrow(shard_of, pa.int32()),
               "length": table["length"].combine_chunks().cast(pa.int64()),
-              "fps": table["fps"].combine_chunks().cast(pa.float64()), "task": pa.array(task_of),
+              "fps": table["fps"].combine_chunks().cast(pa.float64()), "task": _arrow(task_of),
               "task_runs": pa.ListArray.from_arrays(runs.offsets, run_struct)}
     meta = []
     for i, (name, c) in enumerate(columns.items()):
         meta.append({"name": name, "kind": c["kind"], "dtype": c["dtype"], "shape": list(c["shape"])})
         for key, kind in (("fps", pa.float64()), ("frames", pa.int64()), ("offset", pa.int64()),
                           ("size", pa.int64())):
-            arrays[f"f{i}.{key}"] = pa.array(np.asarray(c[key]), kind)
+            arrays[f"f{i}.{key}"] = _arrow(c[key], kind)
         if "member" in c:
             arrays[f"f{i}.member"] = c["member"]
     first = np.unique(shard_of, return_index=True)[1]
@@ -202,7 +218,7 @@ def _read_regular(index_path: str) -> pa.Table | None:
         leaves = [f"features.list.element.{k}" for k in _LEAVES] + ["features.list.element.shape.list.element"]
         features = pf.read(columns=leaves).unify_dictionaries()["features"].combine_chunks()
     n = rows.num_rows
-    counts = pc.list_value_length(features).to_numpy(zero_copy_only=False)
+    counts = _lengths(features)
     k = int(counts[0]) if n else 0
     if n == 0 or k == 0 or (counts != k).any():
         return None
@@ -211,7 +227,7 @@ def _read_regular(index_path: str) -> pa.Table | None:
     codes = {key: _numpy(fields[key].indices).reshape(n, k) for key in ("name", "kind", "dtype")}
     if any((c != c[0]).any() for c in codes.values()) or len(set(codes["name"][0].tolist())) != k:
         return None
-    ndim = pc.list_value_length(fields["shape"]).to_numpy(zero_copy_only=False).reshape(n, k)
+    ndim = _lengths(fields["shape"]).reshape(n, k)
     dims = _numpy(fields["shape"].flatten())
     if (ndim != ndim[0]).any() or (dims.reshape(n, -1) != dims[:int(ndim[0].sum())]).any():
         return None
@@ -254,12 +270,22 @@ def index_arrays(index_path: str | os.PathLike, *, cache_dir: str | os.PathLike 
             return _mapped(str(cached))
         except (pa.ArrowInvalid, OSError, KeyError, ValueError) as err:  # a torn or foreign file: derive again
             log.warning("%s: unreadable cached index arrays (%s); deriving them again", cached, err)
-    table = _read_regular(index_path) if _is_current(index_path) else None
-    if table is None:  # an index of another layout (or one this fast path cannot vouch for): the full reader
-        table = derive(_read(index_path), index_path, members=False)
+    with _reading_pool():
+        table = _read_regular(index_path) if _is_current(index_path) else None
+        if table is None:  # an index of another layout (or one this fast path cannot vouch for): the full reader
+            table = derive(_read(index_path), index_path, members=False)
+        written = _write(table, index_path, cached)
+        if written:
+            del table  # freed inside the pool, so that its pages go back to the system
+    return _mapped(str(cached)) if written else IndexArrays(table)
+
+
+def _write(table: pa.Table, index_path: str, cached: Path) -> bool:
+    """Write ``table`` as the Arrow IPC file ``cached`` (through a temporary name, so concurrent ranks race
+    safely); False, with a warning, where it cannot be written."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=cached.stem, suffix=".tmp")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.stem, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
                 writer.write_table(table)
@@ -269,9 +295,28 @@ def index_arrays(index_path: str | os.PathLike, *, cache_dir: str | os.PathLike 
                 os.unlink(tmp)
     except OSError as err:
         log.warning("cannot cache the index arrays of %s in %s (%s): every process derives its own copy",
-                    index_path, directory, err)
-        return IndexArrays(table)
-    return _mapped(str(cached))
+                    index_path, cached.parent, err)
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _reading_pool():
+    """Arrow's jemalloc pool while the index is read, where this pyarrow has it: the parquet reader's many large
+    first allocations cost 2.1-2.3 s of a million-episode read under mimalloc (pyarrow's default) and 0.8-0.9 s
+    under jemalloc. The default pool comes back after and what the read freed goes back to the system (the derived
+    table is then written out and mapped, and its buffers freed)."""
+    if "jemalloc" not in pa.supported_memory_backends():
+        yield
+        return
+    previous, pool = pa.default_memory_pool(), pa.jemalloc_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+        for used in (pool, previous):
+            used.release_unused()
 
 
 def _is_current(index_path: str) -> bool:
