@@ -129,7 +129,8 @@ def test_comm_delay_lands_in_exposed_comm_not_compute(where, base, capsys):
     delay = DELAY_MS / 1e3
     rise = after["comm_s"] - before["comm_s"]
     assert rise == pytest.approx(delay, abs=0.1 * delay + FLOOR_MS / 1e3), (before, after)
-    assert after["comm_total_s"] - before["comm_total_s"] >= 0.9 * delay
+    # the total (exposed + hidden) rises by the delay too, under the same floor: base and delay are two runs
+    assert after["comm_total_s"] - before["comm_total_s"] >= 0.9 * delay - FLOOR_MS / 1e3, (before, after)
     assert after["compute_s"] == pytest.approx(before["compute_s"], rel=0.1), (before, after)
     code, out = run_compare(base, where / "delay.json", capsys)
     assert code == 1 and "regressed: comm (measured.w2.comm" in out, out
