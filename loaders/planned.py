@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 _EAGER_WARN = 20_000_000  # samples planned one by one past which the plan's memory is worth a warning
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 """Counts changes of the plan's order; a saved state of another version is refused (its cursor would point into
 another order)."""
 

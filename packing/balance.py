@@ -1,9 +1,9 @@
 """Deal packed rows to ranks so that every rank runs the same number of steps with nearly equal attention cost.
 
 Ranks synchronise every optimizer step, so what matters is the slowest rank *in each step*. :func:`balance`
-shuffles the rows with ``(seed, epoch)`` and cuts them into steps of ``m = num_ranks * micro_batches`` rows (one
-global batch) *stratified by cost*: the rows sorted by cost (a counting sort of quantised costs) form ``m``
-strata, every step takes one row of each stratum, and the steps run in a seeded random order. Every step then
+draws the rows that fill no whole step at random with ``(seed, epoch)`` and cuts the others into steps of ``m =
+num_ranks * micro_batches`` rows (one global batch) *stratified by cost*: the rows sorted by cost (a counting
+sort of quantised costs, rows of one key in a seeded random order) form ``m`` strata, every step takes one row of each stratum, and the steps run in a seeded random order. Every step then
 has nearly the same cost profile, so one deal of the strata's mean costs, computed once, places the rows of every
 step nearly balanced. Within each step every rank gets exactly ``micro_batches`` rows: the profile's placement
 (or longest-processing-time first, each row to the least-loaded rank with room, found in a heap, where that is
@@ -309,69 +309,108 @@ def balance(
     k = as_int("micro_batches", micro_batches, 1)
     check_choice("remainder", remainder, REMAINDER_POLICIES)
     rng = np.random.default_rng([as_int("seed", seed, 0), as_int("epoch", epoch, 0)])
-    order = rng.permutation(c.size).astype(np.int64)
     per_step = ranks * k
     full, extra = divmod(c.size, per_step)
+    left = rng.choice(c.size, extra, replace=False).astype(np.int64)  # the rows of no whole step, at random
+    rows = _without(c.size, left)
     none = np.zeros(0, dtype=np.int64)
-    dropped, replicated = none, none
-    if extra and remainder == "drop":
-        dropped = order[full * per_step :]
-        order = order[: full * per_step]
-    elif extra and remainder == "replicate":
-        replicated = order[: per_step - extra].copy()  # fewer rows than one step repeat in full, cyclically
-        if replicated.size < per_step - extra:
-            replicated = np.resize(order, per_step - extra)
-        order = np.concatenate([order, replicated])
-    elif extra:
-        order = np.concatenate([order, np.full(per_step - extra, -1, dtype=np.int64)])
+    dropped, replicated = (left, none) if remainder == "drop" else (none, none)
     parts = []
     if full:  # the whole steps, stratified by cost
-        steps, start = _stratified_steps(c, order[: full * per_step], per_step, ranks, k, rng)
+        steps, start = _stratified_steps(c, rows, per_step, ranks, k, rng)
         parts.append(_deal_kernel(c, steps, ranks, k, _WINDOW, _MAX_SWAPS, start))
-    if len(order) > full * per_step:  # a last step completed by the remainder policy
-        parts.append(_deal_kernel(c, order[full * per_step :].reshape(1, per_step), ranks, k, _WINDOW, _MAX_SWAPS,
-                                  _NO_START))
+    if extra and remainder != "drop":  # a last step completed by the remainder policy
+        need = per_step - extra
+        if remainder == "replicate":  # other rows at random; fewer rows than one step repeat in full, cyclically
+            replicated = rows[rng.choice(rows.size, need, replace=False)] if rows.size else np.resize(left, need)
+            fill = replicated
+        else:
+            fill = np.full(need, -1, dtype=np.int64)
+        last = np.concatenate([left, fill]).reshape(1, per_step)
+        parts.append(_deal_kernel(c, last, ranks, k, _WINDOW, _MAX_SWAPS, _NO_START))
     assignment = np.concatenate(parts, axis=1) if parts else np.zeros((ranks, 0, k), np.int64)
     return RankPlan(assignment=assignment, dropped=dropped, replicated=replicated)
 
 
+@njit(cache=True, inline="always")
+def _xorshift(state):
+    state ^= state << np.uint64(13)
+    state ^= state >> np.uint64(7)
+    state ^= state << np.uint64(17)
+    return state
+
+
+@njit(cache=True, inline="always")
+def _below(state, bound):
+    """A number in [0, bound) from the high 32 bits of ``state`` (bound < 2**31)."""
+    return np.int64(((state >> np.uint64(32)) * np.uint64(bound)) >> np.uint64(32))
+
+
 @njit(cache=True)
-def _descending_by_key(rows, keys, num_keys):
-    """``rows`` reordered by ``keys`` (ints in [0, num_keys)) descending, ties in their given order: a counting
-    sort, O(n + num_keys)."""
-    count = np.zeros(num_keys + 1, np.int64)
-    for i in range(rows.size):
-        count[num_keys - 1 - keys[i] + 1] += 1
-    for b in range(num_keys):
-        count[b + 1] += count[b]
+def _shuffle_segments(ids, offsets, state):
+    """Fisher-Yates on each ``ids[offsets[i]:offsets[i + 1]]`` in place, drawing from ``state``; the new state."""
+    for g in range(offsets.size - 1):
+        lo = offsets[g]
+        for i in range(offsets[g + 1] - lo - 1, 0, -1):
+            state = _xorshift(state)
+            j = lo + _below(state, i + 1)
+            t = ids[lo + i]
+            ids[lo + i] = ids[j]
+            ids[j] = t
+    return state
+
+
+@njit(cache=True)
+def _descending_by_cost(c, rows, num_keys, state):
+    """``rows`` by cost ``c[row]`` descending, the costs quantised to ``num_keys`` keys over their own range (a
+    counting sort, O(n + num_keys)), and the rows of one key in a random order drawn from ``state`` (what a
+    stable sort of shuffled rows gives, without a pass of random accesses over all of them)."""
+    n = rows.size
     out = np.empty_like(rows)
-    for i in range(rows.size):
-        b = num_keys - 1 - keys[i]
-        out[count[b]] = rows[i]
-        count[b] += 1
+    if n == 0:
+        return out
+    low, high = c[rows[0]], c[rows[0]]
+    for i in range(n):
+        x = c[rows[i]]
+        low, high = min(low, x), max(high, x)
+    scale = (num_keys - 1) / (high - low) if high > low else 0.0
+    start = np.zeros(num_keys + 1, np.int64)  # start[b]: first place of bucket b = num_keys - 1 - key
+    for i in range(n):
+        key = min(np.int64((c[rows[i]] - low) * scale), num_keys - 1)
+        start[num_keys - key] += 1
+    for b in range(num_keys):
+        start[b + 1] += start[b]
+    cursor = start[:-1].copy()
+    for i in range(n):
+        b = num_keys - 1 - min(np.int64((c[rows[i]] - low) * scale), num_keys - 1)
+        out[cursor[b]] = rows[i]
+        cursor[b] += 1
+    _shuffle_segments(out, start, state)
     return out
+
+
+def _without(n: int, rows: np.ndarray) -> np.ndarray:
+    """``0 .. n - 1`` but ``rows``, increasing (int64)."""
+    keep = np.ones(n, bool)
+    keep[rows] = False
+    return np.flatnonzero(keep)
 
 
 def _stratified_steps(c: np.ndarray, rows: np.ndarray, per_step: int, ranks: int, k: int,
                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """The rows (shuffled ids, a whole number of steps) cut into steps with one row of every cost stratum each,
+    """The rows (ids, a whole number of steps) cut into steps with one row of every cost stratum each,
     and the placement of those positions on ranks that balances the strata's mean costs.
 
-    The rows sorted by cost (a counting sort of the costs quantised to about one bucket a row, ties in shuffled
-    order) form ``per_step`` strata of ``S = steps`` consecutive rows;
+    The rows sorted by cost (a counting sort of the costs quantised to about one bucket a row, ties in a seeded
+    random order) form ``per_step`` strata of ``S = steps`` consecutive rows;
     step ``s`` takes the ``s``-th row of every stratum, and the steps run in a seeded random order. Every step
     then has nearly the same cost profile, so one deal of the profile (LPT and swaps on the strata's mean
     costs, computed once) places every step's rows nearly balanced; the per-step swaps only mend what differs.
     Returns ``(steps int64 [S, per_step], start int64 [ranks, k])``.
     """
     num_steps = len(rows) // per_step
-    cost = c[rows]
-    low, high = float(cost.min()), float(cost.max())
     buckets = min(len(rows) + 65536, 1 << 22)  # about one row a bucket: the strata come nearly sorted
-    keys = np.zeros(len(rows), np.int64)
-    if high > low:  # whatever the costs' scale (token counts, or costs normalised to [0, 1))
-        keys = ((cost - low) * ((buckets - 1) / (high - low))).astype(np.int64)
-    ordered = _descending_by_key(rows, keys, buckets)
+    ordered = _descending_by_cost(c, rows, buckets, np.uint64(rng.integers(1, 2**63)))
     strata = ordered.reshape(per_step, num_steps)
     profile = c[strata].mean(axis=1)
     start = _deal_kernel(profile, np.arange(per_step, dtype=np.int64).reshape(1, per_step), ranks, k, _WINDOW,

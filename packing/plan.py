@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from mmfeed.packing.balance import REMAINDER_POLICIES, balance, row_costs
+from mmfeed.packing.balance import REMAINDER_POLICIES, _below, _shuffle_segments, _xorshift, balance, row_costs
 from mmfeed.packing.bins import _DECREASING, ALGORITHMS, pack, pack_counts
 from mmfeed.packing.bucketing import bucket_batches, bucket_boundaries
 
@@ -251,34 +251,6 @@ def _plan_packed(tokens, order, config, *, seed, epoch, world_size) -> Plan:
 # instead of one over all n), the rows come from the counts alone (bins.pack_counts), and each row's samples are
 # shuffled in place. The plan has the distribution of "shuffle everything, then pack", at a fraction of the cost.
 # Random numbers: xorshift64 seeded from (seed, epoch), high 32 bits scaled to the range (multiply-shift).
-
-
-@njit(cache=True, inline="always")
-def _xorshift(state):
-    state ^= state << np.uint64(13)
-    state ^= state >> np.uint64(7)
-    state ^= state << np.uint64(17)
-    return state
-
-
-@njit(cache=True, inline="always")
-def _below(state, bound):
-    """A number in [0, bound) from the high 32 bits of ``state`` (bound < 2**31)."""
-    return np.int64(((state >> np.uint64(32)) * np.uint64(bound)) >> np.uint64(32))
-
-
-@njit(cache=True)
-def _shuffle_segments(ids, offsets, state):
-    """Fisher-Yates on each ``ids[offsets[i]:offsets[i + 1]]`` in place, drawing from ``state``; the new state."""
-    for g in range(offsets.size - 1):
-        lo = offsets[g]
-        for i in range(offsets[g + 1] - lo - 1, 0, -1):
-            state = _xorshift(state)
-            j = lo + _below(state, i + 1)
-            t = ids[lo + i]
-            ids[lo + i] = ids[j]
-            ids[j] = t
-    return state
 
 
 @njit(cache=True)

@@ -451,6 +451,15 @@ def rows_from_places(assigned: list[int], ids: list[int]) -> list[list[int]]:
     return rows
 
 
-def descending_by_key(rows: list[int], keys: list[int]) -> list[int]:
-    """``rows`` ordered by ``keys``, largest first, equal keys in their given order."""
-    return [r for _, _, r in sorted((-k, i, r) for i, (k, r) in enumerate(zip(keys, rows)))]
+def descending_by_cost(costs: list[float], rows: list[int], num_keys: int) -> list[list[int]]:
+    """The groups of ``rows`` of one quantised cost (``num_keys`` keys over the rows' own cost range), costliest
+    group first, each group's rows sorted (their order within a group is random)."""
+    if not rows:
+        return []
+    mine = [costs[r] for r in rows]
+    low, high = min(mine), max(mine)
+    scale = (num_keys - 1) / (high - low) if high > low else 0.0
+    groups: dict[int, list[int]] = {}
+    for r in rows:
+        groups.setdefault(min(int((costs[r] - low) * scale), num_keys - 1), []).append(r)
+    return [sorted(groups[key]) for key in sorted(groups, reverse=True)]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import naive
 from mmfeed.packing import balance, pack, row_costs, step_balance
-from mmfeed.packing.balance import _NO_START, _deal_kernel, _descending_by_key
+from mmfeed.packing.balance import _NO_START, _deal_kernel, _descending_by_cost
 
 
 def realistic_costs(n_items: int = 6000, seed: int = 0) -> np.ndarray:
@@ -138,10 +138,28 @@ def test_balance_quality_from_8_to_4096_ranks(ranks, floor):
 @pytest.mark.kernels
 @given(st.lists(st.integers(0, 30), max_size=60))
 @settings(max_examples=80, deadline=None)
-def test_counting_sort_of_rows_by_cost_equals_a_stable_descending_sort(keys):
-    rows = np.arange(100, 100 + len(keys), dtype=np.int64)[::-1].copy()
-    got = _descending_by_key(rows, np.asarray(keys, dtype=np.int64), 31)
-    assert got.tolist() == naive.descending_by_key(rows.tolist(), keys)
+def test_counting_sort_of_rows_by_cost_equals_the_naive_groups(keys):
+    """Rows by quantised cost descending, each group of one key a permutation of its rows."""
+    costs = np.concatenate([np.random.default_rng(len(keys)).random(7), np.asarray(keys, np.float64) * 0.37])
+    rows = np.arange(7, 7 + len(keys), dtype=np.int64)[::-1].copy()
+    got = _descending_by_cost(costs, rows, 12, np.uint64(99)).tolist()
+    groups = naive.descending_by_cost(costs.tolist(), rows.tolist(), 12)
+    assert sorted(got) == sorted(rows.tolist())
+    cut = np.cumsum([0, *map(len, groups)])
+    assert [sorted(got[a:b]) for a, b in zip(cut[:-1], cut[1:])] == groups
+
+
+@pytest.mark.kernels
+def test_rows_of_one_cost_come_in_a_seeded_random_order():
+    """Ties are shuffled, as a stable sort of shuffled rows would leave them: every state a permutation, the
+    same state the same order, and each row at the front about equally often."""
+    costs, rows = np.ones(6), np.arange(6, dtype=np.int64)
+    states = np.random.default_rng(0).integers(1, 2**63, 3000, dtype=np.uint64)  # as balance() draws them
+    orders = [_descending_by_cost(costs, rows, 8, s).tolist() for s in states]
+    assert all(sorted(o) == list(range(6)) for o in orders)
+    assert _descending_by_cost(costs, rows, 8, states[4]).tolist() == orders[4]
+    first = np.bincount([o[0] for o in orders], minlength=6)
+    assert first.min() > 400 and first.max() < 600
 
 
 @pytest.mark.kernels
