@@ -164,6 +164,19 @@ def _memory(pid: str = "self") -> dict[str, int]:
     return {"private": kb["Private_Clean"] + kb["Private_Dirty"], "pss": kb["Pss"]}
 
 
+def _mapping_private(path: str) -> int:
+    """Private bytes (pages no other process maps) of this process's mappings of the file ``path``."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and ":" not in head[0]:  # a mapping's first line
+                inside = len(head) >= 6 and head[-1] == path
+            elif inside and head[0] in ("Private_Clean:", "Private_Dirty:"):
+                total += int(head[1]) * 1024
+    return total
+
+
 def _high_water() -> int:
     """This address space's peak RSS (``VmHWM``; ``ru_maxrss`` carries the parent's peak across exec)."""
     with open("/proc/self/status") as f:
@@ -180,12 +193,14 @@ def _touch(source) -> int:
 
 
 def _worker(source, conn) -> None:
-    """In a forked worker: read every index column and send how much private memory that added, the PSS after
-    it and the columns' sum."""
+    """In a forked worker: read every index column and send how much private memory that added (in all, and in
+    the mapped index file alone), the PSS after it and the columns' sum."""
     before = _memory()
     total = _touch(source)
     after = _memory()
-    conn.send({"private": after["private"] - before["private"], "pss": after["pss"], "total": total})
+    mapped = source._index.path
+    conn.send({"private": after["private"] - before["private"], "pss": after["pss"], "total": total,
+               "index_private": _mapping_private(mapped) if mapped else None})
 
 
 def _case_open(episodes: int, directory: str) -> dict:

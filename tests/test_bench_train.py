@@ -79,10 +79,12 @@ def test_mmfeed_compare_reads_the_report(report):
 
 
 def _one_step():
-    """A packed step holding a world-model chunk (so its padded twin pads a lot), and its padded twin."""
+    """A packed step holding a world-model chunk (so its padded twin pads a lot) and clamped actions, if any step
+    has some (so the loss must leave them out), and its padded twin."""
     docs = train.corpus(train.QUICK, 8, seed=3)
     steps = train.packed_steps(docs, train.QUICK, 4, seed=3)
-    rows = max(steps, key=lambda r: max(docs[int(i)].tokens for i in np.concatenate(r)))
+    rows = max(steps, key=lambda r: (any(docs[int(i)].pad.any() for i in np.concatenate(r)),
+                                     max(docs[int(i)].tokens for i in np.concatenate(r))))
     samples = np.concatenate(rows)
     packed = train.build_batch(docs, rows, train.QUICK.capacity)
     padded = train.padded_batch(docs, samples)

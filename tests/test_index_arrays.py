@@ -140,8 +140,9 @@ def test_unwritable_cache_still_opens(synthetic, tmp_path, monkeypatch, caplog):
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc smaps_rollup")
 def test_forked_workers_share_the_mapped_index(tmp_path):
     """Two forked processes read every column of a 200k-episode index (~35 MB of arrays) the parent read too:
-    their private memory grows by far less than that (the pages are the cache file's, shared by every process
-    that maps it); a pickled source is the path."""
+    none of the index file's pages is private to a worker (they are the cache file's, shared by every process
+    that maps it), and its private memory in all grows by far less than the index (the rest is the copies on
+    write of whatever the fork touches, such as a garbage collection); a pickled source is the path."""
     from mmfeed.bench.scale import _touch, _worker  # what `mmfeed bench scale` measures, here asserted
 
     src = WebDatasetSource(os.path.dirname(write_synthetic_index(tmp_path / "big", 200_000)))
@@ -156,7 +157,7 @@ def test_forked_workers_share_the_mapped_index(tmp_path):
         growth.append(parent.recv())
         proc.join(30)
     assert size > 30e6
-    assert all(g["private"] < 2e6 for g in growth), growth
+    assert all(g["index_private"] == 0 and g["private"] < 0.25 * size for g in growth), growth
     assert growth[0]["total"] == growth[1]["total"] == total > 0
     blob = pickle.dumps(src)
     assert len(blob) < 100 * len(src._shards) + 20_000, len(blob)  # the shard paths, nothing per episode
