@@ -3,8 +3,8 @@
 Ranks synchronise every optimizer step, so what matters is the slowest rank *in each step*. :func:`balance`
 draws the rows that fill no whole step at random with ``(seed, epoch)`` and cuts the others into steps of ``m =
 num_ranks * micro_batches`` rows (one global batch) *stratified by cost*: the rows sorted by cost (a counting
-sort of quantised costs, rows of one key in a seeded random order) form ``m`` strata, every step takes one row of each stratum, and the steps run in a seeded random order. Every step then
-has nearly the same cost profile, so one deal of the strata's mean costs, computed once, places the rows of every
+sort of quantised costs, rows of one key in a seeded random order) form ``m`` strata, every step takes one row
+of each stratum, and the steps run in a seeded random order. Every step then has nearly the same cost profile, so one deal of the strata's mean costs, computed once, places the rows of every
 step nearly balanced. Within each step every rank gets exactly ``micro_batches`` rows: the profile's placement
 (or longest-processing-time first, each row to the least-loaded rank with room, found in a heap, where that is
 better), then swaps of one row of the costliest rank with a row of another rank while a swap lowers the larger
@@ -313,8 +313,8 @@ def balance(
     full, extra = divmod(c.size, per_step)
     left = rng.choice(c.size, extra, replace=False).astype(np.int64)  # the rows of no whole step, at random
     rows = _without(c.size, left)
-    none = np.zeros(0, dtype=np.int64)
-    dropped, replicated = (left, none) if remainder == "drop" else (none, none)
+    replicated = np.zeros(0, dtype=np.int64)
+    dropped = left if remainder == "drop" else replicated
     parts = []
     if full:  # the whole steps, stratified by cost
         steps, start = _stratified_steps(c, rows, per_step, ranks, k, rng)
@@ -360,6 +360,12 @@ def _shuffle_segments(ids, offsets, state):
     return state
 
 
+@njit(cache=True, inline="always")
+def _bucket(x, low, scale, num_keys):
+    """The bucket of cost ``x``, costliest first: ``num_keys - 1`` minus its quantised key."""
+    return num_keys - 1 - min(np.int64((x - low) * scale), num_keys - 1)
+
+
 @njit(cache=True)
 def _descending_by_cost(c, rows, num_keys, state):
     """``rows`` by cost ``c[row]`` descending, the costs quantised to ``num_keys`` keys over their own range (a
@@ -374,15 +380,14 @@ def _descending_by_cost(c, rows, num_keys, state):
         x = c[rows[i]]
         low, high = min(low, x), max(high, x)
     scale = (num_keys - 1) / (high - low) if high > low else 0.0
-    start = np.zeros(num_keys + 1, np.int64)  # start[b]: first place of bucket b = num_keys - 1 - key
+    start = np.zeros(num_keys + 1, np.int64)  # start[b]: first place of bucket b, the costliest first
     for i in range(n):
-        key = min(np.int64((c[rows[i]] - low) * scale), num_keys - 1)
-        start[num_keys - key] += 1
+        start[_bucket(c[rows[i]], low, scale, num_keys) + 1] += 1
     for b in range(num_keys):
         start[b + 1] += start[b]
     cursor = start[:-1].copy()
     for i in range(n):
-        b = num_keys - 1 - min(np.int64((c[rows[i]] - low) * scale), num_keys - 1)
+        b = _bucket(c[rows[i]], low, scale, num_keys)
         out[cursor[b]] = rows[i]
         cursor[b] += 1
     _shuffle_segments(out, start, state)
