@@ -26,7 +26,8 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   of ``world_size`` (``RANK``/``WORLD_SIZE``), no worker processes, until its first batch. The window is 2
   camera frames, 1 state and a 50-step action chunk; capacity 8192, 4 rows per batch. ``prices`` "one": the task
   text goes through a ``FixedLengthTokenizer`` (48 ids), so every window costs the same and the plan is
-  arithmetic; "varied": UTF-8 bytes, so prices differ with the task and the plan is made sample by sample.
+  arithmetic; "varied": UTF-8 bytes, so prices differ with the task and the windows are planned by price class
+  (:class:`~mmfeed.packing.classes.ClassPlan`).
   ``open_s`` is ``open_dataset``; ``first_batch_s`` from building the loader to holding its first batch;
   ``peak_rss_bytes`` the process's peak (``VmHWM``, torch and everything imported included) and
   ``peak_above_import_bytes`` that less its RSS once the imports are done.
@@ -57,7 +58,7 @@ FULL = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 8), (10**7, 1
                  (10**8, 4096)],
         "block_mask": [8192, 32768, 131072, 1048576], "open": [10**6],
         "windows": [(10**4, 1024, "varied"), (10**4, 1024, "one"), (54_000, 1024, "varied"), (54_000, 1024, "one"),
-                    (10**6, 1024, "one")]}
+                    (10**6, 1024, "one"), (10**6, 1024, "varied")]}
 
 
 def _rss() -> int:

@@ -178,11 +178,41 @@ class EpisodeItems:
         return int(prices[0]) if len(prices) == 1 else None
 
     @property
+    def price_runs(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(run_lengths, run_prices)``, int64: windowed samples as runs of consecutive ids of one price (each
+        episode's windows, split where its task text changes length), or None for chunks. A planned dataset packs
+        windows by price class from these (:class:`~mmfeed.packing.classes.ClassPlan`), nothing per sample."""
+        if self._windows is None:
+            return None
+        per_episode = self._windows.per_episode
+        task = self.source.episode_tasks.astype(np.int64)
+        prices = self._window_prices(np.arange(len(per_episode)), task)
+        changing = np.flatnonzero((task < 0) & (per_episode > 0))
+        if not len(changing):
+            return per_episode, prices
+        lengths, values, done = [], [], 0
+        for e in changing:  # such an episode: one run per stretch of windows of one price
+            lengths.append(per_episode[done:e])
+            values.append(prices[done:e])
+            first = self._windows.ends[e] - per_episode[e]
+            price = self._column("tokens", np.arange(first, first + per_episode[e], dtype=np.int64))
+            starts = np.concatenate([[0], np.flatnonzero(np.diff(price)) + 1])
+            lengths.append(np.diff(np.append(starts, len(price))))
+            values.append(price[starts])
+            done = e + 1
+        lengths.append(per_episode[done:])
+        values.append(prices[done:])
+        return np.concatenate(lengths).astype(np.int64), np.concatenate(values).astype(np.int64)
+
+    @property
     def min_price(self) -> int:
         """The lowest token price of a sample (1 when there are none)."""
         price = self.uniform_price
         if price is not None:
             return price
+        runs = self.price_runs
+        if runs is not None:
+            return int(runs[1][runs[0] > 0].min(initial=np.iinfo(np.int64).max)) if (runs[0] > 0).any() else 1
         tokens = np.asarray(self.tokens)
         return int(tokens.min()) if len(tokens) else 1
 

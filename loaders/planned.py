@@ -36,6 +36,8 @@ import torch
 
 from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
 from mmfeed.packing import PackedBatch
+from mmfeed.packing.bins import _DECREASING
+from mmfeed.packing.classes import ClassPlan, PriceClasses, class_remainder
 from mmfeed.packing.plan import Plan, PlanConfig, plan_remainder
 from mmfeed.packing.uniform import UniformPlan, uniform_remainder
 
@@ -45,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 _EAGER_WARN = 20_000_000  # samples planned one by one past which the plan's memory is worth a warning
 
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 """Counts changes of the plan's order; a saved state of another version is refused (its cursor would point into
 another order)."""
 
@@ -78,6 +80,7 @@ class PlannedDataset(torch.utils.data.Dataset):
         self.transform = transform
         self._counter = ErrorCounter(self.errors)  # consecutive failures in this process
         self._plan: tuple[Any, Plan, np.ndarray | None] | None = None
+        self._classes: PriceClasses | None = None  # windows by price, for class plans (made on first use)
         self._plan_lock = threading.Lock()
         self._num_steps: dict[Any, int] = {}
         self._max_documents = None
@@ -99,13 +102,15 @@ class PlannedDataset(torch.utils.data.Dataset):
         """The episode source of episode items (None for records)."""
         return getattr(self.items, "source", None)
 
-    def plan(self, epoch: int, done: tuple[tuple[int, int], ...] = ()) -> Plan | UniformPlan:
+    def plan(self, epoch: int, done: tuple[tuple[int, int], ...] = ()) -> Plan | UniformPlan | ClassPlan:
         """The whole epoch's plan (all ranks), cached for the last epoch asked; with ``done`` (earlier segments
         ``(world_size, steps)`` of an elastic resume) the plan of the rest of that epoch. Its sample ids are
         positions in :meth:`epoch_samples` (the identity unless the items draw samples by weight). When every
         sample costs the same (per-frame windows, ``items.uniform_price``) it is a
         :class:`~mmfeed.packing.uniform.UniformPlan`: arithmetic over a per-position shuffle, nothing stored per
-        sample."""
+        sample; when windows cost one price per episode (``items.price_runs``) a
+        :class:`~mmfeed.packing.classes.ClassPlan`: packed by counts per price, nothing stored per sample
+        either."""
         return self._cached(epoch, done)[0]
 
     def epoch_samples(self, epoch: int) -> np.ndarray | None:
@@ -123,14 +128,18 @@ class PlannedDataset(torch.utils.data.Dataset):
                 return cached[1], cached[2]
             drawn = self.epoch_samples(key[0])
             price = self._uniform_price(drawn)
+            classes = self._price_classes(drawn) if price is None else None
             if price is not None:  # every sample costs the same: plan arithmetically, nothing per sample
                 plan = uniform_remainder(len(self.items), price, self.config, seed=self.seed, epoch=key[0],
                                          world_size=self.world_size, done=key[1])
+            elif classes is not None:  # a few prices, one per run of windows: pack counts, nothing per sample
+                plan = class_remainder(classes, self.config, seed=self.seed, epoch=key[0],
+                                       world_size=self.world_size, done=key[1])
             else:
                 if len(self.items) > _EAGER_WARN:
-                    logger.warning("planning %d samples one by one (their prices differ), about 40 bytes each; "
-                                   "samples of one price (e.g. per-frame windows with a FixedLengthTokenizer for the "
-                                   "task text) plan arithmetically in constant memory", len(self.items))
+                    logger.warning("planning %d samples one by one, about 40 bytes each: per-frame windows plan "
+                                   "without anything per sample in pack mode over the whole epoch (no episode "
+                                   "blocks, no weighted draw) with a decreasing algorithm", len(self.items))
                 tokens = np.asarray(self.items.tokens)
                 groups = np.asarray(self.items.groups) if self.config.episode_block else None
                 if drawn is not None:
@@ -149,6 +158,19 @@ class PlannedDataset(torch.utils.data.Dataset):
             return None
         price = getattr(self.items, "uniform_price", None)
         return price if price is not None and price <= config.capacity else None
+
+    def _price_classes(self, drawn: np.ndarray | None) -> PriceClasses | None:
+        """The samples by price class when the epoch can be planned by class (pack mode over the whole epoch with
+        a decreasing algorithm, each sample once, samples in runs of one price), else None."""
+        config = self.config
+        if drawn is not None or config.mode != "pack" or config.episode_block or not _DECREASING[config.algorithm]:
+            return None
+        if self._classes is None:
+            runs = getattr(self.items, "price_runs", None)
+            if runs is None:
+                return None
+            self._classes = PriceClasses.from_runs(*runs)
+        return self._classes
 
     def num_steps(self, epoch: int = 0, done: tuple[tuple[int, int], ...] = ()) -> int:
         """Steps of this epoch (the same on every rank); with ``done``, of the rest of it."""
@@ -221,7 +243,7 @@ class PlannedDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_plan"] = None  # workers recompute it: cheaper to send the index than the plan
+        state["_plan"] = state["_classes"] = None  # workers recompute them: cheaper to send the index
         del state["_plan_lock"]
         return state
 

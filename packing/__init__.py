@@ -1,5 +1,6 @@
 """mmfeed.packing: pure numeric planning: bin packing, lower bounds, online packing, rank balance, bucketing,
-the epoch plan (per sample, or arithmetic for samples of one price over a per-position shuffle).
+the epoch plan (per sample; arithmetic for samples of one price over a per-position shuffle; by price class, packed
+from counts, for samples whose prices come in runs such as an episode's windows).
 
 >>> from mmfeed.packing import lower_bound, pack
 >>> plan = pack([5, 3, 7, 1], capacity=8)
@@ -18,6 +19,7 @@ from mmfeed.packing.balance import REMAINDER_POLICIES, RankPlan, balance, row_co
 from mmfeed.packing.bins import ALGORITHMS, PackPlan, pack
 from mmfeed.packing.bounds import lower_bound
 from mmfeed.packing.bucketing import OVERSIZE_POLICIES, bucket_batches, bucket_boundaries
+from mmfeed.packing.classes import ClassPlan, PriceClasses, class_remainder, pack_classes
 from mmfeed.packing.online import OnlinePacker, pack_stream
 from mmfeed.packing.plan import MODES, Plan, PlanConfig, consumed_samples, plan_epoch, plan_remainder, worker_steps
 from mmfeed.packing.shuffle import index_shuffle
@@ -30,22 +32,26 @@ _LAZY: dict[str, str] = {"PackedBatch": "mmfeed.packing.batch"}
 __all__ = sorted(
     [
         "ALGORITHMS",
+        "ClassPlan",
         "MODES",
         "OVERSIZE_POLICIES",
         "OnlinePacker",
         "PackPlan",
         "Plan",
         "PlanConfig",
+        "PriceClasses",
         "REMAINDER_POLICIES",
         "RankPlan",
         "UniformPlan",
         "balance",
         "bucket_batches",
         "bucket_boundaries",
+        "class_remainder",
         "consumed_samples",
         "index_shuffle",
         "lower_bound",
         "pack",
+        "pack_classes",
         "pack_stream",
         "plan_epoch",
         "plan_remainder",

@@ -35,16 +35,18 @@ def _mix(z):
     return z ^ (z >> np.uint64(31))
 
 
-def shuffle_keys(seed: int, epoch: int) -> np.ndarray:
-    """uint64 ``[6]``: the round keys of ``(seed, epoch)`` (read-only)."""
-    if isinstance(seed, bool) or isinstance(epoch, bool) or int(seed) < 0 or int(epoch) < 0:
-        raise ValueError(f"seed and epoch must be integers >= 0, got {seed!r} and {epoch!r}")
-    return _keys(int(seed), int(epoch))
+def shuffle_keys(seed: int, epoch: int, stream: int = 0) -> np.ndarray:
+    """uint64 ``[6]``: the round keys of ``(seed, epoch)`` (read-only); ``stream > 0`` gives other, independent
+    keys of the same ``(seed, epoch)``, for several orders drawn in one epoch."""
+    if any(isinstance(v, bool) or int(v) < 0 for v in (seed, epoch, stream)):
+        raise ValueError(f"seed, epoch and stream must be integers >= 0, got {seed!r}, {epoch!r} and {stream!r}")
+    return _keys(int(seed), int(epoch), int(stream))
 
 
-@lru_cache(maxsize=64)
-def _keys(seed: int, epoch: int) -> np.ndarray:
-    state = np.random.SeedSequence([seed, epoch, 0x6D6D66656564])  # entropy: seed, epoch, "mmfeed"
+@lru_cache(maxsize=256)
+def _keys(seed: int, epoch: int, stream: int) -> np.ndarray:
+    entropy = [seed, epoch, 0x6D6D66656564]  # seed, epoch, "mmfeed"
+    state = np.random.SeedSequence(entropy + [stream] if stream else entropy)
     keys = state.generate_state(_ROUNDS, dtype=np.uint64)
     keys.flags.writeable = False
     return keys
@@ -67,8 +69,9 @@ def _shuffle_kernel(positions, n, half, keys, out):
         out[i] = np.int64(x)
 
 
-def index_shuffle(positions: np.ndarray | int, n: int, *, seed: int, epoch: int) -> np.ndarray:
-    """int64, shaped like ``positions``: the sample id at each position of the shuffled order of ``[0, n)``."""
+def index_shuffle(positions: np.ndarray | int, n: int, *, seed: int, epoch: int, stream: int = 0) -> np.ndarray:
+    """int64, shaped like ``positions``: the sample id at each position of the shuffled order of ``[0, n)``
+    (``stream``: one of several independent orders of the same ``(seed, epoch)``)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n must be an integer >= 0, got {n!r}")
     pos = np.asarray(positions)
@@ -81,5 +84,5 @@ def index_shuffle(positions: np.ndarray | int, n: int, *, seed: int, epoch: int)
         out[:] = flat
     else:
         half = max(1, (int(n - 1).bit_length() + 1) // 2)
-        _shuffle_kernel(flat, int(n), half, shuffle_keys(seed, epoch), out)
+        _shuffle_kernel(flat, int(n), half, shuffle_keys(seed, epoch, stream), out)
     return out.reshape(pos.shape)

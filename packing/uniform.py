@@ -20,7 +20,7 @@ or repeated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,47 +32,20 @@ from mmfeed.packing.shuffle import index_shuffle
 if TYPE_CHECKING:
     from mmfeed.packing.plan import PlanConfig
 
-__all__ = ["UniformPlan", "uniform_consumed", "uniform_remainder"]
+__all__ = ["RowSteps", "UniformPlan", "remainder_offset", "uniform_consumed", "uniform_remainder"]
 
 
-@dataclass(frozen=True, eq=False)
-class UniformPlan:
-    """An epoch of ``num_samples`` samples of ``price`` tokens each, packed ``capacity // price`` to a row.
+class RowSteps:
+    """Steps cut from an epoch's order of rows, what the plans that hold no order share: each step takes the next
+    ``world_size * rows_per_batch`` rows; rows that fill no whole last step are dropped, or that step is completed
+    with empty rows ("pad") or rows from the start of the order ("replicate"), per ``config.remainder``."""
 
-    It answers what a :class:`~mmfeed.packing.plan.Plan` answers (``num_steps``, ``batch_rows``,
-    ``batch_samples``, ``row``, ``steps``, ``dropped``, ``replicated``, ``efficiency``) without holding the
-    order. ``offset`` positions of the shuffled order were consumed by earlier segments of the epoch (see
-    :func:`uniform_remainder`); this plan deals the rest.
-    """
-
-    num_samples: int
-    price: int
     config: PlanConfig
-    seed: int
-    epoch: int
-    world_size: int = 1
-    offset: int = 0
-    _shape: tuple[int, int, int] = field(init=False, repr=False)
+    world_size: int
 
-    def __post_init__(self) -> None:
-        if self.config.mode != "pack" or self.config.episode_block:
-            raise ValueError("a uniform plan packs rows (mode 'pack') over the whole epoch (episode_block 0)")
-        if not 1 <= self.price <= self.config.capacity:
-            raise ValueError(f"a uniform plan needs 1 <= price <= capacity, got price {self.price} and capacity "
-                             f"{self.config.capacity}")
-        if not 0 <= self.offset <= self.num_samples or self.world_size < 1:
-            raise ValueError(f"offset {self.offset} not in [0, {self.num_samples}] or world size {self.world_size}")
-        per_row = self.config.capacity // self.price
-        rows = -(-(self.num_samples - self.offset) // per_row)
-        full, extra = divmod(rows, self.world_size * self.config.rows_per_batch)
-        steps = full + (1 if extra and self.config.remainder != "drop" else 0)
-        object.__setattr__(self, "_shape", (per_row, rows, steps))
-
-    # -- shape ---------------------------------------------------------------------------------------------------
     @property
-    def per_row(self) -> int:
-        """Samples in a full row."""
-        return self._shape[0]
+    def num_rows(self) -> int:
+        raise NotImplementedError
 
     @property
     def rows_per_step(self) -> int:
@@ -80,13 +53,9 @@ class UniformPlan:
         return self.world_size * self.config.rows_per_batch
 
     @property
-    def num_rows(self) -> int:
-        """Rows holding this plan's samples (the last may be partial); rows dealt beyond them are replicas."""
-        return self._shape[1]
-
-    @property
     def num_steps(self) -> int:
-        return self._shape[2]
+        full, extra = divmod(self.num_rows, self.rows_per_step)
+        return full + (1 if extra and self.config.remainder != "drop" else 0)
 
     @property
     def dealt_rows(self) -> int:
@@ -102,6 +71,69 @@ class UniformPlan:
     def max_rows(self) -> int:
         """Rows in one batch of one rank."""
         return self.config.rows_per_batch
+
+    def batch_rows(self, rank: int, step: int) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def batch_samples(self, rank: int, step: int) -> np.ndarray:
+        rows = self.batch_rows(rank, step)
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
+
+def remainder_offset(plan_at: Callable[[int, int], RowSteps], done: Sequence[tuple[int, int]],
+                     consumed: Callable[[RowSteps, int], int]) -> int:
+    """Where the rest of an epoch starts in its order after the segments ``done`` (``(world_size, steps)`` each):
+    ``plan_at(world_size, offset)`` is a segment's plan, ``consumed(plan, steps)`` what its first steps took."""
+    offset = 0
+    for seg_world, seg_steps in _check_done(done):
+        plan = plan_at(seg_world, offset)
+        if seg_steps > plan.num_steps:
+            raise ValueError(f"a segment of {seg_steps} steps at world size {seg_world} is longer than its plan "
+                             f"({plan.num_steps} steps); the state does not belong to this dataset and plan")
+        offset += consumed(plan, seg_steps)
+    return offset
+
+
+@dataclass(frozen=True, eq=False)
+class UniformPlan(RowSteps):
+    """An epoch of ``num_samples`` samples of ``price`` tokens each, packed ``capacity // price`` to a row.
+
+    It answers what a :class:`~mmfeed.packing.plan.Plan` answers (``num_steps``, ``batch_rows``,
+    ``batch_samples``, ``row``, ``steps``, ``dropped``, ``replicated``, ``efficiency``) without holding the
+    order. ``offset`` positions of the shuffled order were consumed by earlier segments of the epoch (see
+    :func:`uniform_remainder`); this plan deals the rest.
+    """
+
+    num_samples: int
+    price: int
+    config: PlanConfig
+    seed: int
+    epoch: int
+    world_size: int = 1
+    offset: int = 0
+    _shape: tuple[int, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.config.mode != "pack" or self.config.episode_block:
+            raise ValueError("a uniform plan packs rows (mode 'pack') over the whole epoch (episode_block 0)")
+        if not 1 <= self.price <= self.config.capacity:
+            raise ValueError(f"a uniform plan needs 1 <= price <= capacity, got price {self.price} and capacity "
+                             f"{self.config.capacity}")
+        if not 0 <= self.offset <= self.num_samples or self.world_size < 1:
+            raise ValueError(f"offset {self.offset} not in [0, {self.num_samples}] or world size {self.world_size}")
+        per_row = self.config.capacity // self.price
+        object.__setattr__(self, "_shape", (per_row, -(-(self.num_samples - self.offset) // per_row)))
+
+    # -- shape ---------------------------------------------------------------------------------------------------
+    @property
+    def per_row(self) -> int:
+        """Samples in a full row."""
+        return self._shape[0]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows holding this plan's samples (the last may be partial); rows dealt beyond them are replicas."""
+        return self._shape[1]
 
     # -- what a batch holds ----------------------------------------------------------------------------------------
     def _ids(self, start: int, stop: int) -> np.ndarray:
@@ -140,10 +172,6 @@ class UniformPlan:
         start = int(rows[0]) * self.per_row
         ids = self._ids(start, min(start + len(rows) * self.per_row, self.num_samples - self.offset))
         return np.split(ids, np.arange(self.per_row, len(ids), self.per_row))
-
-    def batch_samples(self, rank: int, step: int) -> np.ndarray:
-        rows = self.batch_rows(rank, step)
-        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
     @property
     def steps(self) -> np.ndarray:
@@ -193,13 +221,8 @@ def uniform_remainder(num_samples: int, price: int, config: PlanConfig, *, seed:
     """The uniform plan of what is left of an epoch after the segments ``done`` (``(world_size, steps)`` each, as
     :func:`~mmfeed.packing.plan.plan_remainder` takes them): the same shuffled order from the first position no
     segment consumed, dealt to ``world_size`` ranks."""
-    offset = 0
-    for seg_world, seg_steps in _check_done(done):
-        plan = UniformPlan(num_samples, price, config, seed, epoch, seg_world, offset)
-        if seg_steps > plan.num_steps:
-            raise ValueError(f"a segment of {seg_steps} steps at world size {seg_world} is longer than its plan "
-                             f"({plan.num_steps} steps); the state does not belong to this dataset and plan")
-        offset += plan.positions_in(seg_steps)
+    offset = remainder_offset(lambda world, at: UniformPlan(num_samples, price, config, seed, epoch, world, at), done,
+                              UniformPlan.positions_in)
     return UniformPlan(num_samples, price, config, seed, epoch, world_size, offset)
 
 

@@ -14,6 +14,7 @@ from mmfeed.codecs import ByteTokenizer, FixedLengthTokenizer
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.items import EpisodeWindows
 from mmfeed.loaders.planned import PLAN_VERSION, PlanSampler
+from mmfeed.packing.classes import ClassPlan
 from mmfeed.packing.shuffle import index_shuffle, shuffle_keys
 from mmfeed.packing.uniform import UniformPlan, uniform_consumed, uniform_remainder
 from mmfeed.packing.windows import episode_windows
@@ -62,7 +63,7 @@ def test_the_shuffle_depends_on_seed_and_epoch_and_looks_random():
 def test_index_shuffle_rejects_positions_outside_the_domain():
     with pytest.raises(ValueError, match=r"positions must be integers in \[0, 10\)"):
         index_shuffle(np.array([3, 10]), 10, seed=0, epoch=0)
-    with pytest.raises(ValueError, match="seed and epoch"):
+    with pytest.raises(ValueError, match="seed, epoch and stream"):
         index_shuffle(np.array([1]), 10, seed=-1, epoch=0)
 
 
@@ -173,14 +174,18 @@ def test_whole_columns_equal_the_columns_per_sample_id_also_where_episodes_chang
         assert np.array_equal(np.asarray(getattr(items, name)), getattr(items, name)[ids]), name
     episode, anchor = episode_windows(source.lengths, stride=2)
     assert np.array_equal(np.asarray(items.task), [source.step_tasks(e)[a] for e, a in zip(episode, anchor)])
+    lengths, prices = items.price_runs  # runs of one price: each episode cut where its task's length changes
+    assert np.array_equal(np.repeat(prices, lengths), np.asarray(items.tokens))
+    assert len(lengths) > len(source)
 
 
-def test_prices_that_differ_plan_sample_by_sample_and_one_price_arithmetically(shards):
+def test_prices_by_episode_plan_by_class_one_price_arithmetically_the_rest_sample_by_sample(shards):
     source = open_dataset(shards)
     texts = {len(t.encode()) for t in source.tasks}
     assert len(texts) > 1  # the fixture's tasks differ in length
     varied = packing(tokenizer=ByteTokenizer()).dataset(source)
-    assert varied.items.uniform_price is None and type(varied.plan(0)).__name__ == "Plan"
+    assert varied.items.uniform_price is None and isinstance(varied.plan(0), ClassPlan)
+    assert type(packing(tokenizer=ByteTokenizer(), algorithm="nf").dataset(source).plan(0)).__name__ == "Plan"
     fixed = packing().dataset(source)
     # 2 state frames + 3 actions + 8 text ids
     assert fixed.items.uniform_price == 13 and isinstance(fixed.plan(0), UniformPlan)
@@ -189,9 +194,15 @@ def test_prices_that_differ_plan_sample_by_sample_and_one_price_arithmetically(s
     assert type(packing(episode_block=2).dataset(source).plan(0)).__name__ == "Plan"
 
 
-def test_uniform_batches_hold_the_windows_the_view_reads(shards):
+PLANS = pytest.mark.parametrize("tokenizer, kind", [(None, UniformPlan), (ByteTokenizer(), ClassPlan)],
+                                ids=["one-price", "by-class"])
+
+
+@PLANS
+def test_batches_hold_the_windows_the_view_reads(shards, tokenizer, kind):
     source = open_dataset(shards)
-    ds = packing().dataset(source, rank=1, world_size=2)
+    ds = packing(tokenizer=tokenizer).dataset(source, rank=1, world_size=2)
+    assert isinstance(ds.plan(0), kind)
     view = source.windows(SPEC)
     batch = ds[0, 1]
     samples = batch.metadata["sample"].numpy()
@@ -199,14 +210,16 @@ def test_uniform_batches_hold_the_windows_the_view_reads(shards):
     for d, s in enumerate(samples):
         assert np.array_equal(state[d], view[int(s)][STATE].numpy())
         assert view.locate(int(s)) == (int(batch.metadata["episode"][d]), int(batch.metadata["start_step"][d]))
-    assert batch.data["text"].shape == (8 * len(samples),)
+    text = [len(source.task(e).encode()) if tokenizer else 8 for e in batch.metadata["episode"].tolist()]
+    assert batch.data["text"].shape == (sum(text),)
 
 
-def test_workers_and_an_elastic_resume_deliver_every_window_once(shards):
+@PLANS
+def test_workers_and_an_elastic_resume_deliver_every_window_once(shards, tokenizer, kind):
     """Two ranks with 2 worker processes each run 3 steps; rank 0's saved state resumes 3 ranks; every sample of
     the epoch is delivered once (or listed as dropped)."""
     source = open_dataset(shards)
-    pk = packing()
+    pk = packing(tokenizer=tokenizer)
     seen, state = [], None
     for rank in range(2):
         ds = pk.dataset(source, rank=rank, world_size=2)
@@ -223,23 +236,36 @@ def test_workers_and_an_elastic_resume_deliver_every_window_once(shards):
         loader.load_state_dict(ds.reshard_state(state))
         seen += [s for batch in loader for s in batch.metadata["sample"].tolist()]
     rest = ds.plan(0, done=((2, 3),))
-    assert isinstance(rest, UniformPlan)
+    assert isinstance(rest, kind)
     assert len(seen) == len(set(seen))
     assert sorted(seen + rest.dropped.tolist()) == list(range(len(ds.items)))
 
 
-def test_a_ten_million_window_epoch_holds_every_sample_once_across_ranks_and_after_a_resume(tmp_path):
-    write_synthetic_index(tmp_path, 40_000)  # 100-400 steps per episode: about 1e7 windows
-    source = open_dataset(tmp_path)
+@pytest.fixture(scope="module")
+def ten_million(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ten-million")
+    write_synthetic_index(root, 40_000)  # 100-400 steps per episode: about 1e7 windows; tasks of 4 lengths
+    return root
+
+
+@pytest.mark.parametrize("tokenizer, kind, k", [(FixedLengthTokenizer(ByteTokenizer(), 48, pad_id=0), UniformPlan, 4),
+                                                (ByteTokenizer(), ClassPlan, 16)], ids=["one-price", "by-class"])
+def test_a_ten_million_window_epoch_holds_every_sample_once_across_ranks_and_after_a_resume(ten_million, tokenizer,
+                                                                                           kind, k):
+    source = open_dataset(ten_million)
     spec = WindowSpec.from_delta_timestamps({STATE: [0.0], "action": [i / 15 for i in range(16)]})
     pk = Packing(layout=TokenLayout(tokens_per_frame={}), window=spec,
-                 plan=PlanConfig(capacity=4096, rows_per_batch=4),
-                 tokenizer=FixedLengthTokenizer(ByteTokenizer(), 48, pad_id=0))
+                 plan=PlanConfig(capacity=4096, rows_per_batch=k), tokenizer=tokenizer)
     ds = pk.dataset(source, rank=0, world_size=64)
     n = len(ds.items)
     assert n == int(source.lengths.sum()) > 9_900_000
     plan = ds.plan(0)
-    assert isinstance(plan, UniformPlan) and plan.per_row == 4096 // 65
+    assert isinstance(plan, kind)
+    if kind is UniformPlan:
+        assert plan.per_row == 4096 // 65 and plan.num_steps == 619
+    else:  # tasks of 4 text lengths, and episodes that change task cut into runs of one price
+        assert len(plan.classes.prices) >= 4 and len(np.unique(np.asarray(ds.items.tokens))) == len(
+            plan.classes.prices)
 
     def delivered(plan, world, steps):
         parts = [plan.batch_samples(rank, step) for step in range(steps) for rank in range(world)]
@@ -248,10 +274,9 @@ def test_a_ten_million_window_epoch_holds_every_sample_once_across_ranks_and_aft
     counts = delivered(plan, 64, plan.num_steps)
     counts[plan.dropped] += 1
     assert (counts == 1).all()
-    # 300 of its 619 steps at 64 ranks, then the rest at 48 ranks
-    assert plan.num_steps == 619
-    first = delivered(plan, 64, 300)
-    rest = pk.dataset(source, rank=0, world_size=48).plan(0, done=((64, 300),))
+    # about half of its steps at 64 ranks, then the rest at 48 ranks
+    first = delivered(plan, 64, plan.num_steps // 2)
+    rest = pk.dataset(source, rank=0, world_size=48).plan(0, done=((64, plan.num_steps // 2),))
     counts = first + delivered(rest, 48, rest.num_steps)
     counts[rest.dropped] += 1
     assert (counts == 1).all()
