@@ -304,11 +304,14 @@ def _write(table: pa.Table, index_path: str, cached: Path) -> bool:
 def _reading_pool():
     """Arrow's jemalloc pool while the index is read, where this pyarrow has it: the parquet reader's many large
     first allocations cost 2.1-2.3 s of a million-episode read under mimalloc (pyarrow's default) and 0.8-0.9 s
-    under jemalloc. The default pool comes back after and what the read freed goes back to the system (the derived
-    table is then written out and mapped, and its buffers freed)."""
+    under jemalloc. Its arenas are made with no decay, so the pages the read frees go back to the system at once
+    (with jemalloc's default decay 300-500 MB of freed pages stayed resident after a million-episode read, and
+    ``release_unused`` did not return them). The default pool comes back after (the derived table is then written
+    out and mapped, and its buffers freed)."""
     if "jemalloc" not in pa.supported_memory_backends():
         yield
         return
+    pa.jemalloc_set_decay_ms(0)  # arenas made from now on give freed pages back at once, not after a decay
     previous, pool = pa.default_memory_pool(), pa.jemalloc_memory_pool()
     pa.set_memory_pool(pool)
     try:
