@@ -4,8 +4,8 @@ Ranks synchronise every optimizer step, so what matters is the slowest rank *in 
 draws the rows that fill no whole step at random with ``(seed, epoch)`` and cuts the others into steps of ``m =
 num_ranks * micro_batches`` rows (one global batch) *stratified by cost*: the rows sorted by cost (a counting
 sort of quantised costs, rows of one key in a seeded random order) form ``m`` strata, every step takes one row
-of each stratum, and the steps run in a seeded random order. Every step then has nearly the same cost profile, so one deal of the strata's mean costs, computed once, places the rows of every
-step nearly balanced. Within each step every rank gets exactly ``micro_batches`` rows: the profile's placement
+of each stratum, and the steps run in a seeded random order. Every step then has nearly the same cost profile, so one deal of the strata's
+mean costs, computed once, places the rows of every step nearly balanced. Within each step every rank gets exactly ``micro_batches`` rows: the profile's placement
 (or longest-processing-time first, each row to the least-loaded rank with room, found in a heap, where that is
 better), then swaps of one row of the costliest rank with a row of another rank while a swap lowers the larger
 of the two (candidates found by binary search in the step's sorted costs). A step of m rows costs O(m log m)
@@ -31,7 +31,7 @@ from numba import njit
 
 from mmfeed.packing._validate import as_capacity, as_int, as_lengths, check_choice
 
-__all__ = sorted(["REMAINDER_POLICIES", "RankPlan", "balance", "row_costs", "step_balance"])
+__all__ = sorted(["REMAINDER_POLICIES", "RankPlan", "balance", "gather_costs", "row_costs", "step_balance"])
 
 #: What happens to the rows that do not fill a whole last step.
 REMAINDER_POLICIES = {
@@ -133,8 +133,9 @@ def _nearly_sorted_order(c):
 
 
 @njit(cache=True)
-def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
-    """rows: int64 [steps, R*k] row ids (-1 = none, cost 0). Returns int64 [R, steps, k] row ids.
+def _deal_kernel(step_costs, rows, num_ranks, k, window, max_swaps, start):
+    """rows: int64 [steps, R*k] row ids (-1 = none), step_costs: float64 [steps, R*k] their costs (0 for none;
+    read in step order, not gathered by row id). Returns int64 [R, steps, k] row ids.
 
     Per step: the rows are placed by LPT with a min-heap of the ranks that have room (O(m log R)), or, when
     ``start`` (int64 [R, k]; ``_NO_START`` for none) is given and its costliest rank costs less than LPT's, rank
@@ -157,7 +158,7 @@ def _deal_kernel(costs, rows, num_ranks, k, window, max_swaps, start):
     place, lower = np.empty(m, np.int64), np.empty(m, np.int64)
     for t in range(steps):
         for i in range(m):
-            c[i] = costs[rows[t, i]] if rows[t, i] >= 0 else 0.0
+            c[i] = step_costs[t, i]
         if start.shape[0] == R:  # stratified steps come nearly sorted (by quantised cost): insertion sort
             order = _nearly_sorted_order(c)
         else:
@@ -317,8 +318,8 @@ def balance(
     dropped = left if remainder == "drop" else replicated
     parts = []
     if full:  # the whole steps, stratified by cost
-        steps, start = _stratified_steps(c, rows, per_step, ranks, k, rng)
-        parts.append(_deal_kernel(c, steps, ranks, k, _WINDOW, _MAX_SWAPS, start))
+        steps, step_costs, start = _stratified_steps(c, rows, per_step, ranks, k, rng)
+        parts.append(_deal_kernel(step_costs, steps, ranks, k, _WINDOW, _MAX_SWAPS, start))
     if extra and remainder != "drop":  # a last step completed by the remainder policy
         need = per_step - extra
         if remainder == "replicate":  # other rows at random; fewer rows than one step repeat in full, cyclically
@@ -327,7 +328,7 @@ def balance(
         else:
             fill = np.full(need, -1, dtype=np.int64)
         last = np.concatenate([left, fill]).reshape(1, per_step)
-        parts.append(_deal_kernel(c, last, ranks, k, _WINDOW, _MAX_SWAPS, _NO_START))
+        parts.append(_deal_kernel(gather_costs(c, last), last, ranks, k, _WINDOW, _MAX_SWAPS, _NO_START))
     assignment = np.concatenate(parts, axis=1) if parts else np.zeros((ranks, 0, k), np.int64)
     return RankPlan(assignment=assignment, dropped=dropped, replicated=replicated)
 
@@ -349,6 +350,13 @@ def _below(state, bound):
 @njit(cache=True)
 def _shuffle_segments(ids, offsets, state):
     """Fisher-Yates on each ``ids[offsets[i]:offsets[i + 1]]`` in place, drawing from ``state``; the new state."""
+    return _shuffle_pairs(ids, np.zeros(0), offsets, state)
+
+
+@njit(cache=True)
+def _shuffle_pairs(ids, vals, offsets, state):
+    """:func:`_shuffle_segments` of ``ids`` with ``vals`` (when not empty) moved alike; the new state."""
+    paired = vals.size > 0
     for g in range(offsets.size - 1):
         lo = offsets[g]
         for i in range(offsets[g + 1] - lo - 1, 0, -1):
@@ -357,6 +365,10 @@ def _shuffle_segments(ids, offsets, state):
             t = ids[lo + i]
             ids[lo + i] = ids[j]
             ids[j] = t
+            if paired:
+                v = vals[lo + i]
+                vals[lo + i] = vals[j]
+                vals[j] = v
     return state
 
 
@@ -368,13 +380,14 @@ def _bucket(x, low, scale, num_keys):
 
 @njit(cache=True)
 def _descending_by_cost(c, rows, num_keys, state):
-    """``rows`` by cost ``c[row]`` descending, the costs quantised to ``num_keys`` keys over their own range (a
-    counting sort, O(n + num_keys)), and the rows of one key in a random order drawn from ``state`` (what a
-    stable sort of shuffled rows gives, without a pass of random accesses over all of them)."""
+    """``rows`` by cost ``c[row]`` descending and their costs, the costs quantised to ``num_keys`` keys over their
+    own range (a counting sort, O(n + num_keys)), and the rows of one key in a random order drawn from ``state``
+    (what a stable sort of shuffled rows gives, without a pass of random accesses over all of them)."""
     n = rows.size
     out = np.empty_like(rows)
+    vals = np.empty(n)
     if n == 0:
-        return out
+        return out, vals
     low, high = c[rows[0]], c[rows[0]]
     for i in range(n):
         x = c[rows[i]]
@@ -387,11 +400,40 @@ def _descending_by_cost(c, rows, num_keys, state):
         start[b + 1] += start[b]
     cursor = start[:-1].copy()
     for i in range(n):
-        b = _bucket(c[rows[i]], low, scale, num_keys)
+        x = c[rows[i]]
+        b = _bucket(x, low, scale, num_keys)
         out[cursor[b]] = rows[i]
+        vals[cursor[b]] = x
         cursor[b] += 1
-    _shuffle_segments(out, start, state)
-    return out
+    _shuffle_pairs(out, vals, start, state)
+    return out, vals
+
+
+@njit(cache=True)
+def _interleave(ordered, vals, m, order):
+    """Steps with one row of every stratum: stratum ``i`` is ``ordered[i * S:(i + 1) * S]`` (``S = n // m``, its
+    costs ``vals``) and step ``t`` takes the ``order[t]``-th row of every stratum. Returns int64 ``[S, m]`` rows
+    and float64 ``[S, m]`` costs, by a transpose in tiles of strata columns (each stratum read in runs, not one
+    cache line a row)."""
+    S = order.size
+    where = np.empty(S, np.int64)
+    for t in range(S):
+        where[order[t]] = t
+    steps, costs = np.empty((S, m), np.int64), np.empty((S, m))
+    tile = 16
+    for s0 in range(0, S, tile):
+        s1 = min(s0 + tile, S)
+        for i in range(m):
+            base = i * S
+            for s in range(s0, s1):
+                steps[where[s], i] = ordered[base + s]
+                costs[where[s], i] = vals[base + s]
+    return steps, costs
+
+
+def gather_costs(costs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """float64 shaped like ``rows``: the cost of each row id, 0 where it is -1 (no row)."""
+    return np.where(rows >= 0, costs[np.maximum(rows, 0)], 0.0)
 
 
 def _without(n: int, rows: np.ndarray) -> np.ndarray:
@@ -402,23 +444,21 @@ def _without(n: int, rows: np.ndarray) -> np.ndarray:
 
 
 def _stratified_steps(c: np.ndarray, rows: np.ndarray, per_step: int, ranks: int, k: int,
-                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """The rows (ids, a whole number of steps) cut into steps with one row of every cost stratum each,
-    and the placement of those positions on ranks that balances the strata's mean costs.
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows (ids, a whole number of steps) cut into steps with one row of every cost stratum each, their
+    costs, and the placement of those positions on ranks that balances the strata's mean costs.
 
     The rows sorted by cost (a counting sort of the costs quantised to about one bucket a row, ties in a seeded
-    random order) form ``per_step`` strata of ``S = steps`` consecutive rows;
-    step ``s`` takes the ``s``-th row of every stratum, and the steps run in a seeded random order. Every step
-    then has nearly the same cost profile, so one deal of the profile (LPT and swaps on the strata's mean
-    costs, computed once) places every step's rows nearly balanced; the per-step swaps only mend what differs.
-    Returns ``(steps int64 [S, per_step], start int64 [ranks, k])``.
+    random order) form ``per_step`` strata of ``S = steps`` consecutive rows; step ``s`` takes the ``s``-th row
+    of every stratum, so every step has nearly the same cost profile, and the steps run in a seeded random order.
+    One deal of the profile (LPT and swaps on the strata's mean costs, computed once) places
+    every step's rows nearly balanced; the per-step swaps only mend what differs.
+    Returns ``(steps int64 [S, per_step], their costs float64 [S, per_step], start int64 [ranks, k])``.
     """
-    num_steps = len(rows) // per_step
     buckets = min(len(rows) + 65536, 1 << 22)  # about one row a bucket: the strata come nearly sorted
-    ordered = _descending_by_cost(c, rows, buckets, np.uint64(rng.integers(1, 2**63)))
-    strata = ordered.reshape(per_step, num_steps)
-    profile = c[strata].mean(axis=1)
-    start = _deal_kernel(profile, np.arange(per_step, dtype=np.int64).reshape(1, per_step), ranks, k, _WINDOW,
-                         _MAX_SWAPS, _NO_START)[:, 0, :].copy()
-    steps = np.ascontiguousarray(strata.T[rng.permutation(num_steps)])
-    return steps, start
+    ordered, vals = _descending_by_cost(c, rows, buckets, np.uint64(rng.integers(1, 2**63)))
+    profile = vals.reshape(per_step, -1).mean(axis=1).reshape(1, per_step)
+    positions = np.arange(per_step, dtype=np.int64).reshape(1, per_step)
+    start = _deal_kernel(profile, positions, ranks, k, _WINDOW, _MAX_SWAPS, _NO_START)[:, 0, :].copy()
+    steps, costs = _interleave(ordered, vals, per_step, rng.permutation(len(rows) // per_step))
+    return steps, costs, start

@@ -345,7 +345,7 @@ class ClassPlan(RowSteps):
             costs = np.zeros(m)
             costs[real] = self._groups[5][self._group_of(self._row_ids(positions[real]))]
             slots = np.where(real, np.arange(m, dtype=np.int64), -1).reshape(1, m)
-            dealt = _deal_kernel(costs, slots, self.world_size, self.config.rows_per_batch, _WINDOW, _MAX_SWAPS,
+            dealt = _deal_kernel(costs.reshape(1, m), slots, self.world_size, self.config.rows_per_batch, _WINDOW, _MAX_SWAPS,
                                  _NO_START)[:, 0, :]
             deal = np.where(dealt >= 0, positions[np.maximum(dealt, 0)], -1)
             if len(self._deals) >= 8:

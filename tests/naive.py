@@ -436,6 +436,13 @@ def shuffle_segments(ids: list[int], offsets: list[int], state: int) -> tuple[li
     return out, state
 
 
+def interleave(ordered: list[int], m: int, order: list[int]) -> list[list[int]]:
+    """Steps with one row of every stratum: ``ordered`` cut into ``m`` strata of ``S = len(order)`` rows, step
+    ``t`` the ``order[t]``-th row of each."""
+    size = len(order)
+    return [[ordered[i * size + order[t]] for i in range(m)] for t in range(size)]
+
+
 def by_length(tokens: list[int], capacity: int) -> tuple[list[int], list[int], list[int]]:
     """Ids that fit by decreasing length, ties by id; counts per length 0..capacity; oversize ids."""
     fit = sorted((i for i, t in enumerate(tokens) if t <= capacity), key=lambda i: (-tokens[i], i))

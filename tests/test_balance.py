@@ -112,10 +112,10 @@ def test_heap_deal_equals_naive_lpt_and_swaps_only_lower_the_max(case):
     if m > 2:
         rows[0, -1] = -1  # an empty slot (cost 0), as remainder="pad" deals
     c = np.where(rows[0] >= 0, costs, 0.0)
-    lpt = _deal_kernel(costs, rows, ranks, k, 32, 0, _NO_START)[:, 0, :]
+    lpt = _deal_kernel(c[None, :], rows, ranks, k, 32, 0, _NO_START)[:, 0, :]
     want = naive.lpt_deal(c.tolist(), ranks, k)
     assert [sorted(r) for r in lpt.tolist()] == [sorted(rows[0, s].tolist() for s in slot) for slot in want]
-    dealt = _deal_kernel(costs, rows, ranks, k, 32, 4, _NO_START)[:, 0, :]
+    dealt = _deal_kernel(c[None, :], rows, ranks, k, 32, 4, _NO_START)[:, 0, :]
     assert sorted(dealt.ravel().tolist()) == sorted(rows[0].tolist())
     padded = np.append(costs, 0.0)
     lpt_max = naive.lpt_max(c.tolist(), ranks, k)
@@ -142,7 +142,9 @@ def test_counting_sort_of_rows_by_cost_equals_the_naive_groups(keys):
     """Rows by quantised cost descending, each group of one key a permutation of its rows."""
     costs = np.concatenate([np.random.default_rng(len(keys)).random(7), np.asarray(keys, np.float64) * 0.37])
     rows = np.arange(7, 7 + len(keys), dtype=np.int64)[::-1].copy()
-    got = _descending_by_cost(costs, rows, 12, np.uint64(99)).tolist()
+    got, vals = _descending_by_cost(costs, rows, 12, np.uint64(99))
+    assert vals.tolist() == costs[got].tolist()  # each row's cost moved with it
+    got = got.tolist()
     groups = naive.descending_by_cost(costs.tolist(), rows.tolist(), 12)
     assert sorted(got) == sorted(rows.tolist())
     cut = np.cumsum([0, *map(len, groups)])
@@ -155,11 +157,25 @@ def test_rows_of_one_cost_come_in_a_seeded_random_order():
     same state the same order, and each row at the front about equally often."""
     costs, rows = np.ones(6), np.arange(6, dtype=np.int64)
     states = np.random.default_rng(0).integers(1, 2**63, 3000, dtype=np.uint64)  # as balance() draws them
-    orders = [_descending_by_cost(costs, rows, 8, s).tolist() for s in states]
+    orders = [_descending_by_cost(costs, rows, 8, s)[0].tolist() for s in states]
     assert all(sorted(o) == list(range(6)) for o in orders)
-    assert _descending_by_cost(costs, rows, 8, states[4]).tolist() == orders[4]
+    assert _descending_by_cost(costs, rows, 8, states[4])[0].tolist() == orders[4]
     first = np.bincount([o[0] for o in orders], minlength=6)
     assert first.min() > 400 and first.max() < 600
+
+
+@pytest.mark.kernels
+@given(st.integers(1, 9), st.integers(0, 40), st.randoms(use_true_random=False))
+@settings(max_examples=80, deadline=None)
+def test_interleaving_strata_into_steps_equals_the_naive_transpose(m, steps, random):
+    """Step t the order[t]-th row of every stratum, costs moved with their rows; over several tiles of steps."""
+    from mmfeed.packing.balance import _interleave
+
+    ordered = np.arange(100, 100 + m * steps, dtype=np.int64)
+    order = np.array(random.sample(range(steps), steps), dtype=np.int64)
+    got, costs = _interleave(ordered, ordered * 0.5, m, order)
+    assert got.tolist() == naive.interleave(ordered.tolist(), m, order.tolist())
+    assert np.array_equal(costs, got * 0.5)
 
 
 @pytest.mark.kernels
