@@ -457,8 +457,28 @@ def _stratified_steps(c: np.ndarray, rows: np.ndarray, per_step: int, ranks: int
     """
     buckets = min(len(rows) + 65536, 1 << 22)  # about one row a bucket: the strata come nearly sorted
     ordered, vals = _descending_by_cost(c, rows, buckets, np.uint64(rng.integers(1, 2**63)))
-    profile = vals.reshape(per_step, -1).mean(axis=1).reshape(1, per_step)
-    positions = np.arange(per_step, dtype=np.int64).reshape(1, per_step)
-    start = _deal_kernel(profile, positions, ranks, k, _WINDOW, _MAX_SWAPS, _NO_START)[:, 0, :].copy()
-    steps, costs = _interleave(ordered, vals, per_step, rng.permutation(len(rows) // per_step))
+    num_steps = len(rows) // per_step
+    start = _profile_deal(vals.reshape(per_step, num_steps).mean(axis=1), ranks, k, num_steps)
+    steps, costs = _interleave(ordered, vals, per_step, rng.permutation(num_steps))
     return steps, costs, start
+
+
+_COARSE = 4  # neighbouring strata merged into one item of the coarse profile deal
+_FEW_STEPS = 16  # steps below which the full profile deal would cost more than the steps it serves
+
+
+def _profile_deal(profile: np.ndarray, ranks: int, k: int, num_steps: int) -> np.ndarray:
+    """int64 ``[ranks, k]``: the strata (positions of ``profile``, their mean costs, costliest first) each rank
+    takes, by LPT and swaps. Its swaps cost about as much as a dozen steps' deals, so when fewer steps share it
+    (an epoch of a few steps over thousands of ranks) the profile is dealt coarse first: every ``_COARSE``
+    neighbouring strata (nearly the same cost) as one item over ``ranks / _COARSE`` ranks, each coarse rank's
+    items spread back over its ``_COARSE`` ranks, and the swaps start from there (1e6 rows at 4096 ranks: 80 ms
+    -> 30 ms, mean/max 0.99972 -> 0.99985)."""
+    m = profile.size
+    positions = np.arange(m, dtype=np.int64).reshape(1, m)
+    start, g = _NO_START, _COARSE
+    if num_steps < _FEW_STEPS and ranks % g == 0 and ranks // g >= 16:
+        coarse = profile.reshape(m // g, g).mean(axis=1).reshape(1, m // g)
+        dealt = _deal_kernel(coarse, positions[:, : m // g], ranks // g, k, _WINDOW, _MAX_SWAPS, _NO_START)[:, 0]
+        start = (dealt[:, None, :] * g + np.arange(g)[None, :, None]).reshape(ranks, k)
+    return _deal_kernel(profile.reshape(1, m), positions, ranks, k, _WINDOW, _MAX_SWAPS, start)[:, 0, :].copy()

@@ -123,12 +123,14 @@ def test_heap_deal_equals_naive_lpt_and_swaps_only_lower_the_max(case):
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("ranks, floor", [(8, 0.995), (1024, 0.9995), (4096, 0.9993)])
-def test_balance_quality_from_8_to_4096_ranks(ranks, floor):
+@pytest.mark.parametrize("rows, ranks, floor", [(400_000, 8, 0.995), (400_000, 1024, 0.9995), (400_000, 4096, 0.9993),
+                                               (3_000_000, 4096, 0.9993)])
+def test_balance_quality_from_8_to_4096_ranks(rows, ranks, floor):
     """Lognormal prices, capacity 8192, 4 rows per batch: mean/max rank cost per step of the stratified deal,
     above the former per-step LPT and swaps on randomly cut steps (0.9936 at 8 ranks, 0.99917 at 1024 on rows
-    like these) and far above plain LPT (0.9698 at 1024); the worst step stays close to the mean."""
-    costs = realistic_costs(400_000, seed=0)
+    like these) and far above plain LPT (0.9698 at 1024); the worst step stays close to the mean. At 4096 ranks
+    both with the 2 steps of 400k samples (their profile dealt coarse first) and the 21 of 3M."""
+    costs = realistic_costs(rows, seed=0)
     plan = balance(costs, ranks, 4, seed=0)
     assert plan.steps >= 2
     balanced = step_balance(plan.assignment, costs)
