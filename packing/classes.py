@@ -33,6 +33,7 @@ nothing is lost or repeated.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -253,7 +254,8 @@ class ClassPlan(RowSteps):
     world_size: int = 1
     offset: int = 0
     _groups: tuple = field(init=False, repr=False)
-    _deals: dict = field(init=False, repr=False, default_factory=dict)
+    _deals: dict = field(init=False, repr=False, default_factory=dict)  # the last steps dealt (threads share it)
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         config = self.config
@@ -337,7 +339,8 @@ class ClassPlan(RowSteps):
 
     def _deal(self, step: int) -> np.ndarray:
         """int64 ``[R, k]``: the positions each rank runs at ``step`` (-1 = none), rows dealt by cost."""
-        deal = self._deals.get(step)
+        with self._lock:
+            deal = self._deals.get(step)
         if deal is None:
             m = self.rows_per_step
             positions = step * m + np.arange(m, dtype=np.int64)
@@ -348,10 +351,17 @@ class ClassPlan(RowSteps):
             dealt = _deal_kernel(costs.reshape(1, m), slots, self.world_size, self.config.rows_per_batch, _WINDOW, _MAX_SWAPS,
                                  _NO_START)[:, 0, :]
             deal = np.where(dealt >= 0, positions[np.maximum(dealt, 0)], -1)
-            if len(self._deals) >= 8:
-                self._deals.pop(next(iter(self._deals)))
-            self._deals[step] = deal
+            with self._lock:
+                if len(self._deals) >= 8:
+                    self._deals.pop(next(iter(self._deals)))
+                self._deals[step] = deal
         return deal
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_deals", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _deals={}, _lock=threading.Lock())
 
     def step_rows(self, rank: int, step: int) -> np.ndarray:
         """int64 [rows per batch]: the rows (positions) of ``rank``'s batch at ``step``, costliest first; -1 =
@@ -375,6 +385,15 @@ class ClassPlan(RowSteps):
         if not deals:
             return np.zeros((self.world_size, 0, self.config.rows_per_batch), np.int64)
         return np.stack(deals, axis=1)
+
+    def rank_costs(self) -> np.ndarray:
+        """float64 ``[world_size, num_steps]``: each rank's attention cost per step, as
+        :meth:`Plan.rank_costs <mmfeed.packing.plan.Plan.rank_costs>` (every step dealt: O(rows))."""
+        steps = self.steps
+        costs = np.zeros(steps.shape)
+        used = steps >= 0
+        costs[used] = self._groups[5][self._group_of(self._row_ids(steps[used]))]
+        return costs.sum(axis=2)
 
     # -- what the epoch leaves out or repeats ----------------------------------------------------------------------
     def positions_in(self, steps: int) -> int:

@@ -170,6 +170,7 @@ def test_each_step_is_dealt_by_cost_no_worse_than_lpt():
             costs += row_costs
         assert max(loads) <= lpt_max(costs, 16, 4) + 1e-6
         assert np.mean(loads) / max(loads) > 0.99
+        assert np.allclose(plan.rank_costs()[:, step], loads)
 
 
 @settings(max_examples=80, deadline=None)
@@ -193,6 +194,20 @@ def test_an_elastic_resume_continues_the_rows_losing_and_repeating_nothing(setup
     alone = class_remainder(classes, config, seed=5, epoch=1, world_size=1, done=done)
     with pytest.raises(ValueError, match="longer than its plan"):
         class_remainder(classes, config, seed=5, epoch=1, world_size=1, done=[*done, (1, alone.num_steps + 1)])
+
+
+def test_a_class_plan_pickles_and_threads_share_its_deals():
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    plan = ClassPlan(PriceClasses.from_runs(np.full(40, 30), np.tile([9, 11, 14, 17], 10)), PlanConfig(capacity=64),
+                     0, 0, 4)
+    want = [[plan.batch_samples(r, s).tolist() for r in range(4)] for s in range(plan.num_steps)]
+    back = pickle.loads(pickle.dumps(plan))
+    with ThreadPoolExecutor(4) as pool:  # steps asked at once from threads, the deal cache churning
+        got = list(pool.map(lambda s: [back.batch_samples(r, s % back.num_steps).tolist() for r in range(4)],
+                            range(4 * plan.num_steps)))
+    assert got == [want[s % plan.num_steps] for s in range(4 * plan.num_steps)]
 
 
 def test_a_class_plan_needs_a_decreasing_packing_over_the_whole_epoch():
