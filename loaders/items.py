@@ -184,6 +184,16 @@ class EpisodeItems:
         windows by price class from these (:class:`~mmfeed.packing.classes.ClassPlan`), nothing per sample."""
         if self._windows is None:
             return None
+        if not hasattr(self, "_runs"):
+            self._runs = self._find_price_runs()
+        return self._runs
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_runs", None)  # per episode: a worker derives it again rather than receive it
+        return state
+
+    def _find_price_runs(self) -> tuple[np.ndarray, np.ndarray]:
         per_episode = self._windows.per_episode
         task = self.source.episode_tasks.astype(np.int64)
         prices = self._window_prices(np.arange(len(per_episode)), task)

@@ -70,9 +70,15 @@ def delta(comm: dict, scenario: str, key: str) -> float:
     return median(comm[scenario], key) - median(comm["base"], key)
 
 
+def shows_the_delay(seconds: float) -> bool:
+    """A sleep of DELAY_S, measured: never less (minus timer noise), and on a loaded 2-core machine a few ms more
+    (the woken rank waits for a core; once 45 ms for 40)."""
+    return 0.9 * DELAY_S <= seconds <= 1.25 * DELAY_S
+
+
 @pytest.mark.parametrize("scenario", ["hook_sleep", "slow_collective"])
 def test_delay_in_the_comm_hook_shows_in_comm_not_compute(comm, scenario):
-    assert delta(comm, scenario, "comm_s") == pytest.approx(DELAY_S, rel=0.1)
+    assert shows_the_delay(delta(comm, scenario, "comm_s")), delta(comm, scenario, "comm_s")
     assert abs(delta(comm, scenario, "compute_s")) < 0.1 * DELAY_S
     assert comm[scenario]["bottleneck"]["stage"] == "comm"
     # every rank reported it, and the report carries the slowest
@@ -80,7 +86,7 @@ def test_delay_in_the_comm_hook_shows_in_comm_not_compute(comm, scenario):
 
 
 def test_delay_in_the_forward_shows_in_compute_not_comm(comm):
-    assert delta(comm, "forward_sleep", "compute_s") == pytest.approx(DELAY_S, rel=0.1)
+    assert shows_the_delay(delta(comm, "forward_sleep", "compute_s")), delta(comm, "forward_sleep", "compute_s")
     assert abs(delta(comm, "forward_sleep", "comm_s")) < 0.1 * DELAY_S
 
 
