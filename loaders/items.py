@@ -222,7 +222,8 @@ class EpisodeItems:
             return price
         runs = self.price_runs
         if runs is not None:
-            return int(runs[1][runs[0] > 0].min(initial=np.iinfo(np.int64).max)) if (runs[0] > 0).any() else 1
+            prices = runs[1][runs[0] > 0]
+            return int(prices.min()) if len(prices) else 1
         tokens = np.asarray(self.tokens)
         return int(tokens.min()) if len(tokens) else 1
 

@@ -4,14 +4,14 @@ Ranks synchronise every optimizer step, so what matters is the slowest rank *in 
 draws the rows that fill no whole step at random with ``(seed, epoch)`` and cuts the others into steps of ``m =
 num_ranks * micro_batches`` rows (one global batch) *stratified by cost*: the rows sorted by cost (a counting
 sort of quantised costs, rows of one key in a seeded random order) form ``m`` strata, every step takes one row
-of each stratum, and the steps run in a seeded random order. Every step then has nearly the same cost profile, so one deal of the strata's
-mean costs, computed once, places the rows of every step nearly balanced. Within each step every rank gets exactly ``micro_batches`` rows: the profile's placement
-(or longest-processing-time first, each row to the least-loaded rank with room, found in a heap, where that is
-better), then swaps of one row of the costliest rank with a row of another rank while a swap lowers the larger
-of the two (candidates found by binary search in the step's sorted costs). A step of m rows costs O(m log m)
-however many ranks there are, and the swaps have little left to mend: at 1024 ranks and 4 rows per batch,
-1.2M lognormal-priced rows deal to 0.9997 mean/max per step in about 0.2 s, where dealing randomly cut steps by
-LPT and swaps gave 0.99917 in 1.5 s.
+of each stratum, and the steps run in a seeded random order. Every step then has nearly the same cost profile,
+so one deal of the strata's mean costs, computed once, places the rows of every step nearly balanced. Within
+each step every rank gets exactly ``micro_batches`` rows: the profile's placement (or longest-processing-time
+first, each row to the least-loaded rank with room, found in a heap, where that is better), then swaps of one
+row of the costliest rank with a row of another rank while a swap lowers the larger of the two (candidates found
+by binary search in the step's sorted costs). A step of m rows costs O(m log m) however many ranks there are, and
+the swaps have little left to mend: at 1024 ranks and 4 rows per batch, 1.2M lognormal-priced rows deal to
+0.9997 mean/max per step in about 0.2 s, where dealing randomly cut steps by LPT and swaps gave 0.99917 in 1.5 s.
 
 >>> import numpy as np
 >>> from mmfeed.packing import balance

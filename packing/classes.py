@@ -70,12 +70,17 @@ def _grow(patterns, repeats, free, size):
 
 
 @njit(cache=True)
+def _no_groups(K):
+    """Empty group arrays (patterns, repeats, free space) with room for a few groups of ``K`` classes."""
+    return np.zeros((2 * K + 4, K), np.int64), np.zeros(2 * K + 4, np.int64), np.zeros(2 * K + 4, np.int64)
+
+
+@njit(cache=True)
 def _ffd_classes(prices, counts, capacity):
     """First fit decreasing over counts: rows filled one at a time, each with the largest samples that still fit
     (what FFD places, row by row), a row repeated while the counts allow the same fill."""
     K = prices.size
-    patterns, repeats, free = np.zeros((2 * K + 4, K), np.int64), np.zeros(2 * K + 4, np.int64), np.zeros(
-        2 * K + 4, np.int64)
+    patterns, repeats, free = _no_groups(K)
     rem = counts.copy()
     left = rem.sum()
     g = 0
@@ -107,8 +112,7 @@ def _bfd_classes(prices, counts, capacity):
     least free space that holds it, and such a row keeps taking samples of its class until it has no room for
     one more (no other row fits better meanwhile), so a whole group takes ``free // price`` each at once."""
     K = prices.size
-    patterns, repeats, free = np.zeros((2 * K + 4, K), np.int64), np.zeros(2 * K + 4, np.int64), np.zeros(
-        2 * K + 4, np.int64)
+    patterns, repeats, free = _no_groups(K)
     G = 0
     for c in range(K):
         n, p = counts[c], prices[c]
@@ -296,13 +300,20 @@ class ClassPlan(RowSteps):
         positions = np.asarray(positions, dtype=np.int64)
         if self.num_rows:
             positions = np.where(positions < self.num_rows, positions, (positions - self.num_rows) % self.num_rows)
-        absolute = positions + self.offset
+        return self._epoch_rows(positions + self.offset)
+
+    def _epoch_rows(self, positions: np.ndarray) -> np.ndarray:
+        """Rows at these positions of the whole epoch's order (earlier segments' included)."""
         if not self.config.shuffle:
-            return absolute
-        return index_shuffle(absolute, self.total_rows, seed=self.seed, epoch=self.epoch)
+            return positions
+        return index_shuffle(positions, self.total_rows, seed=self.seed, epoch=self.epoch)
 
     def _group_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._groups[2], rows, side="right")
+
+    def _groups_at(self, positions: np.ndarray) -> np.ndarray:
+        """The group of the row at each position of this plan."""
+        return self._group_of(self._row_ids(positions))
 
     def row(self, row: int) -> np.ndarray:
         """Sample ids of the row at position ``row`` of this plan (positions past :attr:`num_rows` replicate rows
@@ -346,10 +357,10 @@ class ClassPlan(RowSteps):
             positions = step * m + np.arange(m, dtype=np.int64)
             real = positions < (self.dealt_rows if self.config.remainder == "replicate" else self.num_rows)
             costs = np.zeros(m)
-            costs[real] = self._groups[5][self._group_of(self._row_ids(positions[real]))]
+            costs[real] = self._groups[5][self._groups_at(positions[real])]
             slots = np.where(real, np.arange(m, dtype=np.int64), -1).reshape(1, m)
-            dealt = _deal_kernel(costs.reshape(1, m), slots, self.world_size, self.config.rows_per_batch, _WINDOW, _MAX_SWAPS,
-                                 _NO_START)[:, 0, :]
+            dealt = _deal_kernel(costs.reshape(1, m), slots, self.world_size, self.config.rows_per_batch, _WINDOW,
+                                 _MAX_SWAPS, _NO_START)[:, 0, :]
             deal = np.where(dealt >= 0, positions[np.maximum(dealt, 0)], -1)
             with self._lock:
                 if len(self._deals) >= 8:
@@ -392,7 +403,7 @@ class ClassPlan(RowSteps):
         steps = self.steps
         costs = np.zeros(steps.shape)
         used = steps >= 0
-        costs[used] = self._groups[5][self._group_of(self._row_ids(steps[used]))]
+        costs[used] = self._groups[5][self._groups_at(steps[used])]
         return costs.sum(axis=2)
 
     # -- what the epoch leaves out or repeats ----------------------------------------------------------------------
@@ -429,20 +440,13 @@ class ClassPlan(RowSteps):
         if not dealt:
             return 0.0
         ends, tokens = self._groups[2], self._groups[4]
-        per_group = np.diff(np.concatenate([[0], ends]))
-        total = int(per_group @ tokens)
-
-        def tokens_at(positions: np.ndarray) -> int:
-            return int(tokens[self._group_of(self._row_ids(positions))].sum())
-
-        if self.offset:  # this plan's rows: all but those of the segments before it
-            before = index_shuffle(np.arange(self.offset), self.total_rows, seed=self.seed, epoch=self.epoch) \
-                if self.config.shuffle else np.arange(self.offset)
-            total -= int(tokens[self._group_of(before)].sum())
+        total = int(np.diff(ends, prepend=0) @ tokens)
+        before = self._epoch_rows(np.arange(self.offset, dtype=np.int64))  # the earlier segments' rows
         cut = np.arange(self.positions_in(self.num_steps), self.num_rows, dtype=np.int64)
         extra = np.arange(self.num_rows, dealt, dtype=np.int64)
-        used = total - (tokens_at(cut) if cut.size else 0) + (tokens_at(extra) if extra.size else 0)
-        return used / (dealt * self.capacity)
+        used = total - tokens[self._group_of(before)].sum() - tokens[self._groups_at(cut)].sum() \
+            + tokens[self._groups_at(extra)].sum()
+        return float(used / (dealt * self.capacity))
 
 
 def class_remainder(classes: PriceClasses, config: PlanConfig, *, seed: int, epoch: int, world_size: int = 1,
