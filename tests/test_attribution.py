@@ -196,7 +196,9 @@ def test_mfu_is_achieved_flops_over_the_peak_and_useful_mfu_excludes_padding():
         opt.zero_grad()
     total = time.perf_counter() - start
     report = timer.report()
-    assert report["achieved_flops_per_s"] == pytest.approx(flops * 12 / total, rel=0.05)
+    # the timer's rate is over the steps after warmup; the loop's wall clock also holds the warmup and start-up
+    assert report["achieved_flops_per_s"] == pytest.approx(flops / report["step_s"]["mean"])
+    assert 0.8 < report["achieved_flops_per_s"] / (flops * 12 / total) < 2.0
     assert report["mfu"] == pytest.approx(report["achieved_flops_per_s"] / peak)
     assert report["useful_fraction"] == pytest.approx(510 / 768)
     assert report["useful_mfu"] / report["mfu"] == pytest.approx(510 / 768)
