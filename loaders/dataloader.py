@@ -64,6 +64,7 @@ import copy
 import gc
 import inspect
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -88,16 +89,42 @@ WORKER_MODES = ("process", "thread")
 _TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
 
 
-class _RecyclingInit:
-    """worker_init_fn of a loader that recycles payload buffers: turn the worker's pool on, then the user's."""
+class _WorkerInit:
+    """worker_init_fn of mmfeed's worker processes: watch the parent (:func:`_exit_with_parent`), turn the
+    worker's payload pool on where the loader recycles buffers (``per_key``), then run the user's."""
 
-    def __init__(self, per_key: int, inner: Any) -> None:
+    def __init__(self, per_key: int | None, inner: Any) -> None:
         self.per_key, self.inner = per_key, inner
 
     def __call__(self, worker_id: int) -> None:
-        enable_pool(self.per_key)
+        _exit_with_parent()
+        if self.per_key is not None:
+            enable_pool(self.per_key)
         if self.inner is not None:
             self.inner(worker_id)
+
+
+PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent() -> None:
+    """End this worker process within :data:`PARENT_POLL_S` of its parent's death (a training process killed
+    with SIGKILL, by the OOM killer say). torch's worker loop notices a dead parent too, but then exits through
+    multiprocessing's finalizers, which join the result queue's feeder thread: a feeder blocked on a full result
+    pipe (batches pickled by value) never returns, because the workers hold that pipe's read end themselves, and
+    the worker lives on for ever. A daemon thread polls the parent's pid and ends the process with ``os._exit``."""
+    import multiprocessing
+    import threading
+
+    parent = multiprocessing.parent_process()
+    expected = parent.pid if parent is not None else os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == expected:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mmfeed-parent-watch", daemon=True).start()
 
 
 def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
@@ -369,8 +396,10 @@ class DataLoader:
         self._recycler: ReleaseTracker | None = None
         if recycle_buffers and _is_planned(dataset) and num_workers > 0 and not pin_memory and not threads:
             per_key = (spec.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
-            torch_args["worker_init_fn"] = _RecyclingInit(per_key, worker_init_fn)
+            torch_args["worker_init_fn"] = _WorkerInit(per_key, worker_init_fn)
             self._recycler = ReleaseTracker(stale_after=8 * num_workers * per_key)
+        elif num_workers > 0 and not threads:
+            torch_args["worker_init_fn"] = _WorkerInit(None, worker_init_fn)
         # epochs chain (one torch iterator for all of them): planned datasets with persistent workers, in order
         self._plan_sampler = self.sampler if isinstance(self.sampler, PlanSampler) else None
         self._chained_index: ChainedIndex | None = None

@@ -47,6 +47,72 @@ def test_a_killed_worker_is_an_error_naming_it_not_a_hang():
     assert time.monotonic() - start < 30
 
 
+ORPHANED = textwrap.dedent("""
+    import multiprocessing, os, signal, sys
+    import numpy as np
+    import torch
+    from mmfeed import DataLoader
+    from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
+
+    class Plain(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10_000
+        def __getitem__(self, i):
+            return np.full(50_000, i)
+
+    def stack(samples):  # numpy arrays go through the result pipe by value (tensors would go in shared memory)
+        return np.stack(samples)
+
+    cam = "observation.images.cam_high"
+    packing = Packing(layout=TokenLayout(tokens_per_frame={cam: 16}),
+                      window=WindowSpec.from_delta_timestamps({cam: [-1 / 30, 0.0], "action": [0.0, 1 / 30]}),
+                      plan=PlanConfig(capacity=16384, rows_per_batch=2))  # 256 kB of position ids a batch
+    if sys.argv[2] == "planned":
+        loader = DataLoader(sys.argv[1], packing=packing, num_workers=2, persistent_workers=True)
+    else:
+        loader = DataLoader(Plain(), batch_size=4, num_workers=2, persistent_workers=True, collate_fn=stack)
+    for n, batch in enumerate(loader):
+        if n == 4:
+            break
+    print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would: no cleanup, the workers left mid-epoch
+""")
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("dataset", ["planned", "plain"])
+def test_workers_of_a_killed_training_process_exit(tmp_path, dataset):
+    """A training process killed with SIGKILL leaves no worker behind: each notices its parent is gone and
+    exits (torch's own check, on its own, can leave a worker blocked for ever on its result pipe)."""
+    write_webdataset(tmp_path / "d", make_episodes(4, seed=3, min_length=40, max_length=60, cameras=("cam_high",)))
+    script, out = tmp_path / "orphans.py", tmp_path / "pids.txt"
+    script.write_text(ORPHANED)
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "d"), dataset], stdout=f,
+                                stderr=subprocess.PIPE, start_new_session=True, text=True)
+    try:
+        proc.wait(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+        pids = [int(p) for p in out.read_text().split()]
+        assert len(pids) == 2
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if _alive(p)]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.slow
 def test_a_hung_read_hits_the_timeout_with_a_clear_error():
     loader = DataLoader(Deadly(hang_at=3), batch_size=1, num_workers=1, timeout=2)
