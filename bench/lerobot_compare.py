@@ -25,6 +25,12 @@ interleaved (LeRobot, mmfeed, LeRobot, ...), each repeat a fresh loader::
     python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python [--root DIR] \
         [--workers 2] [--batch-size 32] [--delta-json FILE] [--profile] [--json out.json]
 
+The physical limit is measured in the same run (unless ``--no-limit``): right after each mmfeed stretch, every
+other batch it delivered is decoded again by plain PyAV in as many processes as the loaders have workers, one
+decoder thread each, videos kept open, nothing but seeking, decoding and (for RGB) colour conversion
+(:func:`limit_samples`, ``bench/limit.py``). It reports mmfeed's fraction of that limit and the limit / LeRobot:
+the most any loader could gain over LeRobot on these processes while it decodes what the samples need.
+
 ``--profile`` adds one timed mmfeed stretch with the loader's timer: worker time per batch in read, decode and
 collate, the loop's wait, and the CPU of the workers and of the main process per batch (:func:`profile_mmfeed`).
 
@@ -502,17 +508,26 @@ def _forever(loader) -> Iterator[Any]:
 
 
 def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, steps: int, warmup: int = 3,
-                timer: bool = False, **loader_args: Any) -> dict[str, Any]:
+                timer: bool = False, keep: bool = False, **loader_args: Any) -> dict[str, Any]:
     """:func:`timed_stretch` of a fresh :func:`mmfeed_loader` after ``warmup`` batches; its workers are gone
     when this returns (so the next repeat of either side has the CPUs to itself). ``timer``: also the loader's
     :class:`~mmfeed.loaders.StepTimer` report (worker seconds per batch in read, decode and collate; the loop's
-    wait), for a profile."""
+    wait), for a profile; ``keep``: also the sample ids of each timed batch (``"batches"``), for the limit."""
     others = set(child_pids())  # children that are not this loader's workers (a test runner's, say)
     loader = mmfeed_loader(root, delta, timer=timer, **loader_args)
     batches = _forever(loader)
     for _ in range(warmup):
         next(batches)
-    out = timed_stretch(batches, steps, lambda batch: batch.num_documents, exclude=others)
+    kept: list[np.ndarray] = []
+
+    def count(batch: Any) -> int:
+        if keep:
+            kept.append(batch.metadata["sample"].numpy().copy())
+        return batch.num_documents
+
+    out = timed_stretch(batches, steps, count, exclude=others)
+    if keep:
+        out["batches"] = kept
     if timer:
         out["timer"] = loader.timer.report()
     batches.close()
@@ -530,27 +545,72 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_s_per_1000_samples": statistics.median(r["cpu_s_per_1000_samples"] for r in runs), "runs": runs}
 
 
+def limit_samples(limit: Any, batches: Sequence[np.ndarray]) -> dict[str, Any]:
+    """The physical limit of a stretch of mmfeed's batches (``LimitPool.measure`` of ``bench/limit.py``: the
+    frames the batches deliver, each reached from its keyframe, decoded with plain PyAV in as many processes as
+    the loaders have workers, nothing else): samples/s with RGB conversion (``rgb``, what both loaders here
+    deliver) and without (``raw``), and the frames decoded per frame delivered."""
+    measured = list(batches[1::2])  # every other batch (half the time); the first ones warm the videos
+    got = limit.measure(measured, lead=2)
+    samples = sum(len(b) for b in measured)
+    rgb, raw = got["rgb"], got["raw"]
+    return {"samples_per_s": samples / rgb["seconds"], "raw_samples_per_s": samples / raw["seconds"],
+            "decoded_per_delivered": rgb["decoded"] / max(rgb["delivered"], 1),
+            "seeks_per_batch": raw["seeks"] / max(raw["batches"], 1), "batches": len(measured),
+            "cpu_share": rgb["cpu_s"] / rgb["worker_s"] if rgb["worker_s"] else None}
+
+
 def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *,
                        batch_size: int = 32, workers: int = 2, seed: int = 0, steps: int = 60,
                        lerobot_steps: int = 20, warmup: int = 3, repeats: int = 3, tokens_per_frame: int = 64,
                        backend: str = "auto", frame_format: str = "rgb24", video_backend: str = "torchcodec",
-                       lib_dirs: Sequence[str] = ()) -> dict[str, Any]:
-    """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, mmfeed, ...): each side's
-    median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed / LeRobot."""
+                       lib_dirs: Sequence[str] = (), limit: bool = True) -> dict[str, Any]:
+    """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, mmfeed, limit, ...):
+    each side's median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed /
+    LeRobot; with ``limit``, also the physical limit of each mmfeed stretch's batches (:func:`limit_samples`,
+    right after the stretch), mmfeed's fraction of it and the limit / LeRobot: the most any loader could gain
+    over LeRobot on these processes while it decodes what the samples need."""
+    from mmfeed.bench.limit import LimitPool
+
     same = sampling(batch_size, workers, seed)
-    lerobot_runs, mmfeed_runs = [], []
-    for _ in range(max(1, repeats)):  # interleaved, so a change in background load hits both alike
-        child, _ = lerobot_child(python, root, delta, steps=lerobot_steps, warmup=warmup, batch_size=batch_size,
-                                 num_workers=workers, seed=seed, video_backend=video_backend, lib_dirs=lib_dirs)
-        lerobot_runs.append(child["timing"])
-        mmfeed_runs.append(time_mmfeed(root, delta, steps=steps, warmup=warmup, batch_size=batch_size,
-                                       num_workers=workers, seed=seed, tokens_per_frame=tokens_per_frame,
-                                       backend=backend, frame_format=frame_format))
+    loader_args = dict(batch_size=batch_size, num_workers=workers, seed=seed, tokens_per_frame=tokens_per_frame,
+                       backend=backend, frame_format=frame_format)
+    # forked before any loader has started a thread; it reads the videos through the same items as mmfeed
+    pool = LimitPool(mmfeed_loader(root, delta, **{**loader_args, "num_workers": 0}).dataset.items,
+                     workers) if limit else None
+    lerobot_runs, mmfeed_runs, limit_runs = [], [], []
+    try:
+        for _ in range(max(1, repeats)):  # interleaved, so a change in background load hits all alike
+            child, _ = lerobot_child(python, root, delta, steps=lerobot_steps, warmup=warmup, batch_size=batch_size,
+                                     num_workers=workers, seed=seed, video_backend=video_backend, lib_dirs=lib_dirs)
+            lerobot_runs.append(child["timing"])
+            ours = time_mmfeed(root, delta, steps=steps, warmup=warmup, keep=pool is not None, **loader_args)
+            if pool is not None:
+                limit_runs.append(limit_samples(pool, ours.pop("batches")))
+            mmfeed_runs.append(ours)
+    finally:
+        if pool is not None:
+            pool.close()
     lerobot, mmfeed = _summary(lerobot_runs), _summary(mmfeed_runs)
-    return {"lerobot": lerobot, "mmfeed": mmfeed, "ratio_samples_per_s": mmfeed["samples_per_s"] /
-            lerobot["samples_per_s"], "sampling": same, "lerobot_versions": child["versions"],
-            "video_backend": child["video_backend"], "tokens_per_frame": tokens_per_frame, "mmfeed_backend": backend,
-            "mmfeed_frame_format": frame_format}
+    out = {"lerobot": lerobot, "mmfeed": mmfeed, "ratio_samples_per_s": mmfeed["samples_per_s"] /
+           lerobot["samples_per_s"], "sampling": same, "lerobot_versions": child["versions"],
+           "video_backend": child["video_backend"], "tokens_per_frame": tokens_per_frame, "mmfeed_backend": backend,
+           "mmfeed_frame_format": frame_format}
+    if limit_runs:
+        med = statistics.median
+        rates = [r["samples_per_s"] for r in limit_runs]
+        out["limit"] = {"samples_per_s": med(rates), "samples_per_s_spread": spread(rates),
+                        "raw_samples_per_s": med(r["raw_samples_per_s"] for r in limit_runs),
+                        "decoded_per_delivered": med(r["decoded_per_delivered"] for r in limit_runs),
+                        "seeks_per_batch": med(r["seeks_per_batch"] for r in limit_runs), "runs": limit_runs}
+        # each mmfeed stretch against the limit of its own batches, measured right after it, for the frames it
+        # delivers (RGB: decode and conversion; yuv420: decode alone)
+        key = "samples_per_s" if frame_format == "rgb24" else "raw_samples_per_s"
+        fractions = [m["samples_per_s"] / r[key] for m, r in zip(mmfeed_runs, limit_runs)]
+        out["limit_fraction"] = med(fractions)
+        out["limit_fraction_spread"] = spread(fractions)
+        out["limit_vs_lerobot"] = out["limit"][key] / lerobot["samples_per_s"]
+    return out
 
 
 def run(python: str, *, root: str | os.PathLike | None = None,
@@ -626,6 +686,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lib-dir", action="append", default=[], help="extra LD_LIBRARY_PATH folder for the child")
     parser.add_argument("--profile", action="store_true", help="then one timed mmfeed stretch: time per batch "
                         "in each worker stage, the loop's wait, CPU of the main process and the workers")
+    parser.add_argument("--no-limit", dest="limit", action="store_false", help="skip the decode limit (plain "
+                        "PyAV decoding each mmfeed stretch's frames, measured after it)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     if not Path(args.lerobot_python).exists():
@@ -656,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
                   workers=args.workers, steps=args.steps, lerobot_steps=args.lerobot_steps, warmup=args.warmup,
                   repeats=args.repeats, tokens_per_frame=args.tokens_per_frame, backend=args.backend,
                   frame_format=args.frame_format, video_backend=args.video_backend, lib_dirs=args.lib_dir,
-                  profile=args.profile)
+                  profile=args.profile, limit=args.limit)
     small, root = results["small"], results["root"]
     _print_report(f"small directory, all {small['samples']} samples, LeRobot vs mmfeed", small["lerobot_vs_mmfeed"])
     _print_report("small directory, writer ground truth vs LeRobot", small["truth_vs_lerobot"])
@@ -671,6 +733,15 @@ def main(argv: list[str] | None = None) -> int:
           f"DataLoader fixed plan ({results['mmfeed_backend']}, {results['mmfeed_frame_format']})")
     _print_side("LeRobot", results["lerobot"])
     _print_side("mmfeed", results["mmfeed"])
+    if "limit" in results:
+        lim, f = results["limit"], results["limit_fraction_spread"]
+        s = lim["samples_per_s_spread"]
+        print(f"limit    {lim['samples_per_s']:9.1f} samples/s (min {s['min']:.1f}, max {s['max']:.1f}) decoding "
+              f"and converting mmfeed's batches with plain PyAV in {same['num_workers'] or 1} processes; "
+              f"{lim['raw_samples_per_s']:.1f} without conversion; {lim['decoded_per_delivered']:.2f} frames "
+              f"decoded per frame delivered")
+        print(f"mmfeed / limit: {results['limit_fraction']:.2f} (min {f['min']:.2f}, max {f['max']:.2f}); "
+              f"limit / LeRobot: {results['limit_vs_lerobot']:.2f}")
     print(f"mmfeed / LeRobot (samples/s): {results['ratio_samples_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
     if args.profile:
         prof = results["mmfeed_profile"]

@@ -18,9 +18,10 @@ import torch
 
 from mmfeed.bench.common import child_pids
 from mmfeed.bench.lerobot_compare import (CHILD_SCRIPT, check_small, compare_samples, default_window,
-                                          delta_timestamps, edge_indices, ground_truth, load_window, main,
-                                          mmfeed_loader, mmfeed_samples, parse_args, profile_mmfeed, sampling,
+                                          delta_timestamps, edge_indices, ground_truth, limit_samples,
+                                          load_window, main, mmfeed_loader, mmfeed_samples, parse_args, profile_mmfeed, sampling,
                                           time_mmfeed, torch_loader)
+from mmfeed.bench.limit import LimitPool
 from mmfeed.bench.loader import LoaderBench
 from mmfeed.loaders import WindowSpec
 from mmfeed.loaders.sources.lerobot import LeRobotSource
@@ -220,6 +221,24 @@ def test_mmfeed_stretch_counts_samples_and_its_workers_cpu(two_cams):
     assert not set(child_pids()) - others
 
 
+def test_the_limit_decodes_the_batches_mmfeed_delivered(two_cams):
+    """A kept stretch's sample ids are the batches mmfeed delivered (32 distinct windows each); the limit decodes
+    every other one of them in 2 plain-PyAV processes: samples/s with and without RGB conversion (conversion
+    costs time), and no fewer frames decoded than delivered."""
+    _, root = two_cams
+    delta = default_window(root)
+    items = mmfeed_loader(root, delta, batch_size=32, num_workers=0).dataset.items
+    with LimitPool(items, 2) as pool:
+        got = time_mmfeed(root, delta, steps=6, warmup=1, batch_size=32, num_workers=2, keep=True)
+        batches = got["batches"]
+        assert len(batches) == 6 and all(len(b) == 32 == len(np.unique(b)) for b in batches)
+        assert np.concatenate(batches).max() < len(items)
+        limit = limit_samples(pool, batches)
+    assert limit["batches"] == 3
+    assert limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
+    assert limit["decoded_per_delivered"] >= 1.0 and limit["seeks_per_batch"] > 0
+
+
 def test_the_profile_splits_a_batch_into_worker_stages(two_cams):
     """--profile: each worker stage's time per batch (decode and collate among them), shares adding up to one,
     and the CPU of the workers and of the main process per batch."""
@@ -275,3 +294,7 @@ def test_real_throughput_at_equal_sampling(lerobot_python, two_cams, tmp_path):
         assert (run_["samples"], run_["worker_processes"]) == (64, 2) and got[side]["cpu_s_per_1000_samples"] > 0
     assert got["ratio_samples_per_s"] == pytest.approx(got["mmfeed"]["samples_per_s"] / got["lerobot"]["samples_per_s"])
     assert got["mmfeed_profile"]["batches"] == 2 and "decode" in got["mmfeed_profile"]["stages"]
+    limit = got["limit"]  # one of the stretch's two batches decoded by plain PyAV
+    assert limit["runs"][0]["batches"] == 1 and limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
+    assert got["limit_fraction"] == pytest.approx(got["mmfeed"]["samples_per_s"] / limit["samples_per_s"])
+    assert got["limit_vs_lerobot"] == pytest.approx(limit["samples_per_s"] / got["lerobot"]["samples_per_s"])
