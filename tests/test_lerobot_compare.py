@@ -19,8 +19,8 @@ import torch
 from mmfeed.bench.common import child_pids
 from mmfeed.bench.lerobot_compare import (CHILD_SCRIPT, check_small, compare_samples, default_window,
                                           delta_timestamps, edge_indices, ground_truth, limit_samples,
-                                          load_window, main, mmfeed_loader, mmfeed_samples, parse_args, profile_mmfeed, sampling,
-                                          time_mmfeed, torch_loader)
+                                          load_window, main, mmfeed_loader, mmfeed_samples, parse_args,
+                                          profile_mmfeed, sampling, time_mmfeed, torch_loader)
 from mmfeed.bench.limit import LimitPool
 from mmfeed.bench.loader import LoaderBench
 from mmfeed.loaders import WindowSpec
