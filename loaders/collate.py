@@ -35,6 +35,7 @@ from mmfeed.loaders.timing import stage
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
 from mmfeed.packing.layout import TEXT, SampleLayout
+from mmfeed.packing.metadata import Layout, make_layout
 
 __all__ = ["collate", "sample_generator"]
 
@@ -118,15 +119,7 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         _add_absent(payload, items, read)
         if static_shapes:
             _pad_static(payload, items, nrows * row_capacity)
-        row_lengths, row_segments, row_steps, d = [], [], [], 0
-        for row in rows:
-            n = len(row)
-            row_lengths.append(doc_tokens[d : d + n])
-            row_segments.append(segments[d : d + n])
-            row_steps.append(steps[d : d + n])
-            d += n
-        for _ in range(nrows - len(rows)):
-            row_lengths.append([]), row_segments.append([]), row_steps.append([])
+        layout = _batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(modalities))
         episode, start = np.array(items.episode[samples]), np.array(items.start[samples])
         metadata: dict[str, Any] = {
             "sample": torch.from_numpy(samples),
@@ -140,24 +133,42 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
             metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))
         if failures:
             metadata["errors"] = failures
-        batch = PackedBatch.from_segments(row_lengths, row_capacity, step_sizes=row_steps, segments=row_segments,
-                                          modalities=modalities, data=payload, metadata=metadata)
+        batch = PackedBatch.from_layout(layout, modalities=modalities, data=payload, metadata=metadata)
         if static_shapes and max_documents is not None:
             batch = batch.pad_documents(max_documents)
         return batch
 
 
-def _payload_plan(lay: SampleLayout, layout, index: dict[str, int]) -> tuple[dict[str, Any], list, list]:
+def _payload_plan(lay: SampleLayout, layout,
+                  index: dict[str, int]) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     """Where a sample's payload items come from, in token order (positions among each feature's read frames),
     its segments ``(modality index, tokens)`` and its step sizes."""
     order: dict[str, list[int]] = {}
     for feature, position, tokens in lay.runs:
         if feature != TEXT:
             order.setdefault(feature, []).extend(range(position, position + tokens // layout.tokens(feature)))
-    segments = [(index[feature], tokens) for feature, _, tokens in lay.runs]
+    segments = np.array([(index[feature], tokens) for feature, _, tokens in lay.runs], np.int64).reshape(-1, 2)
     # Every read position of a feature appears once, so 0, 1, 2, ... means "the read array as it is".
     positions = {k: _IN_ORDER if v == list(range(len(v))) else np.asarray(v, dtype=np.int64) for k, v in order.items()}
-    return positions, segments, list(lay.step_sizes)
+    return positions, segments, np.asarray(lay.step_sizes, dtype=np.int64)
+
+
+def _batch_layout(rows: Sequence[np.ndarray], nrows: int, capacity: int, doc_tokens: list[int],
+                  segments: list[np.ndarray], steps: list[np.ndarray], num_modalities: int) -> Layout:
+    """The batch's :class:`~mmfeed.packing.metadata.Layout` from the documents' arrays (segments ``[n, 2]`` and
+    step sizes of each document, in row order), validated by ``make_layout``; ``nrows - len(rows)`` empty rows
+    pad the batch."""
+    sizes = [len(row) for row in rows] + [0] * (nrows - len(rows))
+    row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    def offsets(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+
+    runs = np.concatenate(segments) if segments else np.zeros((0, 2), np.int64)
+    return make_layout(np.asarray(doc_tokens, dtype=np.int64), row_offsets, capacity,
+                       step_sizes=np.concatenate(steps) if steps else np.zeros(0, np.int64),
+                       step_offsets=offsets(steps), segment_modalities=runs[:, 0], segment_lengths=runs[:, 1],
+                       segment_offsets=offsets(segments), num_modalities=num_modalities)
 
 
 def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:

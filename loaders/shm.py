@@ -22,12 +22,12 @@ Recycling is turned on in the workers of an mmfeed DataLoader over a planned dat
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from mmfeed.loaders.timing import TimedBatch
@@ -74,13 +74,14 @@ class BufferPool:
 
     def take(self, key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """An uninitialised ``shape`` tensor in a pooled shared-memory buffer for payload ``key``."""
-        nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         buffers = self._buffers.setdefault(key, OrderedDict())
-        fitting = [(b.capacity, ptr) for ptr, b in buffers.items()
-                   if b.capacity >= nbytes and _state(b.storage).value == FREE]
-        if fitting:
-            ptr = min(fitting)[1]
-            buffer = buffers.pop(ptr)
+        best = None  # the smallest free buffer that fits
+        for ptr, b in buffers.items():
+            if b.capacity >= nbytes and (best is None or b.capacity < best[0]) and _state(b.storage).value == FREE:
+                best = (b.capacity, ptr)
+        if best is not None:
+            buffer = buffers.pop(best[1])
             self.reused += 1
         else:
             while len(buffers) >= self.per_key:
