@@ -112,15 +112,17 @@ def _exit_with_parent() -> None:
     with SIGKILL, by the OOM killer say). torch's worker loop notices a dead parent too, but then exits through
     multiprocessing's finalizers, which join the result queue's feeder thread: a feeder blocked on a full result
     pipe (batches pickled by value) never returns, because the workers hold that pipe's read end themselves, and
-    the worker lives on for ever. A daemon thread polls the parent's pid and ends the process with ``os._exit``."""
+    the worker lives on for ever. A daemon thread ends the process with ``os._exit`` once the process that forked
+    it is gone (its pid changes: the training process under fork and spawn, the fork server under forkserver,
+    which ends with the training process) or multiprocessing's parent sentinel says the training process is."""
     import multiprocessing
     import threading
 
+    forked_by = os.getppid()
     parent = multiprocessing.parent_process()
-    expected = parent.pid if parent is not None else os.getppid()
 
     def watch() -> None:
-        while os.getppid() == expected:
+        while os.getppid() == forked_by and (parent is None or parent.is_alive()):
             time.sleep(PARENT_POLL_S)
         os._exit(1)
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
+from mmfeed.loaders.dataloader import PARENT_POLL_S
 from mmfeed.loaders.sources.index import build_index
 from mmfeed.loaders.sources.tar import parse_meta
 from mmfeed.testing import make_episodes, write_webdataset
@@ -111,6 +112,24 @@ def test_workers_of_a_killed_training_process_exit(tmp_path, dataset):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_a_fork_server_watch_the_right_parent(tmp_path, context):
+    """Under forkserver a worker's OS parent is the fork server, not the training process: the watch must not
+    take that for a dead parent. Every batch of the epoch arrives, from workers that stay alive."""
+    write_webdataset(tmp_path / "d", make_episodes(3, seed=4, min_length=20, max_length=30, cameras=("cam_high",)))
+    packing = Packing(layout=TokenLayout(tokens_per_frame={CAM: 16}),
+                      window=WindowSpec.from_delta_timestamps({CAM: [0.0], "action": [0.0, 1 / 30]}),
+                      plan=PlanConfig(capacity=64, rows_per_batch=1))
+    expected = sorted(int(s) for b in DataLoader(tmp_path / "d", packing=packing) for s in b.metadata["sample"])
+    loader = DataLoader(tmp_path / "d", packing=packing, num_workers=2, multiprocessing_context=context)
+    got = []
+    for n, batch in enumerate(loader):
+        got.extend(int(s) for s in batch.metadata["sample"])
+        if n == 0:
+            time.sleep(3 * PARENT_POLL_S)  # a worker that took the fork server's pid for its parent is gone now
+    assert sorted(got) == expected and len(got) > 0
 
 
 @pytest.mark.slow
