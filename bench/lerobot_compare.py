@@ -550,8 +550,8 @@ def limit_samples(limit: Any, batches: Sequence[np.ndarray]) -> dict[str, Any]:
     frames the batches deliver, each reached from its keyframe, decoded with plain PyAV in as many processes as
     the loaders have workers, nothing else): samples/s with RGB conversion (``rgb``, what both loaders here
     deliver) and without (``raw``), and the frames decoded per frame delivered."""
-    measured = list(batches[1::2])  # every other batch (half the time); the first ones warm the videos
-    got = limit.measure(measured, lead=2)
+    measured = list(batches[1::2])  # every other batch: half the time
+    got = limit.measure(measured, lead=2)  # each process decodes its first two untimed first (warm videos)
     samples = sum(len(b) for b in measured)
     rgb, raw = got["rgb"], got["raw"]
     return {"samples_per_s": samples / rgb["seconds"], "raw_samples_per_s": samples / raw["seconds"],
