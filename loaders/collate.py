@@ -158,17 +158,16 @@ def _batch_layout(rows: Sequence[np.ndarray], nrows: int, capacity: int, doc_tok
     """The batch's :class:`~mmfeed.packing.metadata.Layout` from the documents' arrays (segments ``[n, 2]`` and
     step sizes of each document, in row order), validated by ``make_layout``; ``nrows - len(rows)`` empty rows
     pad the batch."""
-    sizes = [len(row) for row in rows] + [0] * (nrows - len(rows))
-    row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    def offsets(sizes: list[int]) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
-    def offsets(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
-
+    row_offsets = offsets([len(row) for row in rows] + [0] * (nrows - len(rows)))
     runs = np.concatenate(segments) if segments else np.zeros((0, 2), np.int64)
     return make_layout(np.asarray(doc_tokens, dtype=np.int64), row_offsets, capacity,
                        step_sizes=np.concatenate(steps) if steps else np.zeros(0, np.int64),
-                       step_offsets=offsets(steps), segment_modalities=runs[:, 0], segment_lengths=runs[:, 1],
-                       segment_offsets=offsets(segments), num_modalities=num_modalities)
+                       step_offsets=offsets([len(p) for p in steps]), segment_modalities=runs[:, 0],
+                       segment_lengths=runs[:, 1], segment_offsets=offsets([len(p) for p in segments]),
+                       num_modalities=num_modalities)
 
 
 def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:

@@ -74,6 +74,20 @@ def _from_value(value: Any) -> Any:
     return value
 
 
+def _checked_inputs(modalities: Sequence[str] | None, data: object, metadata: object) -> list[str]:
+    """The modality names (default ``["text"]``) after checking them, ``data`` and ``metadata``."""
+    names = ["text"] if modalities is None else list(modalities)
+    if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"modalities must be distinct strings (at least one), got {names!r}")
+    if len(names) > 127:
+        raise ValueError(f"at most 127 modalities fit int8 modality ids, got {len(names)}")
+    if data is not None and not isinstance(data, Mapping):
+        raise TypeError(f"data must be a dict of tensors, got {type(data).__name__}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+    return names
+
+
 @dataclass(frozen=True, eq=False)
 class PackedBatch:
     """Rows of ``capacity`` token slots holding whole documents back to back, then padding.
@@ -157,15 +171,7 @@ class PackedBatch:
         >>> b.modality_ids.tolist()
         [[0, 1, 1, -1]]
         """
-        names = ["text"] if modalities is None else list(modalities)
-        if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
-            raise ValueError(f"modalities must be distinct strings (at least one), got {names!r}")
-        if len(names) > 127:
-            raise ValueError(f"at most 127 modalities fit int8 modality ids, got {len(names)}")
-        if data is not None and not isinstance(data, Mapping):
-            raise TypeError(f"data must be a dict of tensors, got {type(data).__name__}")
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+        names = _checked_inputs(modalities, data, metadata)
         layout = layout_from_rows(rows, capacity, step_sizes=step_sizes, segments=segments,
                                   num_modalities=len(names))
         return cls.from_layout(layout, modalities=names, data=data, metadata=metadata)
@@ -175,7 +181,9 @@ class PackedBatch:
                     data: Mapping[str, torch.Tensor | np.ndarray] | None = None,
                     metadata: Mapping[str, Any] | None = None) -> PackedBatch:
         """Packed batch from a validated flat :class:`~mmfeed.packing.metadata.Layout` (the fast path for
-        loaders that already hold lengths as arrays; see :func:`~mmfeed.packing.metadata.make_layout`)."""
+        loaders that already hold lengths as arrays; see :func:`~mmfeed.packing.metadata.make_layout`); the
+        modalities, data and metadata are checked as :meth:`from_segments` checks them."""
+        names = _checked_inputs(modalities, data, metadata)
         meta = document_metadata(layout)
         payload = {str(k): _as_tensor(str(k), v) for k, v in (data or {}).items()}
         return cls(
@@ -185,7 +193,7 @@ class PackedBatch:
             modality_ids=torch.from_numpy(meta.modality_ids),
             cu_seqlens=torch.from_numpy(meta.cu_seqlens),
             max_seqlen=meta.max_seqlen,
-            modalities=["text"] if modalities is None else list(modalities),
+            modalities=names,
             data=payload,
             metadata=dict(metadata or {}),
         )
