@@ -81,6 +81,7 @@ ORPHANED = textwrap.dedent("""
 
 
 def _alive(pid):
+    """The process exists and is no zombie (its state follows the parenthesised command name)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -168,14 +169,6 @@ CTRL_C = textwrap.dedent("""
 
 def _shm():
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.slow
