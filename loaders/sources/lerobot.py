@@ -7,6 +7,13 @@ timestamp), per-frame rows in ``data/chunk-XXX/file-XXX.parquet`` and the episod
 Planning reads only the metadata (never the per-episode ``stats/...`` columns); workers read the rows and decode
 the frames a batch asks for, one decode pass per video file for all the frames of the batch.
 
+The directory may be local or at any fsspec URL (``s3://bucket/ds``, ``gs://...``, ``https://host/ds``): the
+metadata is read once when the dataset opens, data files and videos by byte range through the process's bounded
+block cache, every remote read retried (:mod:`mmfeed.loaders.sources.files`). Every layout LeRobot writes or
+converts reads the same: ``meta/episodes`` in any number of files and row groups (LeRobot flushes every ten
+episodes), task lists as plain or dictionary-encoded strings in list or large_list columns, data and videos over
+many files and chunks.
+
 Kinds follow the declared dtypes: ``video`` and ``image`` (PNG or JPEG bytes in the parquet) are uint8
 ``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str) and every numeric dtype is an
 array of that dtype. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
@@ -17,11 +24,10 @@ read as shape ``()``. With ``frame_format="yuv420"`` frames come as I420 planes 
 from __future__ import annotations
 
 import io
-import json
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +39,7 @@ from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.loaders.timing import stage
 
@@ -47,15 +54,21 @@ FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
 
 
 def is_lerobot_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` looks like a LeRobot dataset root (it has ``meta/info.json``)."""
-    return (Path(path) / "meta" / "info.json").is_file()
+    """Whether ``path`` (a directory or an fsspec URL) looks like a LeRobot dataset root: it has
+    ``meta/info.json``. A URL naming a file (``.tar``, ``.parquet``) or a pattern is not asked."""
+    spec = os.fspath(path)
+    if is_url(spec) and (spec.endswith((".tar", ".parquet")) or any(c in spec for c in "{*?[")):
+        return False
+    return DatasetFiles(spec).exists("meta/info.json")
 
 
 class LeRobotSource(EpisodeSource):
     """The episodes of a LeRobot v3 directory, every feature at the dataset's fps.
 
-    root: the dataset directory (holding ``meta/``, ``data/`` and, with videos, ``videos/``).
-    backend: the video backend of :mod:`mmfeed.codecs` ("auto" sends AV1, LeRobot's default codec, to PyAV).
+    root: the dataset directory (holding ``meta/``, ``data/`` and, with videos, ``videos/``), local or an fsspec
+        URL.
+    backend: the video backend of :mod:`mmfeed.codecs` ("auto" sends AV1, LeRobot's default codec, to PyAV;
+        remote videos always decode with PyAV).
     tolerance_s: how far a decoded frame's timestamp may be from the one asked for (LeRobot's default 1e-4 s).
     frame_size: ``(height, width)`` for every camera, ``{feature: (height, width)}`` for some, or None: frames
         are resized inside the decoder and the features report that size.
@@ -69,32 +82,33 @@ class LeRobotSource(EpisodeSource):
                  frame_size: FrameSize = None, frame_format: str = "rgb24", decoder_threads: int = 1) -> None:
         DecodeOptions(backend=backend, frame_format=frame_format, threads=decoder_threads)  # fails now
         self.frame_format = frame_format
-        self.root = Path(root)
-        self.name = str(self.root)
+        self.files = DatasetFiles(root)
+        self.root = self.name = self.files.root
         self.tolerance_s = float(tolerance_s)
-        self.info = _read_json(self.root / "meta" / "info.json")
+        self.info = self.files.read_json("meta/info.json")
+        where = self.files.where("meta/info.json")
         version = str(self.info.get("codebase_version", ""))
         if not version.startswith("v3"):
             raise ValueError(f"{self.root}: meta/info.json has codebase_version {version!r}; mmfeed reads LeRobot v3.x")
         for field in ("fps", "features", "data_path"):
             if field not in self.info:
-                raise ValueError(f"{self.root / 'meta' / 'info.json'}: missing field {field!r}")
+                raise ValueError(f"{where}: missing field {field!r}")
         specs: dict[str, dict] = self.info["features"]
         fps = float(self.info["fps"])
         self._video_keys = [k for k, s in specs.items() if s.get("dtype") == "video"]
         if self._video_keys and not self.info.get("video_path"):
-            raise ValueError(f"{self.root / 'meta' / 'info.json'}: video features but no 'video_path'")
+            raise ValueError(f"{where}: video features but no 'video_path'")
         self._sizes = _frame_sizes(frame_size, specs, self.root)
         self._options = {size: DecodeOptions(backend=backend, size=size, frame_format=frame_format,
                                              threads=decoder_threads) for size in set(self._sizes.values())}
         self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, frame_format) for k, s in specs.items()}
-        self._meta = _read_episodes(self.root, self._video_keys)
+        self.tasks = _read_tasks(self.files)
+        self._meta, self._episode_tasks = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
-        self.tasks = _read_tasks(self.root / "meta" / "tasks.parquet")
-        self._episode_tasks = self._task_ids(self._meta.pop("tasks"))
-        stats = self.root / "meta" / "stats.json"
-        raw = from_json({k: v for k, v in _read_json(stats).items() if isinstance(v, dict)}) if stats.is_file() else {}
+        raw = {}
+        if self.files.exists("meta/stats.json"):
+            raw = from_json({k: v for k, v in self.files.read_json("meta/stats.json").items() if isinstance(v, dict)})
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache = LRU(2)  # path -> the non-video columns of one data file
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
@@ -174,44 +188,30 @@ class LeRobotSource(EpisodeSource):
         self._lock = threading.Lock()
 
     # -- internals -------------------------------------------------------------------------------------------
-    def _task_ids(self, episode_tasks: pa.Array | None) -> np.ndarray:
-        """The id of each episode's one task, -1 where it lists several (or none: its rows then say); vectorized
-        over the ``tasks`` list column (its texts as dictionary codes or plain strings)."""
-        out = np.full(len(self._lengths), -1, dtype=np.int64)
-        if episode_tasks is None:
-            return out
-        counts = pc.fill_null(pc.list_value_length(episode_tasks), 0).to_numpy(zero_copy_only=False)
-        values = episode_tasks.flatten()
-        if not pa.types.is_dictionary(values.type):
-            values = pc.dictionary_encode(values)
-        ids = {t: i for i, t in enumerate(self.tasks)}
-        texts = values.dictionary.to_pylist()
-        known = np.array([ids.get(t, -1) for t in texts], dtype=np.int64)
-        codes = values.indices.to_numpy(zero_copy_only=False)
-        flat = known[codes] if len(codes) else np.zeros(0, np.int64)
-        if (flat < 0).any():
-            k = int(np.flatnonzero(flat < 0)[0])
-            e = int(np.searchsorted(np.cumsum(counts), k, side="right"))
-            raise ValueError(f"{self.describe(e)}: task {texts[codes[k]]!r} is not in "
-                             f"{self.root / 'meta/tasks.parquet'}")
-        single = counts == 1
-        out[single] = flat[(np.cumsum(counts) - counts)[single]]
-        return out
+    def video_file(self, episode: int, feature: str) -> str:
+        """The video file (relative to the root) holding ``episode`` of the video ``feature``."""
+        return self.info["video_path"].format(
+            video_key=feature, chunk_index=int(self._meta[f"videos/{feature}/chunk_index"][episode]),
+            file_index=int(self._meta[f"videos/{feature}/file_index"][episode]))
 
-    def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[Path, np.ndarray]:
-        chunk = int(self._meta[f"videos/{feature}/chunk_index"][episode])
-        file = int(self._meta[f"videos/{feature}/file_index"][episode])
+    def data_file(self, episode: int) -> str:
+        """The data parquet file (relative to the root) holding the rows of ``episode``."""
+        return self.info["data_path"].format(chunk_index=int(self._meta["data/chunk_index"][episode]),
+                                             file_index=int(self._meta["data/file_index"][episode]))
+
+    def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[str | RemoteFile, np.ndarray]:
+        """What the decoder opens for the episode's ``feature`` (a path, or a remote file) and the times in it of
+        frames ``idx``."""
         start = float(self._meta[f"videos/{feature}/from_timestamp"][episode])
-        path = self.root / self.info["video_path"].format(video_key=feature, chunk_index=chunk, file_index=file)
-        return path, start + idx.astype(np.float64) / float(self._fps[episode])
+        video = self.files.video(self.video_file(episode, feature))
+        return video, start + idx.astype(np.float64) / float(self._fps[episode])
 
     def _rows(self, episode: int, feature: str, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` of ``feature`` in the episode's data file (image features: their encoded bytes)."""
-        chunk = int(self._meta["data/chunk_index"][episode])
-        file = int(self._meta["data/file_index"][episode])
-        path = self.root / self.info["data_path"].format(chunk_index=chunk, file_index=file)
+        relative = self.data_file(episode)
+        path = self.files.where(relative)
         where = f"{self.describe(episode)} feature {feature!r}"
-        columns = self._data_file(path, where)
+        columns = self._data_file(relative, where)
         if feature not in columns:
             raise ValueError(f"{where}: data file {path} has no column {feature!r}")
         index = columns["index"]
@@ -225,18 +225,19 @@ class LeRobotSource(EpisodeSource):
             raise ValueError(f"{where}: cannot read column {feature!r} of data file {path}: {values}") from values
         return values[rows]
 
-    def _data_file(self, path: Path, where: str) -> dict[str, object]:
+    def _data_file(self, relative: str, where: str) -> dict[str, object]:
         """Every non-video column of one data file, sorted by ``index`` (the last two files stay cached)."""
-        cached = self._data_cache.get(path)
+        cached = self._data_cache.get(relative)
         if cached is not None:
             return cached
-        if not path.is_file():
+        path = self.files.where(relative)
+        if not self.files.exists(relative):
             raise FileNotFoundError(f"{where}: data file {path} named by meta/episodes does not exist")
         try:
-            schema = pq.read_schema(path)
-            names = [k for k in self.features if k not in self._video_keys and k in schema.names]
-            table = pq.read_table(path, columns=list(dict.fromkeys(["index", *names])))
-        except (OSError, pa.ArrowException) as err:
+            parquet = self.files.parquet(relative)
+            names = [k for k in self.features if k not in self._video_keys and k in parquet.schema_arrow.names]
+            table = parquet.read(columns=list(dict.fromkeys(["index", *names])))
+        except (OSError, ValueError, pa.ArrowException) as err:
             raise ValueError(f"{where}: cannot read data file {path}: {err}") from err
         order = np.argsort(table["index"].to_numpy(), kind="stable")
         columns: dict[str, object] = {"index": table["index"].to_numpy()[order]}
@@ -245,7 +246,7 @@ class LeRobotSource(EpisodeSource):
                 columns[name] = self._column(name, table[name].combine_chunks())[order]
             except (ValueError, pa.ArrowException) as err:
                 columns[name] = err  # raised when the feature is asked for, so other features still read
-        self._data_cache.put(path, columns)
+        self._data_cache.put(relative, columns)
         return columns
 
     def _column(self, name: str, array: pa.Array) -> np.ndarray:
@@ -287,7 +288,7 @@ class LeRobotSource(EpisodeSource):
         return out
 
 
-def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None, root: Path,
+def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None, root: str,
              frame_format: str = "rgb24") -> Feature:
     """The :class:`Feature` that one entry of info.json's ``features`` declares (frames in ``frame_format``)."""
     dtype, shape = spec.get("dtype"), tuple(int(s) for s in spec.get("shape") or ())
@@ -312,7 +313,7 @@ def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None,
     return Feature("array", np_dtype, () if shape == (1,) else shape, fps)
 
 
-def _frame_sizes(frame_size: FrameSize, specs: Mapping[str, Mapping], root: Path) -> dict[str, tuple[int, int] | None]:
+def _frame_sizes(frame_size: FrameSize, specs: Mapping[str, Mapping], root: str) -> dict[str, tuple[int, int] | None]:
     """The decode size of every frame feature (None: as stored), validating ``frame_size``."""
     cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
     if not isinstance(frame_size, Mapping):
@@ -325,52 +326,108 @@ def _frame_sizes(frame_size: FrameSize, specs: Mapping[str, Mapping], root: Path
     return {k: None if frame_size.get(k) is None else DecodeOptions(size=tuple(frame_size[k])).size for k in cameras}
 
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: malformed JSON ({err})") from err
+_EPISODE_FILE = re.compile(r"meta/episodes/chunk-(\d+)/file-(\d+)\.parquet")
 
 
-def _read_episodes(root: Path, video_keys: Sequence[str]) -> dict:
-    """The columns of meta/episodes planning and reads need, sorted by episode_index (``tasks`` as lists)."""
-    files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
-    if not files:
-        raise FileNotFoundError(f"{root}: no meta/episodes/chunk-*/file-*.parquet files")
-    wanted = [*_EPISODE_COLUMNS, "tasks", *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
-    tables = []
-    for f in files:
-        present = pq.read_schema(f).names
-        missing = [c for c in wanted if c not in present and c != "tasks"]
+def _episode_files(files: DatasetFiles, info: Mapping) -> list[str]:
+    """The files of ``meta/episodes``, in (chunk, file) order. Where the store cannot list folders (plain HTTP),
+    they are found in the order LeRobot writes them: file after file of a chunk, ``chunks_size`` files a chunk,
+    until the next one does not exist."""
+    found = files.glob("meta/episodes/chunk-*/file-*.parquet")
+    if found is None:
+        found, chunk, file, per_chunk = [], 0, 0, max(int(info.get("chunks_size") or 1000), 1)
+        while files.exists(name := f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"):
+            found.append(name)
+            chunk, file = (chunk + 1, 0) if file + 1 >= per_chunk else (chunk, file + 1)
+    numbered = [(tuple(int(g) for g in m.groups()), f) for f in found if (m := _EPISODE_FILE.fullmatch(f))]
+    return [f for _, f in sorted(numbered)]
+
+
+def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str], tasks: Sequence[str]
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The columns of meta/episodes planning and reads need, sorted by episode_index, and each episode's task id
+    (-1 where it lists several, or none: its rows then say). Any number of files and row groups, task lists as
+    list or large_list of plain or dictionary-encoded strings; the per-episode stats columns are never read."""
+    paths = _episode_files(files, info)
+    if not paths:
+        raise FileNotFoundError(f"{files.root}: no meta/episodes/chunk-*/file-*.parquet files")
+    wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in wanted}
+    episode_tasks = []
+    lookup = pa.array(list(tasks), type=pa.large_string())
+    for relative in paths:
+        where = files.where(relative)
+        parquet = files.parquet(relative)
+        present = parquet.schema_arrow.names
+        missing = [c for c in wanted if c not in present]
         if missing:
-            raise ValueError(f"{f}: meta/episodes has no columns {missing}")
-        # the task lists' strings read as parquet dictionary codes: a few distinct texts, however many episodes
-        leaves = pq.ParquetFile(f).schema
-        task_leaves = [leaves.column(i).path for i in range(len(leaves)) if leaves.column(i).path.startswith("tasks.")]
-        reader = pq.ParquetFile(f, read_dictionary=task_leaves)
-        tables.append(reader.read(columns=[c for c in wanted if c in present]).unify_dictionaries())
-    table = pa.concat_tables(tables, promote_options="default").unify_dictionaries()
-    order = table["episode_index"].to_numpy()
+            raise ValueError(f"{where}: meta/episodes has no columns {missing}")
+        columns = wanted + (["tasks"] if "tasks" in present else [])
+        try:
+            table = parquet.read(columns=columns)
+        except pa.ArrowNotImplementedError:  # a list of dictionary strings over several row groups, which the
+            # file reader cannot return as one array: read it row group by row group
+            table = pq.read_table(files.open(relative), columns=columns)
+        for c in wanted:
+            if table[c].null_count:
+                raise ValueError(f"{where}: column {c!r} has {table[c].null_count} empty values")
+            parts[c].append(table[c].to_numpy())
+        if "tasks" in present:
+            episode_tasks.append(_episode_task_ids(table["tasks"], lookup, table["episode_index"], where))
+        else:
+            episode_tasks.append(np.full(table.num_rows, -1, dtype=np.int64))
+    meta = {c: np.concatenate(v) for c, v in parts.items()}
+    task = np.concatenate(episode_tasks)
+    order = meta["episode_index"]
     if (np.diff(order) < 0).any():
-        table = table.take(pa.array(np.argsort(order, kind="stable")))
-    meta = {c: table[c].to_numpy() for c in table.column_names if c != "tasks"}
-    meta["tasks"] = table["tasks"].combine_chunks() if "tasks" in table.column_names else None
+        order = np.argsort(order, kind="stable")
+        meta, task = {c: v[order] for c, v in meta.items()}, task[order]
     bad = np.flatnonzero(meta["dataset_to_index"] - meta["dataset_from_index"] != meta["length"])
     if bad.size:
-        raise ValueError(f"{root} episode {int(meta['episode_index'][bad[0]])}: meta/episodes gives length "
+        raise ValueError(f"{files.root} episode {int(meta['episode_index'][bad[0]])}: meta/episodes gives length "
                          f"{int(meta['length'][bad[0]])} but rows {int(meta['dataset_from_index'][bad[0]])}.."
                          f"{int(meta['dataset_to_index'][bad[0]])}")
-    return meta
+    return meta, task
 
 
-def _read_tasks(path: Path) -> list[str]:
+def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.ChunkedArray, where: str) -> np.ndarray:
+    """The task id of each episode whose ``tasks`` list holds one text, -1 where it holds several or none; a text
+    missing from tasks.parquet is an error naming the episode. Chunk by chunk (row groups), whatever the list
+    and string types and encoding."""
+    out, seen = [], 0
+    for chunk in column.chunks:
+        kind = chunk.type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            counts = pc.fill_null(pc.list_value_length(chunk), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            values = pc.list_flatten(chunk)
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
+            counts, values = chunk.is_valid().to_numpy(zero_copy_only=False).astype(np.int64), chunk.drop_null()
+        else:
+            raise ValueError(f"{where}: column 'tasks' is {kind}; expected a list of task texts")
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        values = values.cast(pa.large_string())
+        ids = pc.fill_null(pc.index_in(values, value_set=lookup), -1).to_numpy(zero_copy_only=False)
+        if (ids < 0).any():
+            k = int(np.flatnonzero(ids < 0)[0])
+            row = int(np.searchsorted(np.cumsum(counts), k, side="right"))
+            episode = episodes[seen + row].as_py()
+            raise ValueError(f"{where} episode {episode}: task {values[k].as_py()!r} is not in meta/tasks.parquet")
+        task = np.full(len(counts), -1, dtype=np.int64)
+        single = counts == 1
+        task[single] = ids[(np.cumsum(counts) - counts)[single]]
+        out.append(task)
+        seen += len(counts)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _read_tasks(files: DatasetFiles) -> list[str]:
     """Task texts ordered by task_index. LeRobot writes a pandas frame indexed by the text, which parquet keeps as
     a column named ``task`` (a named index) or ``__index_level_0__`` (an unnamed one)."""
-    if not path.is_file():
+    path = files.where("meta/tasks.parquet")
+    if not files.exists("meta/tasks.parquet"):
         raise FileNotFoundError(f"{path} does not exist; a LeRobot v3 dataset lists its tasks there")
-    table = pq.read_table(path)
+    table = files.parquet("meta/tasks.parquet").read()
     text = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
     if text is None or "task_index" not in table.column_names:
         raise ValueError(f"{path}: expected columns task_index and task (or the index __index_level_0__), got "
