@@ -28,7 +28,7 @@ from typing import Any, Iterable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from mmfeed.codecs.demux import VideoInfo, VideoSource, probe, source_name
+from mmfeed.codecs.demux import FileOpener, VideoInfo, VideoSource, probe, source_name
 from mmfeed.codecs.video import (
     DEFAULT_TOLERANCE_S,
     DecodeOptions,
@@ -235,6 +235,8 @@ class VideoReaderCache:
     def _key(source: VideoSource) -> Any:
         if isinstance(source, (bytes, bytearray, memoryview)):
             return ("memory", id(source))
+        if isinstance(source, FileOpener):
+            return ("opener", source.key)
         path = os.path.abspath(os.fspath(source))
         try:
             st = os.stat(path)

@@ -18,18 +18,38 @@ from __future__ import annotations
 import functools
 import io
 import os
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["VideoInfo", "VideoSource", "frames_at_times", "probe", "source_name", "validate_indices"]
+__all__ = ["FileOpener", "VideoInfo", "VideoSource", "frames_at_times", "probe", "source_name", "validate_indices"]
 
-VideoSource = str | os.PathLike | bytes | bytearray | memoryview
-"""A video file path, or the bytes of a whole video file held in memory (e.g. a tar member)."""
+
+@runtime_checkable
+class FileOpener(Protocol):
+    """A video file read through a Python file object: a file in object storage read by byte range, say.
+
+    ``name`` is how errors name it (its URL), ``key`` identifies its content (URL and size, say: a key that
+    changes when the file does) and ``open()`` returns a new seekable binary file over it. Such a file is probed
+    from its container's index (:func:`probe`) and decoded with PyAV, so only the header and the groups of
+    pictures a request needs are read.
+    """
+
+    name: str
+    key: Hashable
+
+    def open(self) -> BinaryIO: ...
+
+
+VideoSource = str | os.PathLike | bytes | bytearray | memoryview | FileOpener
+"""A video file path, the bytes of a whole video file held in memory (e.g. a tar member), or a
+:class:`FileOpener`."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +91,8 @@ def source_name(source: VideoSource) -> str:
     """How errors and logs name ``source``: the path, or ``<N bytes in memory>``."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<{memoryview(source).nbytes} bytes in memory>"
+    if isinstance(source, FileOpener):
+        return str(source.name)
     return os.fspath(source)
 
 
@@ -79,7 +101,9 @@ def open_container(source: VideoSource) -> "av.container.InputContainer":
     import av
 
     name = source_name(source)
-    if not isinstance(source, (bytes, bytearray, memoryview)):
+    if isinstance(source, FileOpener):
+        target = source.open()
+    elif not isinstance(source, (bytes, bytearray, memoryview)):
         if not os.path.isfile(name):
             raise DecodeError(f"{name}: no such video file", path=name)
         if os.path.getsize(name) == 0:
@@ -104,6 +128,8 @@ def probe(source: VideoSource) -> VideoInfo:
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _probe(source)
+    if isinstance(source, FileOpener):
+        return _probe_opener(source)
     name = os.path.abspath(os.fspath(source))
     try:
         st = os.stat(name)
@@ -118,7 +144,40 @@ def _probe_cached(path: str, size: int, mtime_ns: int) -> VideoInfo:
     return _probe(path)
 
 
-def _probe(source: VideoSource) -> VideoInfo:
+@functools.lru_cache(maxsize=512)
+def _probe_opener(source: FileOpener) -> VideoInfo:
+    # the opener's key (URL and size, say) is what the cache keys on: a rewritten file is probed again
+    return _probe(source, indexed=True)
+
+
+_REORDER_CHECK = 32
+"""Packets an indexed probe demuxes to see that presentation order is decode order (no B-frames)."""
+
+
+def _indexed(container, stream) -> tuple[list[int], list[bool], int] | None:
+    """Frame times and keyframe flags from the container's index (an mp4's sample table: read with its header,
+    no frame data), or None when the index cannot be trusted for them: the first packets show frames reordered
+    (B-frames: the index holds decode times) or their times disagree with it."""
+    entries = [e for e in stream.index_entries if not e.is_discard]
+    if not entries:
+        return None
+    times = [int(e.timestamp) for e in entries]
+    if any(b <= a for a, b in zip(times, times[1:])):
+        return None
+    seen = 0
+    for packet in container.demux(stream):
+        if packet.size == 0:
+            continue
+        if packet.pts is None or packet.pts != packet.dts or seen >= len(times) or packet.pts != times[seen]:
+            return None
+        seen += 1
+        if seen == _REORDER_CHECK:
+            break
+    duration = int(stream.duration / len(times)) if stream.duration and len(times) else 0
+    return times, [bool(e.is_keyframe) for e in entries], duration
+
+
+def _probe(source: VideoSource, indexed: bool = False) -> VideoInfo:
     import av
 
     name = source_name(source)
@@ -134,8 +193,11 @@ def _probe(source: VideoSource) -> VideoInfo:
         last_duration = 0
         open_gop = False
         key_pts = None  # pts of the latest keyframe in decode order
+        from_index = _indexed(container, stream) if indexed else None
+        if from_index is not None:
+            pts_list, key_list, last_duration = from_index
         try:
-            for packet in container.demux(stream):
+            for packet in (container.demux(stream) if from_index is None else ()):
                 if packet.size == 0:  # the flush packets PyAV yields at the end
                     continue
                 ts = packet.pts if packet.pts is not None else packet.dts

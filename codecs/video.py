@@ -33,7 +33,8 @@ from mmfeed.codecs._decord import DecordReader
 from mmfeed.codecs._pyav import PyAVReader
 from mmfeed.codecs._torchcodec import TorchCodecReader
 from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
-from mmfeed.codecs.demux import VideoInfo, VideoSource, frames_at_times, probe, validate_indices
+from mmfeed.codecs.demux import FileOpener, VideoInfo, VideoSource, frames_at_times, probe, validate_indices
+from mmfeed.codecs.errors import DecodeError
 
 __all__ = [
     "BACKENDS",
@@ -161,6 +162,9 @@ def open_reader(
     info = info if info is not None else probe(source)
     options.check_crop(info)
     name = choose_backend(info, options.backend)
+    if name != "pyav" and isinstance(source, FileOpener):
+        raise DecodeError(f"{info.path}: a video read through a file object (object storage, say) decodes with "
+                          f"PyAV only, not {name!r}; use backend='pyav' or 'auto'", path=info.path)
     extra = {"frame_format": options.frame_format} if options.frame_format != "rgb24" else {}
     return BACKENDS[name](source, info, threads=options.threads, size=options.size, **extra)
 

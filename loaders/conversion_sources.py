@@ -1,8 +1,8 @@
 """What :func:`mmfeed.loaders.convert` reads: one reader per kind of source, each giving episode ``i`` as
 the keyword arguments of :func:`~mmfeed.loaders.sources.writer.episode_sample`, every video already as mp4 bytes.
 
-- LeRobot v3 (a directory, or an fsspec URL whose files are fetched on demand into a small local cache): arrays
-  through ``LeRobotSource.read_many``, per-step tasks through ``step_tasks``; each camera's frames decoded (resized
+- LeRobot v3 (a directory, or an fsspec URL read in place by byte range): arrays through
+  ``LeRobotSource.read_many``, per-step tasks through ``step_tasks``; each camera's frames decoded (resized
   by ``frame_size`` inside the decoder) and encoded, or under ``codec="copy"`` the episode's packets remuxed out of
   the concatenated file (:func:`remux_episode`: the same compressed bytes, so the same decoded pixels).
 - webdataset shards (v1 or v2): arrays read, videos decoded and encoded, or under ``copy`` kept byte for byte.
@@ -14,22 +14,17 @@ Decoding always uses PyAV, so the output does not depend on which backends a mac
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import logging
 import os
-import shutil
-import tempfile
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
-from mmfeed.codecs.demux import probe
+from mmfeed.codecs.demux import VideoSource, open_container, probe
 from mmfeed.codecs.encode import CODECS, encode_video
 from mmfeed.loaders.sources.base import EpisodeRequest
 from mmfeed.loaders.sources.lerobot import LeRobotSource
@@ -37,9 +32,6 @@ from mmfeed.loaders.sources.lerobot import LeRobotSource
 __all__ = ["open_reader", "normalize_episode", "iter_generator", "remux_episode", "source_kind"]
 
 log = logging.getLogger(__name__)
-
-_REMOTE_FILES = 4
-"""Files of a remote LeRobot dataset a worker keeps in its local cache (least recently used go first)."""
 
 _RAW_TO_MP4 = 50.0
 """Raw frame bytes per encoded byte assumed when sizing shards by --shard-size-mb before encoding (an estimate)."""
@@ -52,11 +44,6 @@ def source_kind(src: Any) -> str:
     spec = os.fspath(src)
     if ":" in spec and "://" not in spec and not os.path.exists(spec) and not spec[1:3] == ":\\":
         return "generator"
-    if "://" in spec:
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(spec)
-        return "lerobot" if fs.isfile(root.rstrip("/") + "/meta/info.json") else "shards"
     from mmfeed.loaders.sources.lerobot import is_lerobot_dir
 
     return "lerobot" if is_lerobot_dir(spec) else "shards"
@@ -153,19 +140,16 @@ class LeRobotReader(_SourceReader):
 
     def __init__(self, job) -> None:
         super().__init__(job)
-        remote = "://" in job.src and not job.src.startswith("file://")
-        self.source = (_RemoteLeRobot if remote else LeRobotSource)(job.src.removeprefix("file://"),
-                                                                     frame_size=job.frame_size, backend="pyav")
+        self.source = LeRobotSource(job.src.removeprefix("file://"), frame_size=job.frame_size, backend="pyav")
         self._check()
         self.stored_shape = {f: _stored(self.source.info["features"][f]) for f in self.videos}
-        self._files: dict[Path, tuple[int, int]] = {}  # video file -> (bytes, frames of the episodes it holds)
+        self._files: dict[str, tuple[int, int]] = {}  # video file -> (bytes, frames of the episodes it holds)
 
     def key(self, e: int) -> str:
         return f"episode_{int(self.source._meta['episode_index'][e]):06d}"
 
     def describe(self, e: int) -> str:
-        name = getattr(self.source, "url", str)
-        files = [name(self._data_path(e))] + [name(self._video_path(e, f)) for f in self.videos]
+        files = [self.source.files.where(self._video_path(e, f)) for f in [None, *self.videos]]
         return f"{self.source.describe(e)} (files {', '.join(dict.fromkeys(files))})"
 
     def read(self, e: int) -> dict[str, Any]:
@@ -199,24 +183,16 @@ class LeRobotReader(_SourceReader):
             columns = [f"videos/{f}/chunk_index", f"videos/{f}/file_index"] if video else \
                 ["data/chunk_index", "data/file_index"]
             same = (meta[columns[0]] == meta[columns[0]][e]) & (meta[columns[1]] == meta[columns[1]][e])
-            size = getattr(self.source, "size", os.path.getsize)(path)
-            self._files[path] = (size, int(self.source.lengths[same].sum()))
+            self._files[path] = (self.source.files.size(path), int(self.source.lengths[same].sum()))
         size, frames = self._files[path]
         return size * int(self.source.lengths[e]) / max(1, frames)
 
-    def _video_path(self, e: int, f: str) -> Path:
-        """The file holding episode ``e`` of video feature ``f`` (image features: the data file)."""
-        if self.source.info["features"][f]["dtype"] != "video":
-            return self._data_path(e)
-        meta = self.source._meta
-        return self.source.root / self.source.info["video_path"].format(
-            video_key=f, chunk_index=int(meta[f"videos/{f}/chunk_index"][e]),
-            file_index=int(meta[f"videos/{f}/file_index"][e]))
-
-    def _data_path(self, e: int) -> Path:
-        meta = self.source._meta
-        return self.source.root / self.source.info["data_path"].format(
-            chunk_index=int(meta["data/chunk_index"][e]), file_index=int(meta["data/file_index"][e]))
+    def _video_path(self, e: int, f: str | None) -> str:
+        """The file (relative to the root) holding episode ``e`` of video feature ``f`` (image features and None:
+        the data file)."""
+        if f is None or self.source.info["features"][f]["dtype"] != "video":
+            return self.source.data_file(e)
+        return self.source.video_file(e, f)
 
 
 class ShardReader(_SourceReader):
@@ -330,8 +306,9 @@ def estimate_generated(item: Mapping) -> float:
     return total
 
 
-def remux_episode(path: str | os.PathLike, start_s: float, count: int, fps: float) -> bytes | None:
-    """The ``count`` frames from ``start_s`` seconds of the video at ``path`` as an mp4 of their very packets
+def remux_episode(path: VideoSource, start_s: float, count: int, fps: float) -> bytes | None:
+    """The ``count`` frames from ``start_s`` seconds of the video at ``path`` (a file, or a remote file read by
+    range) as an mp4 of their very packets
     (stream copy, timestamps from 0), or None when that is not an exact copy: the first packet is not a keyframe,
     or the packets in the span are not ``count`` frames."""
     import io
@@ -340,7 +317,7 @@ def remux_episode(path: str | os.PathLike, start_s: float, count: int, fps: floa
 
     tolerance = 0.5 / fps
     end = start_s + (count - 1) / fps
-    with av.open(os.fspath(path)) as container:
+    with open_container(path) as container:
         stream = container.streams.video[0]
         base = stream.time_base
         container.seek(max(0, int(start_s / base)), stream=stream, backward=True, any_frame=False)
@@ -366,48 +343,6 @@ def remux_episode(path: str | os.PathLike, start_s: float, count: int, fps: floa
                 out.mux(packet)
     data = buffer.getvalue()
     return data if probe(data).num_frames == count else None
-
-
-class _RemoteLeRobot(LeRobotSource):
-    """A LeRobot v3 dataset at an fsspec URL: ``meta/`` is copied to a local directory (removed at exit), each
-    data or video file is fetched when first read, and the least recently used go beyond ``_REMOTE_FILES``."""
-
-    def __init__(self, url: str, **kwargs: Any) -> None:
-        import fsspec
-
-        self._fs, remote = fsspec.core.url_to_fs(url)
-        self._remote = remote.rstrip("/")
-        self._fetched: OrderedDict[Path, None] = OrderedDict()
-        local = Path(tempfile.mkdtemp(prefix="mmfeed-convert-"))
-        atexit.register(shutil.rmtree, local, True)
-        self._fs.get(self._remote + "/meta/", str(local / "meta") + "/", recursive=True)
-        super().__init__(local, **kwargs)
-        self.name = url
-
-    def url(self, path: Path) -> str:
-        return self._remote + "/" + Path(path).relative_to(self.root).as_posix()
-
-    def size(self, path: Path) -> int:
-        return int(self._fs.size(self.url(path)))
-
-    def fetch(self, path: Path) -> Path:
-        if path in self._fetched:
-            self._fetched.move_to_end(path)
-            return path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fs.get_file(self.url(path), str(path))
-        self._fetched[path] = None
-        while len(self._fetched) > _REMOTE_FILES:
-            old, _ = self._fetched.popitem(last=False)
-            old.unlink(missing_ok=True)
-        return path
-
-    def _data_file(self, path: Path, where: str) -> dict[str, object]:
-        return super()._data_file(self.fetch(path), where)
-
-    def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[Path, np.ndarray]:
-        path, times = super()._frame_times(episode, feature, idx)
-        return self.fetch(path), times
 
 
 def _decode_all(data: bytes, size: tuple[int, int] | None) -> np.ndarray:

@@ -48,7 +48,7 @@ def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"open_dataset takes a path, URL, list of them, or an open source; got {type(path).__name__}")
     spec = os.fspath(path)
-    if "://" not in spec and is_lerobot_dir(spec):
+    if is_lerobot_dir(spec):  # a local directory or any fsspec URL with meta/info.json
         return LeRobotSource(spec, **kwargs)
     if "://" not in spec and os.path.isdir(os.path.join(spec, "meta")) and not os.path.exists(
             os.path.join(spec, "meta", "info.json")):

@@ -37,11 +37,13 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 __all__ = ["CacheStats", "RangeCache", "RemoteReadError", "RetryPolicy", "default_cache", "read_range"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_CACHE_BYTES = 256 << 20
 DEFAULT_BLOCK_BYTES = 1 << 20
@@ -103,6 +105,28 @@ class RetryPolicy:
     def wait(self, failed: int) -> float:
         """Seconds to wait after the ``failed``-th failed try."""
         return min(self.backoff_s * 2 ** (failed - 1), self.max_backoff_s)
+
+    def run(self, attempt: Callable[[], T], what: str, on_retry: Callable[[], None] | None = None) -> T:
+        """``attempt()``, tried again after a backoff while it fails in a way that may heal (:func:`retryable`),
+        at most ``attempts`` times; ``on_retry`` is called before each further try. A failure that will not heal
+        is raised as it is; after the last try a :class:`RemoteReadError` names ``what`` (the URL, and the byte
+        range of a range read) and the last cause."""
+        for tried in range(1, self.attempts + 1):
+            try:
+                return attempt()
+            except (MemoryError, KeyboardInterrupt):
+                raise
+            except Exception as err:
+                if not retryable(err):
+                    raise
+                if tried == self.attempts:
+                    raise RemoteReadError(f"{what}: {self.attempts} tries failed; last: {type(err).__name__}: "
+                                          f"{err or 'no answer within the timeout'}") from err
+                if on_retry is not None:
+                    on_retry()
+                log.debug("%s: try %d failed (%s: %s); retrying", what, tried, type(err).__name__, err)
+                time.sleep(self.wait(tried))
+        raise AssertionError("unreachable: attempts >= 1")
 
 
 def retryable(err: BaseException) -> bool:
@@ -229,23 +253,13 @@ class RangeCache:
         fs, path = self._filesystem(url)
         policy = self.retry
         timeout = {"timeout": policy.timeout_s} if policy.timeout_s and getattr(fs, "async_impl", False) else {}
-        for attempt in range(1, policy.attempts + 1):
-            try:
-                data = fs.cat_file(path, start=start, end=end, **timeout)
-                break
-            except (MemoryError, KeyboardInterrupt):
-                raise
-            except Exception as err:
-                if not retryable(err):
-                    raise
-                if attempt == policy.attempts:
-                    raise RemoteReadError(f"{url} bytes {start}-{end - 1}: {policy.attempts} tries failed; last: "
-                                          f"{type(err).__name__}: {err or 'no answer within the timeout'}") from err
-                with self._lock:
-                    self.stats.retries += 1
-                log.debug("%s bytes %d-%d: try %d failed (%s: %s); retrying", url, start, end - 1, attempt,
-                          type(err).__name__, err)
-                time.sleep(policy.wait(attempt))
+
+        def retried() -> None:
+            with self._lock:
+                self.stats.retries += 1
+
+        data = policy.run(lambda: fs.cat_file(path, start=start, end=end, **timeout), f"{url} bytes {start}-{end - 1}",
+                          on_retry=retried)
         with self._lock:
             self.stats.requests += 1
             self.stats.fetched_bytes += len(data)

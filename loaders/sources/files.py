@@ -1,0 +1,218 @@
+"""Where a dataset's files are: a local directory or any fsspec URL, read the same way.
+
+A LeRobot directory is read in place, on local disk or in object storage (``s3://``, ``gs://``, ``https://``,
+any fsspec URL): :class:`DatasetFiles` reads small metadata files whole (once, when the dataset opens) and
+opens data parquet files and videos as seekable files whose bytes come by range through this process's bounded
+block cache (:func:`~mmfeed.loaders.sources.remote.default_cache`), so a worker fetches the parquet footers,
+the columns it reads, and the video headers and groups of pictures its batches need, never whole files. Every
+remote operation, listing, size, whole-file and range reads alike, is retried under the one
+:class:`~mmfeed.loaders.sources.remote.RetryPolicy` (``MMFEED_REMOTE_RETRIES``, ``MMFEED_REMOTE_TIMEOUT_S``):
+a flaky store costs time, not the epoch; after the last try the error names the URL, the range and the cause.
+
+    >>> import fsspec
+    >>> with fsspec.open("memory://mmfeed-files-doc/meta/info.json", "w") as f:
+    ...     _ = f.write('{"fps": 30}')
+    >>> files = DatasetFiles("memory://mmfeed-files-doc")
+    >>> files.read_json("meta/info.json"), files.exists("meta/tasks.parquet")
+    ({'fps': 30}, False)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mmfeed.loaders.sources.remote import RetryPolicy, default_cache
+
+__all__ = ["DatasetFiles", "RemoteFile", "is_url"]
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A remote file of known size, opened as a seekable binary file that reads through the process's range cache
+    (a :class:`~mmfeed.codecs.demux.FileOpener`: PyAV decodes it, fetching only what it reads)."""
+
+    url: str
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return ("remote", self.url, self.size)
+
+    def open(self) -> BinaryIO:
+        return io.BufferedReader(_RangeReader(self.url, self.size), buffer_size=64 << 10)
+
+
+class _RangeReader(io.RawIOBase):
+    """The bytes of a remote file, read at any offset through :func:`default_cache` (blocks, retries)."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self.url, self.size, self._pos = url, int(size), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"{self.url}: seek to {base + offset}, before the start of the file")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), max(self.size - self._pos, 0))
+        if want <= 0:
+            return 0
+        data = default_cache().read(self.url, self._pos, want)
+        memoryview(buffer)[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+class DatasetFiles:
+    """The files of one dataset under ``root``, a local directory or an fsspec URL; paths given to the methods are
+    relative to it (``"meta/info.json"``). Pickles without open handles: each worker opens its own.
+
+    Credentials and endpoints come from the usual fsspec places (environment variables such as
+    ``AWS_ENDPOINT_URL``, config files), as for remote shards.
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.remote = is_url(root)
+        self.root = os.fspath(root).rstrip("/") if self.remote else os.fspath(Path(os.fspath(root)))
+        self._sizes: dict[str, int] = {}
+        self._fs: tuple[int, Any] | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"DatasetFiles({self.root!r})"
+
+    def where(self, relative: str) -> str:
+        """The full path or URL of ``relative``, as messages name it."""
+        return f"{self.root}/{relative}" if self.remote else os.path.join(self.root, relative)
+
+    def exists(self, relative: str) -> bool:
+        """Whether ``relative`` is a file (remote: a missing file is the answer, any other failure retried)."""
+        if not self.remote:
+            return os.path.isfile(self.where(relative))
+        try:
+            self.size(relative)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def size(self, relative: str) -> int:
+        """Bytes in ``relative`` (remote sizes asked once per process)."""
+        if not self.remote:
+            return os.path.getsize(self.where(relative))
+        size = self._sizes.get(relative)
+        if size is None:
+            url = self.where(relative)
+            fs, path = self._filesystem()
+            info = self._retry(lambda: fs.info(self._path(url)), url)
+            if info.get("type") == "directory":
+                raise IsADirectoryError(f"{url} is a directory, not a file")
+            size = self._sizes[relative] = int(info["size"])
+        return size
+
+    def read_bytes(self, relative: str) -> bytes:
+        """The whole file ``relative`` (for small metadata files)."""
+        if not self.remote:
+            path = self.where(relative)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path} does not exist")
+            with open(path, "rb") as f:
+                return f.read()
+        url = self.where(relative)
+        fs, _ = self._filesystem()
+        return self._retry(lambda: fs.cat_file(self._path(url)), url)
+
+    def read_json(self, relative: str) -> Any:
+        """The JSON file ``relative``; malformed JSON is a ValueError naming the file."""
+        data = self.read_bytes(relative)
+        try:
+            return json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{self.where(relative)}: malformed JSON ({err})") from err
+
+    def open(self, relative: str) -> BinaryIO:
+        """``relative`` as a seekable binary file (remote: read by range through the block cache)."""
+        if not self.remote:
+            return open(self.where(relative), "rb")
+        return RemoteFile(self.where(relative), self.size(relative)).open()
+
+    def parquet(self, relative: str) -> pq.ParquetFile:
+        """The parquet file ``relative``, opened to read its footer, then whichever columns and row groups the
+        caller reads (remote: only those bytes are fetched)."""
+        try:
+            return pq.ParquetFile(self.open(relative))
+        except pa.ArrowInvalid as err:
+            raise ValueError(f"{self.where(relative)}: not a readable parquet file: {err}") from err
+
+    def video(self, relative: str) -> str | RemoteFile:
+        """What the decoders open for the video ``relative``: its local path, or a :class:`RemoteFile`."""
+        if not self.remote:
+            return self.where(relative)
+        return RemoteFile(self.where(relative), self.size(relative))
+
+    def glob(self, pattern: str) -> list[str] | None:
+        """Relative paths of the files matching ``pattern`` (``*`` within one folder), or None where the store
+        cannot list folders (plain HTTP servers)."""
+        if not self.remote:
+            return [Path(p).relative_to(self.root).as_posix() for p in Path(self.root).glob(pattern) if p.is_file()]
+        fs, base = self._filesystem()
+        if base in ("http", "https"):
+            return None
+        root = self._path(self.root)
+        found = self._retry(lambda: fs.glob(f"{root}/{pattern}"), f"{self.root}/{pattern}")
+        return [p[len(root) + 1:] for p in found]
+
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "remote": self.remote}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._sizes, self._fs, self._lock = {}, None, threading.Lock()
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _filesystem(self) -> tuple[Any, str]:
+        """This process's fsspec filesystem for the root's protocol (fsspec handles are not shared across a
+        fork), and the protocol."""
+        protocol = self.root.split("://", 1)[0]
+        with self._lock:
+            if self._fs is None or self._fs[0] != os.getpid():
+                import fsspec
+
+                self._fs = (os.getpid(), fsspec.filesystem(protocol))
+            return self._fs[1], protocol
+
+    def _path(self, url: str) -> str:
+        fs, protocol = self._filesystem()
+        return url if protocol in ("http", "https") else fs._strip_protocol(url)
+
+    @staticmethod
+    def _retry(attempt: Any, url: str) -> Any:
+        return RetryPolicy.from_env().run(attempt, url)
