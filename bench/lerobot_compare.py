@@ -166,7 +166,7 @@ if args["indices"]:
     items = [ds[i] for i in args["indices"]]
     keys = sorted(k for k, v in items[0].items() if torch.is_tensor(v))
     for key in keys:
-        if key in ds.meta.video_keys:
+        if key in ds.meta.camera_keys:  # videos and images alike come as float CHW
             arr = np.stack([to_uint8(it[key]) for it in items])
         else:
             arr = np.stack([it[key].numpy() for it in items])
@@ -243,7 +243,8 @@ def lerobot_child(python: str | os.PathLike, root: str | os.PathLike, delta_time
     with tempfile.TemporaryDirectory(prefix="mmfeed-lerobot-") as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
-        args = {"repo_id": "local/synthetic", "root": str(root), "out": str(out),
+        # the child runs in the temporary folder: a relative root must not be read from there
+        args = {"repo_id": "local/synthetic", "root": os.path.abspath(root), "out": str(out),
                 "delta_timestamps": {k: [float(t) for t in v] for k, v in delta_timestamps.items()},
                 "indices": [int(i) for i in indices], "steps": int(steps), "warmup": int(warmup),
                 "batch_size": int(batch_size), "num_workers": int(num_workers), "seed": int(seed),

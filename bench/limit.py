@@ -40,24 +40,30 @@ __all__ = ["LimitPool", "batch_work", "decode_work", "limit_figures"]
 log = logging.getLogger(__name__)
 
 
-def video_targets(source: Any, episode: int, feature: str, idx: np.ndarray) -> tuple[tuple, Any, np.ndarray]:
-    """``(key, video, frame indices in that video)`` of one request's frames of one video feature: a shard's
-    member bytes (key: the member) or a LeRobot file (key: the file, which holds many episodes)."""
+def video_targets(source: Any, episode: int, feature: str, idx: np.ndarray) -> list[tuple[tuple, Any, np.ndarray]]:
+    """``[(key, video, frame indices in that video)]`` of one request's frames of one video feature: a shard's
+    member bytes (key: the member), a LeRobot file (key: the file, which holds many episodes), or the PNG/JPEG
+    bytes of each image a LeRobot image feature stores in its parquet (key: the image; its one frame)."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     sub, local = leaf(source, episode)
     idx = np.asarray(idx, dtype=np.int64)
     if isinstance(sub, LeRobotSource):
+        if sub.info["features"][feature]["dtype"] == "image":
+            rows = sub._rows(local, feature, idx)
+            first = int(sub._meta["dataset_from_index"][local])
+            return [(("image", id(sub), feature, first + int(i)), bytes(data), np.zeros(1, np.int64))
+                    for i, data in zip(idx.tolist(), rows)]
         path, times = sub._frame_times(local, feature, idx)
-        return ("file", str(path)), str(path), frames_at_times(probe(str(path)), times, sub.tolerance_s)
+        return [(("file", str(path)), str(path), frames_at_times(probe(str(path)), times, sub.tolerance_s))]
     if not hasattr(sub, "member_bytes"):
         raise TypeError(f"{type(sub).__name__}: the decode limit reads shards and LeRobot directories")
-    return ("member", id(sub), local, feature), sub.member_bytes(local, feature), idx
+    return [(("member", id(sub), local, feature), sub.member_bytes(local, feature), idx)]
 
 
 def batch_work(items: Any, samples: np.ndarray) -> tuple[list[tuple[tuple, Any, np.ndarray]], int]:
-    """What one batch of sample ids must decode: ``[(key, video, sorted unique frame indices)]`` per video file,
-    and the frames it delivers (repeats included, as the batch holds them)."""
+    """What one batch of sample ids must decode: ``[(key, video, sorted unique frame indices)]`` per video file
+    (per image of an image feature), and the frames it delivers (repeats included, as the batch holds them)."""
     source = items.source
     videos = {f for f, feature in source.features.items() if feature.kind == "video"}
     wanted: dict[tuple, list] = {}
@@ -66,9 +72,9 @@ def batch_work(items: Any, samples: np.ndarray) -> tuple[list[tuple[tuple, Any, 
         for feature, idx in request.indices.items():
             if feature not in videos or not len(idx):
                 continue
-            key, video, frames = video_targets(source, request.episode, feature, idx)
-            wanted.setdefault(key, [video, []])[1].append(frames)
-            delivered += len(frames)
+            for key, video, frames in video_targets(source, request.episode, feature, idx):
+                wanted.setdefault(key, [video, []])[1].append(frames)
+            delivered += len(idx)
     return [(k, v, np.unique(np.concatenate(parts))) for k, (v, parts) in wanted.items()], delivered
 
 

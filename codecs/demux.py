@@ -196,6 +196,8 @@ def _probe(source: VideoSource, indexed: bool = False) -> VideoInfo:
         from_index = _indexed(container, stream) if indexed else None
         if from_index is not None:
             pts_list, key_list, last_duration = from_index
+        elif indexed:  # the check demuxed the first packets: demux the whole stream from the start
+            container.seek(0, stream=stream, backward=True, any_frame=True)
         try:
             for packet in (container.demux(stream) if from_index is None else ()):
                 if packet.size == 0:  # the flush packets PyAV yields at the end

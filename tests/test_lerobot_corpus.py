@@ -126,3 +126,37 @@ def test_whole_episodes_read_every_frame_and_row(name):
             if spec.kind == "video":
                 assert read_index(episode[feature]).tolist() == list(range(start, start + n)), (name, e, feature)
         start += n
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_convert_turns_every_layout_into_shards_with_the_same_episodes(tmp_path, name):
+    """``mmfeed convert`` (videos copied packet for packet, PNG images encoded) on each LeRobot-written layout:
+    the shards hold every episode, every array equal, every frame the one LeRobot stored there."""
+    from mmfeed.loaders import convert
+
+    summary = convert(CORPUS / name, tmp_path / "shards", codec="copy", episodes_per_shard=4, progress=False)
+    source, shards = open_dataset(CORPUS / name), open_dataset(tmp_path / "shards")
+    assert summary.episodes == len(source) == len(shards)
+    assert shards.lengths.tolist() == source.lengths.tolist()
+    for e in range(len(source)):
+        a, b = source.episode(e), shards.episode(e)
+        assert a["task"] == b["task"], (name, e)
+        for feature, spec in source.features.items():
+            if spec.kind == "video":
+                assert read_index(b[feature]).tolist() == read_index(a[feature]).tolist(), (name, e, feature)
+            else:
+                assert np.array_equal(a[feature], b[feature]), (name, e, feature)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lerobot_compare_runs_on_every_layout(lerobot_python, name, tmp_path):
+    """``python -m mmfeed.bench.lerobot_compare --root DIR`` on each LeRobot-written layout (needs real LeRobot:
+    MMFEED_LEROBOT_PYTHON): exit 0 (every compared sample equal), throughput and the decode limit reported."""
+    from mmfeed.bench.lerobot_compare import main
+
+    out = tmp_path / "compare.json"
+    code = main(["--lerobot-python", lerobot_python, "--root", str(CORPUS / name), "--steps", "4", "--lerobot-steps",
+                 "2", "--repeats", "1", "--warmup", "1", "--batch-size", "8", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0, result["root"]["lerobot_vs_mmfeed"]["problems"]
+    assert result["ratio_samples_per_s"] > 0 and result["limit_fraction"] > 0

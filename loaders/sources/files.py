@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -32,12 +31,39 @@ import pyarrow.parquet as pq
 
 from mmfeed.loaders.sources.remote import RetryPolicy, default_cache
 
-__all__ = ["DatasetFiles", "RemoteFile", "is_url"]
+__all__ = ["DatasetFiles", "RemoteFile", "is_url", "open_remote", "remote_info"]
 
 
 def is_url(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
     return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` (fsspec keeps one per process and arguments) and the path it takes."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, url if url.split("://", 1)[0] in ("http", "https") else path
+
+
+def _retried(attempt: Any, what: str) -> Any:
+    return RetryPolicy.from_env().run(attempt, what)
+
+
+def remote_info(url: str) -> dict[str, Any]:
+    """fsspec's ``info`` of the file at ``url`` (size, mtime, ...), retried; a missing file is FileNotFoundError
+    and a folder IsADirectoryError."""
+    fs, path = _filesystem(url)
+    info = _retried(lambda: fs.info(path), url)
+    if info.get("type") == "directory":
+        raise IsADirectoryError(f"{url} is a directory, not a file")
+    return info
+
+
+def open_remote(url: str, size: int | None = None) -> BinaryIO:
+    """The remote file ``url`` as a seekable binary file read by range through the block cache, retried."""
+    return RemoteFile(url, int(remote_info(url)["size"]) if size is None else int(size)).open()
 
 
 @dataclass(frozen=True)
@@ -57,7 +83,7 @@ class RemoteFile:
         return ("remote", self.url, self.size)
 
     def open(self) -> BinaryIO:
-        return io.BufferedReader(_RangeReader(self.url, self.size), buffer_size=64 << 10)
+        return _RangeReader(self.url, self.size)  # unbuffered: the range cache holds whole blocks already
 
 
 class _RangeReader(io.RawIOBase):
@@ -104,8 +130,6 @@ class DatasetFiles:
         self.remote = is_url(root)
         self.root = os.fspath(root).rstrip("/") if self.remote else os.fspath(Path(os.fspath(root)))
         self._sizes: dict[str, int] = {}
-        self._fs: tuple[int, Any] | None = None
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"DatasetFiles({self.root!r})"
@@ -121,7 +145,7 @@ class DatasetFiles:
         try:
             self.size(relative)
             return True
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             return False
 
     def size(self, relative: str) -> int:
@@ -130,25 +154,19 @@ class DatasetFiles:
             return os.path.getsize(self.where(relative))
         size = self._sizes.get(relative)
         if size is None:
-            url = self.where(relative)
-            fs, path = self._filesystem()
-            info = self._retry(lambda: fs.info(self._path(url)), url)
-            if info.get("type") == "directory":
-                raise IsADirectoryError(f"{url} is a directory, not a file")
-            size = self._sizes[relative] = int(info["size"])
+            size = self._sizes[relative] = int(remote_info(self.where(relative))["size"])
         return size
 
     def read_bytes(self, relative: str) -> bytes:
         """The whole file ``relative`` (for small metadata files)."""
+        path = self.where(relative)
         if not self.remote:
-            path = self.where(relative)
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{path} does not exist")
             with open(path, "rb") as f:
                 return f.read()
-        url = self.where(relative)
-        fs, _ = self._filesystem()
-        return self._retry(lambda: fs.cat_file(self._path(url)), url)
+        fs, inner = _filesystem(path)
+        return _retried(lambda: fs.cat_file(inner), path)
 
     def read_json(self, relative: str) -> Any:
         """The JSON file ``relative``; malformed JSON is a ValueError naming the file."""
@@ -162,7 +180,7 @@ class DatasetFiles:
         """``relative`` as a seekable binary file (remote: read by range through the block cache)."""
         if not self.remote:
             return open(self.where(relative), "rb")
-        return RemoteFile(self.where(relative), self.size(relative)).open()
+        return open_remote(self.where(relative), self.size(relative))
 
     def parquet(self, relative: str) -> pq.ParquetFile:
         """The parquet file ``relative``, opened to read its footer, then whichever columns and row groups the
@@ -183,11 +201,10 @@ class DatasetFiles:
         cannot list folders (plain HTTP servers)."""
         if not self.remote:
             return [Path(p).relative_to(self.root).as_posix() for p in Path(self.root).glob(pattern) if p.is_file()]
-        fs, base = self._filesystem()
-        if base in ("http", "https"):
+        fs, root = _filesystem(self.root)
+        if root == self.root:  # http(s): no listing
             return None
-        root = self._path(self.root)
-        found = self._retry(lambda: fs.glob(f"{root}/{pattern}"), f"{self.root}/{pattern}")
+        found = _retried(lambda: fs.glob(f"{root}/{pattern}"), f"{self.root}/{pattern}")
         return [p[len(root) + 1:] for p in found]
 
     def __getstate__(self) -> dict:
@@ -195,24 +212,4 @@ class DatasetFiles:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._sizes, self._fs, self._lock = {}, None, threading.Lock()
-
-    # -- internals -----------------------------------------------------------------------------------------
-    def _filesystem(self) -> tuple[Any, str]:
-        """This process's fsspec filesystem for the root's protocol (fsspec handles are not shared across a
-        fork), and the protocol."""
-        protocol = self.root.split("://", 1)[0]
-        with self._lock:
-            if self._fs is None or self._fs[0] != os.getpid():
-                import fsspec
-
-                self._fs = (os.getpid(), fsspec.filesystem(protocol))
-            return self._fs[1], protocol
-
-    def _path(self, url: str) -> str:
-        fs, protocol = self._filesystem()
-        return url if protocol in ("http", "https") else fs._strip_protocol(url)
-
-    @staticmethod
-    def _retry(attempt: Any, url: str) -> Any:
-        return RetryPolicy.from_env().run(attempt, url)
+        self._sizes = {}

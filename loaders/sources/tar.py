@@ -147,7 +147,13 @@ def extract(tar: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
 
 
 def open_file(path: str, mode: str = "rb") -> IO[bytes]:
+    """``path`` (local, or any fsspec URL) opened in ``mode``; a remote file opened for reading is read by range
+    through the process's block cache, each request retried (:mod:`mmfeed.loaders.sources.files`)."""
     if "://" in path:
+        if mode == "rb":
+            from mmfeed.loaders.sources.files import open_remote
+
+            return open_remote(path)
         import fsspec
 
         return fsspec.open(path, mode).open()
@@ -155,11 +161,11 @@ def open_file(path: str, mode: str = "rb") -> IO[bytes]:
 
 
 def stat_file(path: str) -> tuple[int, int | None]:
+    """``(size, mtime in ns or None)`` of a local file or an fsspec URL (asked with retries)."""
     if "://" in path:
-        import fsspec
+        from mmfeed.loaders.sources.files import remote_info
 
-        fs, inner = fsspec.core.url_to_fs(path)
-        info = fs.info(inner)
+        info = remote_info(path)
         mtime = info.get("mtime")
         return int(info["size"]), (int(float(mtime) * 1e9) if isinstance(mtime, (int, float)) else None)
     st = os.stat(path)
