@@ -197,3 +197,15 @@ def test_shards_and_their_index_through_a_store_that_fails_one_request_in_five(t
     seen = [s for ids, _ in remote for s in ids]
     dropped = DataLoader(here, packing=packing).dataset.plan(0).dropped.tolist()  # the plan's, by design
     assert sorted(seen + dropped) == list(range(int(here.lengths.sum())))
+
+
+def test_a_metadata_read_that_fails_every_try_names_the_url_and_the_cause(monkeypatch):
+    """A server that answers 500 to every request for info.json: after the last try the error names that URL,
+    the tries and the cause (and is not taken for a missing file)."""
+    from mmfeed.loaders.sources.remote import RemoteReadError
+
+    monkeypatch.setenv("MMFEED_REMOTE_RETRIES", "2")
+    with serve(CORPUS, fault=lambda n, path: "500" if path.endswith("info.json") else None) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/edge"
+        with pytest.raises(RemoteReadError, match=r"/edge/meta/info\.json: 2 tries failed; last: .*500"):
+            open_dataset(url)

@@ -52,13 +52,40 @@ def _retried(attempt: Any, what: str) -> Any:
 
 
 def remote_info(url: str) -> dict[str, Any]:
-    """fsspec's ``info`` of the file at ``url`` (size, mtime, ...), retried; a missing file is FileNotFoundError
-    and a folder IsADirectoryError."""
+    """What the store says of the file at ``url`` (``size``, ``mtime`` where known), retried; a missing file is
+    FileNotFoundError and a folder IsADirectoryError. Over HTTP it is asked with a HEAD request of its own:
+    fsspec's HTTP ``info`` reports any failed answer, a 500 included, as a missing file, which would make a
+    flaky server look like a dataset with fewer files."""
+    if url.split("://", 1)[0] in ("http", "https"):
+        return _retried(lambda: _http_info(url), url)
     fs, path = _filesystem(url)
     info = _retried(lambda: fs.info(path), url)
     if info.get("type") == "directory":
         raise IsADirectoryError(f"{url} is a directory, not a file")
     return info
+
+
+def _http_info(url: str) -> dict[str, Any]:
+    """``{"size"}`` of ``url`` from a HEAD request (a one-byte range request where the server sends no length);
+    404 is FileNotFoundError, other failures raise as urllib reports them (with their status)."""
+    import urllib.error
+    import urllib.request
+
+    timeout = RetryPolicy.from_env().timeout_s or None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout) as answer:
+            length = answer.headers.get("Content-Length")
+        if length is None:
+            ranged = urllib.request.Request(url, headers={"Range": "bytes=0-0"})
+            with urllib.request.urlopen(ranged, timeout=timeout) as answer:
+                length = (answer.headers.get("Content-Range") or "").rpartition("/")[2] or None
+    except urllib.error.HTTPError as err:
+        if err.code in (404, 410):
+            raise FileNotFoundError(f"{url} does not exist ({err.code})") from err
+        raise
+    if length is None or not length.isdigit():
+        raise ValueError(f"{url}: the server gives no length for the file (no Content-Length or Content-Range)")
+    return {"size": int(length), "type": "file"}
 
 
 def open_remote(url: str, size: int | None = None) -> BinaryIO:
