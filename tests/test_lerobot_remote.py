@@ -18,7 +18,7 @@ from mmfeed.loaders.sources.remote import default_cache
 from mmfeed.testing import make_episodes, write_lerobot, write_webdataset
 
 CORPUS = Path(__file__).parent / "lerobot_corpus"
-REMOTE = ("chunked", "images", "rowgroups")  # many files and chunks; images in parquet; row groups
+NAMES = sorted(p.name for p in CORPUS.iterdir() if (p / "meta" / "info.json").is_file())  # every layout
 FPS = 10
 
 
@@ -50,7 +50,7 @@ def http_corpus():
         yield f"http://127.0.0.1:{server.server_address[1]}", server
 
 
-@pytest.mark.parametrize("name", REMOTE)
+@pytest.mark.parametrize("name", NAMES)
 def test_a_lerobot_directory_over_http_gives_the_local_samples(http_corpus, name):
     """Over plain HTTP (no folder listing: meta/episodes files are found in LeRobot's order), every window over
     every camera, the state and the action chunk equals the local one, frames bit for bit."""
@@ -85,7 +85,7 @@ def test_remote_videos_are_read_by_range_not_whole(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def s3_corpus():
-    """moto's S3 server on 127.0.0.1 holding two corpus directories; the endpoint and credentials are set in the
+    """moto's S3 server on 127.0.0.1 holding the corpus directories; the endpoint and credentials are set in the
     environment, where fsspec (s3fs) finds them, as a user's would be."""
     pytest.importorskip("s3fs", reason="s3fs (the dev extra) reads s3:// URLs")
     server_module = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) is the local S3")
@@ -101,7 +101,7 @@ def s3_corpus():
     try:
         client = boto3.client("s3")
         client.create_bucket(Bucket="robots")
-        for name in ("chunked", "edge"):
+        for name in NAMES:
             for path in (CORPUS / name).rglob("*"):
                 if path.is_file():
                     client.upload_file(str(path), "robots", f"{name}/{path.relative_to(CORPUS / name).as_posix()}")
@@ -115,7 +115,7 @@ def s3_corpus():
         server.stop()
 
 
-@pytest.mark.parametrize("name", ["chunked", "edge"])
+@pytest.mark.parametrize("name", NAMES)
 def test_a_lerobot_directory_in_s3_gives_the_local_samples(s3_corpus, name):
     remote = open_dataset(f"{s3_corpus}/{name}")
     assert isinstance(remote, LeRobotSource)
