@@ -25,7 +25,7 @@ from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.mixture import weighted_draw
-from mmfeed.packing.windows import WindowSpec, chunk_frames, episode_chunks, window_indices
+from mmfeed.packing.windows import WindowSpec, chunk_frames, clamp_to_stream, episode_chunks, window_indices
 
 __all__ = ["LONG_EPISODES", "EpisodeItems", "EpisodeWindows", "RecordItems", "SampleColumn", "chunk_requests",
            "window_requests"]
@@ -53,25 +53,25 @@ def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarra
 
 def chunk_requests(source: EpisodeSource, features: Sequence[str], episodes: np.ndarray, starts: np.ndarray,
                    lengths: np.ndarray) -> list[tuple[EpisodeRequest, dict[str, np.ndarray], dict[str, np.ndarray]]]:
-    """What each chunk of control steps ``[start, start + length)`` reads: every frame of each feature in the
-    chunk's time span, its (all False) ``is_pad`` flags and each frame's time from the chunk's first step."""
+    """What each chunk of control steps ``[start, start + length)`` reads: every frame the clock implies of each
+    feature in the chunk's time span, its ``is_pad`` flags (True for a frame the stream lacks, having ended early;
+    its last frame is read instead) and each frame's time from the chunk's first step."""
     episodes = np.asarray(episodes, dtype=np.int64)
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     fps = source.fps[episodes]
     spans = {}
     for feature in features:
         rate = source.rates(feature)[episodes]
-        first, count = chunk_frames(starts, starts + lengths, length=source.lengths[episodes], fps=fps, rate=rate,
-                                    frames=source.frames(feature)[episodes])
-        spans[feature] = (first, count, rate)
+        first, count = chunk_frames(starts, starts + lengths, length=source.lengths[episodes], fps=fps, rate=rate)
+        spans[feature] = (first, count, rate, source.frames(feature)[episodes], source.present(feature)[episodes])
     out = []
     for k, e in enumerate(episodes):
         indices, pads, times = {}, {}, {}
-        for feature, (first, count, rate) in spans.items():
-            if not count[k] and not source.present(feature)[e]:
+        for feature, (first, count, rate, frames, present) in spans.items():
+            if not present[k]:
                 continue
             j = np.arange(first[k], first[k] + count[k], dtype=np.int64)
-            indices[feature], pads[feature] = j, np.zeros(len(j), dtype=bool)
+            indices[feature], pads[feature] = clamp_to_stream(j, frames[k])
             times[feature] = j / rate[k] - starts[k] / fps[k]
         out.append((EpisodeRequest(int(e), indices), pads, times))
     return out
@@ -329,7 +329,7 @@ class EpisodeItems:
     def _chunk_counts(self, episode: np.ndarray, start: np.ndarray, length: np.ndarray) -> dict[str, np.ndarray]:
         src = self.source
         return {f: chunk_frames(start, start + length, length=src.lengths[episode], fps=src.fps[episode],
-                                rate=src.rates(f)[episode], frames=src.frames(f)[episode] * src.present(f)[episode])[1]
+                                rate=src.rates(f)[episode])[1] * src.present(f)[episode]
                 for f in self.features}
 
     def _cut_chunks(self, lengths: np.ndarray, max_length: int | None, capacity: int | None, policy: str) -> None:

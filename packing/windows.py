@@ -8,6 +8,13 @@ never a frame from the future. Times outside the episode (before its first step 
 its first or last frame and flagged in ``<feature>_is_pad``, as LeRobot does. Where every feature runs at the
 control clock and the deltas are multiples of ``1 / fps``, the indices and flags are exactly LeRobot's.
 
+A feature's frames in an episode are those the control clock implies (:func:`frames_at_rate`: at ``j / r`` within
+the episode's span). A real stream may hold one fewer (its recorder stopped up to one frame period early,
+:func:`fewest_frames`) or more (it ran on after the last step). A time whose frame the stream lacks is flagged
+and reads the stream's last frame, as a time past the episode does; frames after the episode's last step are never
+read. Prices never depend on what a stream holds: a padded frame costs what a real one does, since tokens are
+planned before anything is read.
+
 Everything here is pure numpy over whole arrays of samples, computed from the index alone::
 
     >>> spec = WindowSpec.from_delta_timestamps({"observation.state": [-0.02, 0.0], "action": [0.0, 0.02]})
@@ -29,9 +36,12 @@ import numpy as np
 __all__ = [
     "DEFAULT_TOLERANCE_S",
     "WindowSpec",
+    "check_stream_frames",
     "chunk_frames",
+    "clamp_to_stream",
     "episode_chunks",
     "episode_windows",
+    "fewest_frames",
     "frames_at_rate",
     "window_indices",
 ]
@@ -115,42 +125,86 @@ def frames_at_rate(lengths: np.ndarray, fps: np.ndarray, rate: np.ndarray) -> np
     return np.where(lengths > 0, np.where(same, lengths, other), 0)
 
 
+def fewest_frames(lengths: np.ndarray, fps: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """The fewest frames a stream at ``rate`` may hold over episodes of ``lengths`` steps at ``fps``: one fewer than
+    :func:`frames_at_rate` implies (never fewer than one frame in an episode of any steps). int64, broadcast.
+
+    A recorder that stops up to one frame period early misses the last frame the clock implies: the stream's last
+    frame is then at ``(n - 1) / rate >= (need - 1) / rate - 1 / rate``, one period before the clock's last
+    frame ``(need - 1) / rate``, itself the latest at or before the episode's last step ``(T - 1) / fps``. A
+    stream lacking two frames or more (a truncated recording, or a wrong rate) is refused; windows and chunks
+    that ask for the missing frame read the stream's last frame, flagged as padding (:func:`clamp_to_stream`).
+    """
+    need = frames_at_rate(lengths, fps, rate)
+    return np.where(need > 1, need - 1, need)
+
+
+def check_stream_frames(frames: int, *, length: int, fps: float, rate: float, where: str) -> None:
+    """Raise ValueError naming ``where`` (the feature, and its file) when a stream of ``frames`` at ``rate`` is
+    too short for an episode of ``length`` steps at ``fps`` (:func:`fewest_frames`). A longer stream is kept:
+    frames after the episode's last step are never read."""
+    need, fewest = int(frames_at_rate(length, fps, rate)), int(fewest_frames(length, fps, rate))
+    if frames < fewest:
+        raise ValueError(
+            f"{where}: {frames} frames, but {length} steps at {fps:g} fps need {need} at its rate {rate:g} fps "
+            f"(the frames at j / {rate:g} s up to the last step, {(length - 1) / fps:g} s); a stream may end at most "
+            f"one frame period early, so it needs at least {fewest}: check its rate, or cut the episode to the "
+            "steps the stream covers")
+
+
+def clamp_to_stream(index: np.ndarray, frames: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, missing)``: frame indices at or past a stream's ``frames`` (broadcast) clamped to its last
+    frame, and bool flags of those that were. A stream that ended early reads its last real frame, never one
+    that does not exist."""
+    index = np.asarray(index, dtype=np.int64)
+    frames = np.asarray(frames, dtype=np.int64)
+    return np.minimum(index, np.maximum(frames - 1, 0)), index >= frames
+
+
 def window_indices(deltas: Sequence[float], *, anchor_steps: np.ndarray, fps: np.ndarray | float,
                    length: np.ndarray | int, rate: np.ndarray | float, frames: np.ndarray | int,
                    tolerance_s: float = DEFAULT_TOLERANCE_S) -> tuple[np.ndarray, np.ndarray]:
     """Frame indices ``int64 [N, K]`` and ``is_pad`` flags ``bool [N, K]`` of one feature for ``N`` anchors.
 
     anchor_steps: the anchor step of each sample (int ``[N]``); fps, length: the control clock and steps of each
-        sample's episode; rate, frames: the feature's rate and frame count in that episode (each scalar or ``[N]``).
+        sample's episode; rate, frames: the feature's rate and the frames its stream holds in that episode (each
+        scalar or ``[N]``).
 
-    The asked time ``t / fps + delta`` gets the latest frame at or before it; a time before the episode's first
-    step or after its last is flagged and clamped to the first or last frame.
+    The asked time ``t / fps + delta`` gets the latest frame at or before it (within ``tolerance_s``) among the
+    frames the clock implies (:func:`frames_at_rate`). It is padding when the time is before the episode's first
+    step or after its last (clamped to the first or last frame), or when that frame is one the stream lacks
+    (index >= ``frames``: it ended early, :func:`fewest_frames`; the stream's last frame is read instead).
     """
     anchors = np.asarray(anchor_steps, dtype=np.int64).reshape(-1, 1)
     d = np.asarray(deltas, dtype=np.float64).reshape(1, -1)
     fps = np.asarray(fps, dtype=np.float64).reshape(-1, 1)
-    last_s = (np.asarray(length, dtype=np.int64).reshape(-1, 1) - 1) / fps
+    length = np.asarray(length, dtype=np.int64).reshape(-1, 1)
+    last_s = (length - 1) / fps
     rate = np.asarray(rate, dtype=np.float64).reshape(-1, 1)
-    last_frame = np.asarray(frames, dtype=np.int64).reshape(-1, 1) - 1
+    implied = frames_at_rate(length, fps, rate)
     # Relative to the anchor, so an anchor at step t and a delta of k / fps land exactly on step t + k.
     tau = anchors / fps + d
-    pad = (tau < -tolerance_s) | (tau > last_s + tolerance_s)
-    index = np.floor((tau + tolerance_s) * rate).astype(np.int64)
-    return np.clip(index, 0, np.maximum(last_frame, 0)), pad
+    outside = (tau < -tolerance_s) | (tau > last_s + tolerance_s)
+    index = np.clip(np.floor((tau + tolerance_s) * rate).astype(np.int64), 0, np.maximum(implied - 1, 0))
+    index, missing = clamp_to_stream(index, np.asarray(frames, dtype=np.int64).reshape(-1, 1))
+    return index, outside | missing
 
 
 def chunk_frames(start: np.ndarray, stop: np.ndarray, *, length: np.ndarray | int, fps: np.ndarray | float,
-                 rate: np.ndarray | float, frames: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+                 rate: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
     """``(first, count)`` int64 ``[N]``: the frames of one feature that chunks of control steps ``[start, stop)``
-    cover. A chunk owns the times ``[start / fps, stop / fps)`` (the episode's last chunk up to its end), so the
-    consecutive chunks of an episode hold every frame of every feature exactly once."""
+    cover, among those the clock implies (:func:`frames_at_rate`). A chunk owns the times ``[start / fps,
+    stop / fps)`` (the episode's last chunk up to its last step), so the consecutive chunks of an episode hold
+    every one of those frames exactly once. The counts price chunks whatever a stream holds: a frame it lacks is
+    read as its last one and flagged (:func:`clamp_to_stream`); frames after the last step are in no chunk."""
     start, stop = np.asarray(start, dtype=np.int64), np.asarray(stop, dtype=np.int64)
     fps, rate = np.asarray(fps, dtype=np.float64), np.asarray(rate, dtype=np.float64)
-    frames = np.asarray(frames, dtype=np.int64)
+    length = np.asarray(length, dtype=np.int64)
+    implied = frames_at_rate(length, fps, rate)
     first = np.ceil(start / fps * rate - 1e-6).astype(np.int64)
     end = np.ceil(stop / fps * rate - 1e-6).astype(np.int64)
-    end = np.where(stop >= np.asarray(length, dtype=np.int64), frames, np.minimum(end, frames))
-    first = np.minimum(first, frames)
+    end = np.where(stop >= length, implied, np.minimum(end, implied))
+    first = np.minimum(first, implied)
     return first, np.maximum(end - first, 0)
 
 

@@ -470,3 +470,45 @@ def descending_by_cost(costs: list[float], rows: list[int], num_keys: int) -> li
     for r in rows:
         groups.setdefault(min(int((costs[r] - low) * scale), num_keys - 1), []).append(r)
     return [sorted(groups[key]) for key in sorted(groups, reverse=True)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Windows in time (mmfeed.packing.windows), frame by frame
+
+
+def implied_frames(length: int, fps: float, rate: float) -> int:
+    """Frames the control clock implies for a stream at ``rate``: those ``j`` at ``j / rate`` no later than the
+    episode's last step (``length`` of them at the clock's own rate)."""
+    if length <= 0:
+        return 0
+    if math.isclose(rate, fps, rel_tol=1e-9, abs_tol=0.0):
+        return length
+    j = 0
+    while j + 1 <= (length - 1) / fps * rate + 1e-6:
+        j += 1
+    return j + 1
+
+
+def window_frame(anchor: int, delta: float, *, fps: float, length: int, rate: float, frames: int,
+                 tol: float) -> tuple[int, bool]:
+    """``(frame read, is_pad)`` of one asked time: the latest implied frame at or before it (the first before the
+    episode, the last after it); padding outside the episode or where the stream lacks that frame, which then
+    reads the stream's last frame."""
+    tau = anchor / fps + delta
+    at_or_before = [j for j in range(implied_frames(length, fps, rate)) if j <= (tau + tol) * rate]
+    j = at_or_before[-1] if at_or_before else 0
+    pad = tau < -tol or tau > (length - 1) / fps + tol or j >= frames
+    return min(j, frames - 1), pad
+
+
+def chunk_reads(start: int, stop: int, *, fps: float, length: int, rate: float, frames: int
+                ) -> list[tuple[int, int, bool]]:
+    """``(implied frame, frame read, is_pad)`` of every frame a chunk of steps ``[start, stop)`` owns: the implied
+    frames at times in ``[start / fps, stop / fps)``, the episode's last chunk taking every one after its start."""
+    out = []
+    for j in range(implied_frames(length, fps, rate)):
+        after_start = j >= start / fps * rate - 1e-6
+        before_stop = stop >= length or j < stop / fps * rate - 1e-6
+        if after_start and before_stop:
+            out.append((j, min(j, frames - 1), j >= frames))
+    return out

@@ -286,8 +286,8 @@ def test_write_refuses_inconsistent_episodes(tmp_path):
     with ShardWriter(tmp_path) as w:
         with pytest.raises(ValueError, match=r"feature 'b' has 12 steps but feature 'a' has 10"):
             w.write({"a": np.zeros(10), "b": np.zeros((12, 2))}, fps=10.0)
-        with pytest.raises(ValueError, match=r"feature 'cam' has 2 frames .* need 3"):
-            w.write({"a": np.zeros(10), "cam": np.zeros((2, 32, 64, 3), np.uint8)}, fps=10.0, rates={"cam": 3.0})
+        with pytest.raises(ValueError, match=r"feature 'cam': 1 frames, but 10 steps at 10 fps need 3 .* at least 2"):
+            w.write({"a": np.zeros(10), "cam": np.zeros((1, 32, 64, 3), np.uint8)}, fps=10.0, rates={"cam": 3.0})
         with pytest.raises(ValueError, match="'meta'"):
             w.write({"meta": np.zeros(3)}, fps=10.0)
         with pytest.raises(ValueError, match="key 'a.b'"):

@@ -2,6 +2,7 @@
 
 import math
 
+import naive
 import numpy as np
 import pytest
 from hypothesis import given
@@ -10,9 +11,12 @@ from hypothesis import strategies as st
 from mmfeed.packing.layout import TokenLayout
 from mmfeed.packing.windows import (
     WindowSpec,
+    check_stream_frames,
     chunk_frames,
+    clamp_to_stream,
     episode_chunks,
     episode_windows,
+    fewest_frames,
     frames_at_rate,
     window_indices,
 )
@@ -86,12 +90,95 @@ def test_consecutive_chunks_hold_every_frame_of_every_feature_once(lengths, fps,
     episode, start, length = episode_chunks(np.array(lengths), max_length)
     lengths = np.array(lengths)
     frames = frames_at_rate(lengths, fps, rate)
-    first, count = chunk_frames(start, start + length, length=lengths[episode], fps=fps, rate=rate,
-                                frames=frames[episode])
+    first, count = chunk_frames(start, start + length, length=lengths[episode], fps=fps, rate=rate)
     for e in range(len(lengths)):
         mine = episode == e
         covered = np.concatenate([np.arange(f, f + c) for f, c in zip(first[mine], count[mine])])
         assert covered.tolist() == list(range(frames[e]))
+
+
+# A stream as recorded: up to two frames short of what the clock implies (one is accepted, two are refused but
+# read the same way), exactly as implied, or longer (it ran on after the last step).
+SHORTFALL = st.integers(-3, 2)
+
+
+@given(length=st.integers(1, 80), fps=RATES, rate=RATES, shortfall=SHORTFALL, tol=st.sampled_from([0.0, 1e-4, 1e-3]),
+       deltas=st.lists(st.floats(-3.0, 3.0, allow_nan=False), min_size=1, max_size=6))
+def test_window_indices_are_the_naive_frame_by_frame_rule(length, fps, rate, shortfall, tol, deltas):
+    """Each asked time reads the latest implied frame at or before it; a time outside the episode, or whose frame
+    the stream lacks, is padding and reads the nearest frame the stream holds (never one it lacks)."""
+    implied = naive.implied_frames(length, fps, rate)
+    assert int(frames_at_rate(length, fps, rate)) == implied
+    frames = max(1, implied - shortfall)
+    idx, pad = window_indices(deltas, anchor_steps=np.arange(length), fps=fps, length=length, rate=rate,
+                              frames=frames, tolerance_s=tol)
+    assert ((0 <= idx) & (idx < frames)).all()
+    for t in range(length):
+        for k, d in enumerate(deltas):
+            want = naive.window_frame(t, d, fps=fps, length=length, rate=rate, frames=frames, tol=tol)
+            assert (int(idx[t, k]), bool(pad[t, k])) == want, (t, d)
+
+
+@given(length=st.integers(1, 80), fps=RATES, rate=RATES, shortfall=SHORTFALL,
+       deltas=st.lists(st.floats(-3.0, 3.0, allow_nan=False), min_size=1, max_size=6))
+def test_a_short_stream_changes_only_the_flags_and_frames_it_lacks(length, fps, rate, shortfall, deltas):
+    """Against the stream the clock implies, one that ended early flags exactly the times whose frame it lacks
+    (and reads its last frame there); one that ran on reads and flags exactly as the implied one does."""
+    implied = int(frames_at_rate(length, fps, rate))
+    frames = max(1, implied - shortfall)
+    args = dict(anchor_steps=np.arange(length), fps=fps, length=length, rate=rate)
+    full_idx, full_pad = window_indices(deltas, frames=implied, **args)
+    idx, pad = window_indices(deltas, frames=frames, **args)
+    lacking = full_idx >= frames
+    assert (pad == (full_pad | lacking)).all()
+    assert (idx == np.where(lacking, frames - 1, full_idx)).all()
+
+
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=5), fps=RATES, rate=RATES,
+       max_length=st.integers(1, 25), shortfall=SHORTFALL)
+def test_chunks_of_a_short_stream_read_its_last_frame_flagged(lengths, fps, rate, max_length, shortfall):
+    """Chunk counts (their price) depend on the clock only; a frame the stream lacks reads its last frame,
+    flagged, as the naive frame-by-frame rule says."""
+    episode, start, length = episode_chunks(np.array(lengths), max_length)
+    lengths = np.array(lengths)
+    first, count = chunk_frames(start, start + length, length=lengths[episode], fps=fps, rate=rate)
+    for k, e in enumerate(episode):
+        frames = max(1, naive.implied_frames(int(lengths[e]), fps, rate) - shortfall)
+        j = np.arange(first[k], first[k] + count[k])
+        read, missing = clamp_to_stream(j, frames)
+        want = naive.chunk_reads(int(start[k]), int(start[k] + length[k]), fps=fps, length=int(lengths[e]), rate=rate,
+                                 frames=frames)
+        assert list(zip(j.tolist(), read.tolist(), missing.tolist())) == want
+
+
+@given(length=st.integers(1, 400), fps=RATES, rate=RATES)
+def test_a_stream_may_end_one_frame_period_early_and_no_more(length, fps, rate):
+    """The boundary, exactly: a stream whose last frame is one frame period before the clock's last frame is
+    accepted, one two periods before is refused with a message naming the feature, the counts and the rule."""
+    need = int(frames_at_rate(length, fps, rate))
+    fewest = int(fewest_frames(length, fps, rate))
+    assert fewest == max(need - 1, 1)
+    for n in (fewest, need, need + 1, need + 5):
+        check_stream_frames(n, length=length, fps=fps, rate=rate, where="feature 'cam'")
+    if need > 1:
+        # in time: the last frame (n - 1) / rate is one frame period before the clock's last, (need - 1) / rate
+        assert math.isclose((need - 1) / rate - (fewest - 1) / rate, 1 / rate)
+    with pytest.raises(ValueError) as err:
+        check_stream_frames(fewest - 1, length=length, fps=fps, rate=rate, where="feature 'cam'")
+    message = str(err.value)
+    assert f"feature 'cam': {fewest - 1} frames" in message and f"need {need}" in message
+    assert f"at least {fewest}" in message and "one frame period early" in message
+
+
+def test_a_15_fps_camera_one_frame_short_beside_a_50_hz_clock():
+    """48 steps at 50 Hz imply 15 frames of a 15 fps camera (the last at 14 / 15 s <= 0.94 s); a recording of
+    14 is kept: windows asking for 14 / 15 s or later read frame 13, flagged."""
+    assert int(frames_at_rate(48, 50.0, 15.0)) == 15
+    idx, pad = window_indices([-1 / 15, 0.0], anchor_steps=np.array([43, 46, 47]), fps=50.0, length=48, rate=15.0,
+                              frames=14)
+    # anchors at 0.86, 0.92 and 0.94 s: frames 11, 12 | 12, 13 | 13, 14 -> 14 is missing
+    assert idx.tolist() == [[11, 12], [12, 13], [13, 13]]
+    assert pad.tolist() == [[False, False], [False, False], [False, True]]
 
 
 @given(st.lists(st.integers(0, 30), min_size=0, max_size=10), st.integers(1, 7))

@@ -16,6 +16,7 @@ import numpy as np
 from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.timing import stage
+from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["ArraySource", "feature_of"]
 
@@ -35,7 +36,8 @@ class ArraySource(EpisodeSource):
     """Episodes given as dicts: ``{feature: array [T_feature, ...], "task": str, "fps": float, "rates":
     {feature: fps}}``; ``fps`` is the control clock (default 30), ``rates`` names features recorded at another
     rate (a uint8 ``[T, H, W, 3]`` array is a video feature). Every episode must have the same features with the
-    same dtypes and step shapes; a feature at the control clock has one entry per step."""
+    same dtypes and step shapes; a feature at the control clock has one entry per step, one at its own rate the
+    frames the episode's span implies, or up to one fewer (:func:`mmfeed.packing.windows.fewest_frames`)."""
 
     def __init__(self, episodes: Sequence[Mapping], *, name: str = "arrays") -> None:
         if not episodes:
@@ -60,6 +62,9 @@ class ArraySource(EpisodeSource):
                 raise ValueError(f"episode {i} of source {name!r}: the features at the control clock have different "
                                  f"numbers of steps {sorted({len(v) for k, v in arrays.items() if k not in own})}; "
                                  "give 'length' or 'rates' for the features recorded at another rate")
+            for k, r in own.items():
+                check_stream_frames(len(arrays[k]), length=int(length), fps=rate, rate=float(r),
+                                    where=f"episode {i} of source {name!r} feature {k!r}")
             if i == 0:
                 self.features = {k: feature_of(v, own.get(k, rate)) for k, v in arrays.items()}
             for k, v in arrays.items():

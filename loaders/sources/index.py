@@ -65,7 +65,7 @@ from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
 from mmfeed.loaders.sources.tar import extract, member_groups, open_file, parse_meta, stat_file
-from mmfeed.packing.windows import frames_at_rate
+from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["INDEX_FILENAME", "INDEX_SCHEMA", "INDEX_VERSION", "VIDEO_EXTENSIONS", "build_index", "dataset_stats",
            "default_index_path", "feature_columns", "index_version", "read_shard_index", "resolve_shard",
@@ -111,8 +111,9 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
     metadata (:func:`dataset_stats` returns them); ``record_mtime=False`` leaves ``shard_mtime_ns`` null, so
     equal shards give an equal index whenever they were written (staleness is then judged by size). Raises ValueError
     naming the shard, key and member for a missing or malformed meta.json, an unreadable npy or mp4 member, an
-    array at the control clock without one row per step, a stream with fewer frames than the episode's span
-    needs, an episode id seen twice, or a feature whose kind, dtype or shape differs between two episodes.
+    array at the control clock without one row per step, a stream more than one frame short of what the episode's
+    span implies (:func:`~mmfeed.packing.windows.fewest_frames`; a stream up to one frame short, or longer, is
+    indexed with the frames it holds), an episode id seen twice, or a feature whose kind, dtype or shape differs between two episodes.
     """
     shards = _paths(shards)
     root = os.fspath(root) if root is not None else _dirname(shards[0])
@@ -353,12 +354,10 @@ def _episode(shard: str, key: str, entries: list[tuple[str, int, int]], open_mem
         if part is not None:
             parts[feature] = part
         rate = meta["rates"].get(feature, fps)
-        want = int(frames_at_rate(length, fps, rate))
         if ext == "npy" and feature not in meta["rates"] and frames != length:
             raise ValueError(f"{where}: {frames} rows, but meta.json length is {length}: an array at the control "
                              "clock has one row per step (name its own rate in meta.json rates otherwise)")
-        if frames < want:
-            raise ValueError(f"{where}: {frames} frames, but {length} steps at {fps:g} fps need {want} at {rate:g} fps")
+        check_stream_frames(frames, length=length, fps=fps, rate=rate, where=f"{where} feature {feature!r}")
         features.append({"name": feature, "kind": kind, "dtype": dtype, "shape": list(shape), "fps": rate,
                          "frames": frames, "member": member, "offset": offset, "size": size})
     named = set(meta["rates"]) | set(described) | set(meta.get("cameras") or [])

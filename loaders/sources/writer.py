@@ -41,7 +41,7 @@ from mmfeed.codecs.encode import encode_video, encoder_name
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
-from mmfeed.packing.windows import frames_at_rate
+from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["ShardFile", "ShardWriter", "episode_sample"]
 
@@ -85,10 +85,20 @@ class ShardWriter:
             (encoded at the feature's rate) or the bytes of an mp4 (kept as is). Names may hold dots
             (``observation.state``) but not "/", must not start with "_" and must not be "meta".
         fps: the control clock; features not in ``rates`` have one entry per step, and their common count is the
-            episode's length. rates: feature -> fps for features recorded at another rate; each needs at least
-            the frames that cover the episode's span (:func:`mmfeed.packing.windows.frames_at_rate`).
+            episode's length. rates: feature -> fps for streams recorded at their own rate (a camera at the
+            clock's rate that ended early is named here too), each kept with the frames it holds (see below).
         task: the episode's task text, or one text per step for an episode whose task changes (stored as runs).
         Raises ValueError naming the feature (and both lengths where two disagree) before anything is written.
+
+        Streams at their own rate: over ``T`` steps at ``fps`` the clock implies ``need =
+        frames_at_rate(T, fps, rate)`` frames, those at ``j / rate`` within ``[0, (T - 1) / fps]``. Real recorders
+        stop a little early or late, so a stream of ``n`` frames is kept, with ``n`` recorded as its frame count
+        (meta.json, the index, ``source.frames``), when ``n >= need - 1`` (and ``n >= 1``): its last frame,
+        at ``(n - 1) / rate``, is at most one frame period ``1 / rate`` before the clock's last frame
+        ``(need - 1) / rate`` (:func:`mmfeed.packing.windows.fewest_frames`). Reading it, a time whose frame
+        it lacks gets its last frame, flagged in ``<feature>_is_pad``. A stream short by two frames or more is
+        refused: a truncated recording or a wrong rate. A longer stream (it ran on after the last step) is kept
+        whole; its frames after the last step are never read, and a sample's tokens never depend on ``n``.
         """
         if self._closed:
             raise ValueError(f"ShardWriter({self.out_dir!r}) is closed")
@@ -237,10 +247,7 @@ def episode_sample(features: Mapping[str, Any], *, fps: float, task: str | Seque
                              f"the control clock ({fps:g} fps) have one entry per step; give the rate of a feature "
                              "recorded at another rate in rates=")
     for name, rate in rates.items():
-        need = int(frames_at_rate(length, fps, rate))
-        if described[name]["frames"] < need:
-            raise ValueError(f"feature {name!r} has {described[name]['frames']} frames but {length} steps at "
-                             f"{fps:g} fps need {need} at its rate {rate:g}")
+        check_stream_frames(described[name]["frames"], length=length, fps=fps, rate=rate, where=f"feature {name!r}")
     text, runs = _task_runs(task, length)
     sample: dict[str, Any] = {"__key__": key}
     for name, value in values.items():
