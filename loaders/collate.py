@@ -1,4 +1,9 @@
-"""Collation: the samples of one planned batch read, decoded, transformed and laid out as a PackedBatch.
+"""Collation: the samples of one planned batch read, checked, transformed and laid out as a PackedBatch.
+
+Episode samples (:func:`collate`) and records (:func:`collate_records`) go through the same steps
+(:mod:`mmfeed.loaders.steps`: read under the error policy, check, transform, lay out); what differs between the
+kinds (how a sample is read, named and shown to a transform) is a small reader per batch, :class:`_EpisodeReads`
+or :class:`_RecordReads`.
 
 Each sample becomes one document; its pieces follow the token layout (:mod:`mmfeed.packing.layout`) and each
 feature's payload is flat over the batch in the order its tokens appear: ``data[feature]`` ``[n, *shape]``
@@ -10,8 +15,9 @@ mixture, ``dataset``.
 
 In a DataLoader worker the frames of a batch are decoded straight into one shared-memory buffer per feature
 (recycled between batches, :mod:`mmfeed.loaders.shm`), so handing the batch to the training process copies
-nothing. A transform (``Packing(transform=fn)``) runs on each sample after decode, with a generator seeded from
-``(seed, epoch, sample id)``: the same augmentation for any number of workers, replayed exactly after a resume.
+nothing. A transform (``Packing(transform=fn)``, ``PlannedDataset.records(..., transform=fn)``) runs on each
+sample after it is read, with a generator seeded from ``(seed, epoch, sample id)``: the same augmentation for any
+number of workers, replayed exactly after a resume.
 
 With ``static_shapes`` every payload is padded to the most the batch could ever hold (from the rows, the
 capacity and the layout; padded entries flagged in ``_is_pad``) and ``cu_seqlens`` to the most documents a batch
@@ -21,31 +27,26 @@ can hold (repeating its last value), so every batch of the epoch has the same te
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from mmfeed.codecs.colour import frame_step_shape
-from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy, SampleError
+from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
 from mmfeed.loaders.shm import pooled_buffer
 from mmfeed.loaders.sources.base import EpisodeSource
+from mmfeed.loaders.steps import (batch_layout, check_finite, pad_static, packed, read_under_policy,
+                                   sample_generator, samples_of, transform_each, without_failures)
 from mmfeed.loaders.timing import stage
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
 from mmfeed.packing.layout import TEXT, SampleLayout
-from mmfeed.packing.metadata import Layout, make_layout
 
-__all__ = ["collate", "sample_generator"]
+__all__ = ["collate", "collate_records", "sample_generator"]
 
 _IN_ORDER = object()  # marker: a feature's payload items are its read array in order
-
-
-def sample_generator(seed: int, epoch: int, sample: int) -> torch.Generator:
-    """The generator a transform gets for one sample: a pure function of ``(seed, epoch, sample id)``."""
-    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(epoch), int(sample)]).generate_state(2, np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
 def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: int | None = None,
@@ -62,7 +63,7 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
     """
     source: EpisodeSource = items.source
     policy = errors.policy if errors is not None else ErrorPolicy()
-    samples = np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
+    samples = samples_of(rows)
     reads = items.requests(samples)
     requests = [r for r, _, _ in reads]
     pads = [p for _, p, _ in reads]
@@ -77,15 +78,15 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
     direct: dict[str, Any] = {}
     if transform is None:
         requests, direct = _decode_in_place(source, requests, sample_plans)
-    read, failures = _read(source, requests, samples, errors)
+    reader = _EpisodeReads(items, samples, requests, pads)
+    read, failures = read_under_policy(reader, errors)
     _fill_direct(requests, read, direct)
-    _check_finite(source, requests, read, pads, samples, policy, errors, failures)
+    floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
+    check_finite(reader, read, pads, floats, policy, errors, failures)
     if transform is not None:
-        read = _transform(items, samples, requests, read, pads, transform, epoch, seed)
+        read = transform_each(reader, read, transform, epoch, seed)
     if failures:
-        bad = {f["sample"] for f in failures}
-        keep = [i for i, s in enumerate(samples) if int(s) not in bad]
-        rows = [np.asarray([s for s in row if int(s) not in bad], dtype=np.int64) for row in rows]
+        rows, keep = without_failures(rows, samples, failures)
         samples = samples[keep]
         read, pads = [read[i] for i in keep], [pads[i] for i in keep]
         layouts, sample_plans = [layouts[i] for i in keep], [sample_plans[i] for i in keep]
@@ -118,8 +119,9 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         nrows = len(rows) if num_rows is None else num_rows
         _add_absent(payload, items, read)
         if static_shapes:
-            _pad_static(payload, items, nrows * row_capacity)
-        layout = _batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(modalities))
+            per_entry = {f: items.layout.tokens(f) for f in items.features}
+            pad_static(payload, {TEXT: items.layout.tokens_per_text_token, **per_entry}, nrows * row_capacity)
+        layout = batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(modalities))
         episode, start = np.array(items.episode[samples]), np.array(items.start[samples])
         metadata: dict[str, Any] = {
             "sample": torch.from_numpy(samples),
@@ -131,12 +133,47 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         dataset_of = getattr(source, "dataset_of", None)
         if dataset_of is not None:
             metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))
-        if failures:
-            metadata["errors"] = failures
-        batch = PackedBatch.from_layout(layout, modalities=modalities, data=payload, metadata=metadata)
-        if static_shapes and max_documents is not None:
-            batch = batch.pad_documents(max_documents)
-        return batch
+        return packed(layout, modalities, payload, metadata, failures, static_shapes, max_documents)
+
+
+def collate_records(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: int | None = None,
+                    static_shapes: bool = False, max_documents: int | None = None,
+                    errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
+                    transform: Callable | None = None) -> PackedBatch:
+    """Read the records of ``rows`` (sample ids of :class:`~mmfeed.loaders.items.RecordItems` per row) and pack
+    them into a PackedBatch, one document per record, token-causal: the same steps and keywords as
+    :func:`collate`. Each record tensor is flat over the batch under its key, one entry per token; with
+    ``ErrorPolicy(nonfinite="mask")`` every float key has its ``<key>_is_pad`` beside it. ``metadata`` holds
+    per-document ``sample``, the records' other entries in ``samples`` and the skipped ones in ``errors``."""
+    policy = errors.policy if errors is not None else ErrorPolicy()
+    samples = samples_of(rows)
+    reader = _RecordReads(items, samples)
+    read, failures = read_under_policy(reader, errors)
+    pads = [_record_pads(data, policy) for data in read]
+    check_finite(reader, read, pads, None, policy, errors, failures)
+    if transform is not None:
+        read = transform_each(reader, read, transform, epoch, seed)
+    extras = reader.extras
+    if failures:
+        rows, keep = without_failures(rows, samples, failures)
+        samples = samples[keep]
+        read, pads, extras = [read[i] for i in keep], [pads[i] for i in keep], [extras[i] for i in keep]
+    with stage("collate"):
+        if not read:  # every record of the batch failed: its keys still come, empty
+            empty = items.empty_record(policy.max_consecutive_errors)
+            read, pads = [empty], [_record_pads(empty, policy)]
+        payload = _record_payload(items, samples, read, pads)
+        doc_tokens = items.tokens[samples]
+        row_capacity = capacity or int(doc_tokens.max(initial=1))
+        nrows = len(rows) if num_rows is None else num_rows
+        if static_shapes:
+            pad_static(payload, dict.fromkeys(read[0], 1), nrows * row_capacity)
+        layout = batch_layout(rows, nrows, row_capacity, doc_tokens)
+        metadata: dict[str, Any] = {"sample": torch.from_numpy(samples)}
+        extras = [e for e in extras if e is not None]
+        if extras:
+            metadata["samples"] = extras
+        return packed(layout, [TEXT], payload, metadata, failures, static_shapes, max_documents)
 
 
 def _payload_plan(lay: SampleLayout, layout,
@@ -151,23 +188,6 @@ def _payload_plan(lay: SampleLayout, layout,
     # Every read position of a feature appears once, so 0, 1, 2, ... means "the read array as it is".
     positions = {k: _IN_ORDER if v == list(range(len(v))) else np.asarray(v, dtype=np.int64) for k, v in order.items()}
     return positions, segments, np.asarray(lay.step_sizes, dtype=np.int64)
-
-
-def _batch_layout(rows: Sequence[np.ndarray], nrows: int, capacity: int, doc_tokens: list[int],
-                  segments: list[np.ndarray], steps: list[np.ndarray], num_modalities: int) -> Layout:
-    """The batch's :class:`~mmfeed.packing.metadata.Layout` from the documents' arrays (segments ``[n, 2]`` and
-    step sizes of each document, in row order), validated by ``make_layout``; ``nrows - len(rows)`` empty rows
-    pad the batch."""
-    def offsets(sizes: list[int]) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-    row_offsets = offsets([len(row) for row in rows] + [0] * (nrows - len(rows)))
-    runs = np.concatenate(segments) if segments else np.zeros((0, 2), np.int64)
-    return make_layout(np.asarray(doc_tokens, dtype=np.int64), row_offsets, capacity,
-                       step_sizes=np.concatenate(steps) if steps else np.zeros(0, np.int64),
-                       step_offsets=offsets([len(p) for p in steps]), segment_modalities=runs[:, 0],
-                       segment_lengths=runs[:, 1], segment_offsets=offsets([len(p) for p in segments]),
-                       num_modalities=num_modalities)
 
 
 def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:
@@ -248,107 +268,100 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
     return out
 
 
-def _read(source: EpisodeSource, requests: list, samples: np.ndarray, errors: ErrorCounter | None):
-    """``source.read_many(requests)``; under skip/warn a failing batch is read again sample by sample and the
-    failing samples come back as None with a record each."""
-    try:
-        read = source.read_many(requests)
-    except MemoryError:
-        raise
-    except Exception:
-        if errors is None or errors.policy.on_error == "raise":
-            raise
-    else:
-        if errors is not None and len(requests):
-            errors.succeeded()
-        return read, []
-    read, failures = [], []
-    for s, request in zip(samples, requests):
-        try:
-            read.append(source.read_many([request])[0])
-            errors.succeeded()
-        except MemoryError:
-            raise
-        except Exception as err:
-            record = {"sample": int(s), "episode": int(request.episode), "source": source.describe(request.episode),
-                      "reason": f"{type(err).__name__}: {err}"}
-            failures.append(record)
-            read.append(None)
-            errors.failed(record)
-    return read, failures
+class _EpisodeReads:
+    """How the shared steps read, name and show to a transform the samples of one batch of episode items."""
 
+    unit = "frames"
 
-def _check_finite(source, requests, read, pads, samples, policy: ErrorPolicy, errors, failures: list) -> None:
-    """NaN or inf in a float array feature: raise (through the error policy), or mask (0, flagged as padding)."""
-    floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
-    for i, data in enumerate(read):
-        if data is None:
-            continue
-        for feature in floats:
-            values = data.get(feature)
-            if values is None or np.isfinite(values).all():
-                continue
-            bad = ~np.isfinite(values).reshape(len(values), -1).all(axis=1)
-            frames = np.asarray(requests[i].indices[feature])[bad].tolist()
-            if policy.nonfinite == "mask":
-                data[feature] = np.where(np.isfinite(values), values, 0).astype(values.dtype)
-                pads[i][feature] = pads[i][feature] | bad
-                continue
-            reason = f"{source.describe(requests[i].episode)} feature {feature!r}: NaN or inf at frames {frames}"
-            if errors is None or policy.on_error == "raise":
-                raise SampleError(reason + "; fix the data or use ErrorPolicy(nonfinite='mask')")
-            record = {"sample": int(samples[i]), "episode": int(requests[i].episode),
-                      "source": source.describe(requests[i].episode), "reason": f"SampleError: {reason}"}
-            failures.append(record)
-            read[i] = None
-            errors.failed(record)
-            break
+    def __init__(self, items: Any, samples: np.ndarray, requests: list, pads: list) -> None:
+        self.items, self.source, self.samples, self.requests, self.pads = items, items.source, samples, requests, pads
 
+    def read_all(self) -> list:
+        return self.source.read_many(self.requests)
 
-def _transform(items, samples, requests, read, pads, transform: Callable, epoch: int, seed: int) -> list:
-    """Run the user's transform on each sample (tensors in, tensors out), with its own seeded generator; the
-    number of frames of every feature must stay (tokens were planned before anything was read)."""
-    out = []
-    tasks, starts = np.asarray(items.task[samples]), np.asarray(items.start[samples])
-    for s, task, start, request, data, pad in zip(samples, tasks, starts, requests, read, pads):
-        if data is None:
-            out.append(None)
-            continue
+    def read_one(self, k: int) -> dict:
+        return self.source.read_many([self.requests[k]])[0]
+
+    def failure(self, k: int, reason: str) -> dict:
+        episode = int(self.requests[k].episode)
+        return {"sample": int(self.samples[k]), "episode": episode, "source": self.source.describe(episode),
+                "reason": reason}
+
+    def located(self, k: int, key: str, bad: np.ndarray) -> str:
+        frames = np.asarray(self.requests[k].indices[key])[bad].tolist()
+        return f"{self.source.describe(self.requests[k].episode)} feature {key!r}: NaN or inf at frames {frames}"
+
+    def sample(self, k: int, data: dict) -> dict:
+        """Each feature's frames as tensors, its ``_is_pad`` flags, ``task``, ``episode_index``, ``frame_index``."""
+        if not hasattr(self, "_tasks"):  # once for the batch: windowed items compute these per sample id
+            self._tasks = np.asarray(self.items.task[self.samples])
+            self._starts = np.asarray(self.items.start[self.samples])
         sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
-        sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in pad.items()})
-        task = int(task)
-        sample.update(task=items.source.tasks[task] if task >= 0 else "", episode_index=int(request.episode),
-                      frame_index=int(start))
-        result = transform(sample, sample_generator(seed, epoch, int(s)))
-        if not isinstance(result, dict):
-            raise TypeError(f"the transform must return a dict of tensors, got {type(result).__name__}")
-        new = {}
-        for f, before in data.items():
-            after = result.get(f)
-            if after is None:
-                raise ValueError(f"the transform dropped feature {f!r}; it may change values and frame sizes only")
-            after = after.numpy() if isinstance(after, torch.Tensor) else np.asarray(after)
-            if len(after) != len(before):
-                raise ValueError(f"the transform changed the number of frames of {f!r} from {len(before)} to "
-                                 f"{len(after)}; tokens are planned before reading, so counts must stay")
-            new[f] = after
-        out.append(new)
-    return out
+        sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in self.pads[k].items()})
+        task = int(self._tasks[k])
+        sample.update(task=self.source.tasks[task] if task >= 0 else "", episode_index=int(self.requests[k].episode),
+                      frame_index=int(self._starts[k]))
+        return sample
 
 
-def _pad_static(payload: dict[str, Any], items, slots: int) -> None:
-    """Pad every payload (all present, see :func:`_add_absent`) to the most ``slots`` tokens could hold; padded
-    entries are flagged as padding."""
-    layout = items.layout
-    for key in [TEXT, *items.features]:
-        per_item = layout.tokens_per_text_token if key == TEXT else layout.tokens(key)
-        have = payload[key]
-        if isinstance(have, torch.Tensor):
-            have = have.numpy()
-        extra = slots // per_item - len(have)
-        payload[key] = np.concatenate([have, np.zeros((extra, *have.shape[1:]), have.dtype)])
-        if key != TEXT:
-            payload[f"{key}_is_pad"] = np.concatenate([payload[f"{key}_is_pad"], np.ones(extra, bool)])
+class _RecordReads:
+    """How the shared steps read, name and show to a transform the records of one batch
+    (:class:`~mmfeed.loaders.items.RecordItems`); a record's other entries are kept in ``extras``."""
+
+    unit = "tokens"
+    read_all = None  # a map-style dataset reads record by record
+
+    def __init__(self, items: Any, samples: np.ndarray) -> None:
+        self.items, self.samples = items, samples
+        self.extras: list[Any] = [None] * len(samples)
+
+    def read_one(self, k: int) -> dict:
+        tensors, self.extras[k] = self.items.read(int(self.samples[k]))
+        return tensors
+
+    def failure(self, k: int, reason: str) -> dict:
+        return {"sample": int(self.samples[k]), "source": self.items.describe(int(self.samples[k])),
+                "reason": reason}
+
+    def located(self, k: int, key: str, bad: np.ndarray) -> str:
+        return (f"{self.items.describe(int(self.samples[k]))} key {key!r}: NaN or inf at positions "
+                f"{np.flatnonzero(bad).tolist()}")
+
+    def sample(self, k: int, data: dict) -> dict:
+        """The record's tensors (copies: a transform may work in place without touching the dataset), its other
+        entries and ``index``, its position in the dataset."""
+        index = int(self.samples[k])
+        extra = self.extras[k] if isinstance(self.extras[k], Mapping) else {}
+        if "index" in data or "index" in extra:
+            raise ValueError(f"{self.items.describe(index)} has an entry 'index', the name under which a transform "
+                             "gets the record's position; rename that entry")
+        return {**{key: value.clone() for key, value in data.items()}, **extra, "index": index}
+
+
+def _record_pads(data: dict | None, policy: ErrorPolicy) -> dict[str, np.ndarray]:
+    """A record's ``is_pad`` flags: under ``nonfinite="mask"`` one per float key (all False until masked)."""
+    if data is None or policy.nonfinite != "mask":
+        return {}
+    return {key: np.zeros(len(v), bool) for key, v in data.items() if v.is_floating_point()}
+
+
+def _record_payload(items: Any, samples: np.ndarray, read: list[dict], pads: list[dict]) -> dict[str, Any]:
+    """The records' tensors concatenated key by key (and their ``_is_pad`` flags); every record of a batch must
+    hold the same keys."""
+    keys = list(read[0])
+    for s, data in zip(samples, read):
+        if set(data) != set(keys):
+            raise ValueError(f"{items.describe(int(s))} holds {sorted(data)} but another record of its batch holds "
+                             f"{sorted(keys)}; every record must have the same tensors (they are concatenated key "
+                             "by key)")
+    flagged = [key for key in keys if key in pads[0]]
+    for key in flagged:
+        if f"{key}_is_pad" in keys:
+            raise ValueError(f"the records hold {key + '_is_pad'!r}, the name under which ErrorPolicy(nonfinite="
+                             f"'mask') flags the masked entries of {key!r}; rename it")
+    payload: dict[str, Any] = {key: torch.cat([data[key] for data in read]) for key in keys}
+    payload.update({f"{key}_is_pad": np.concatenate([p[key] for p in pads]) for key in flagged})
+    return payload
 
 
 def _add_absent(payload: dict[str, Any], items, read: list) -> None:

@@ -4,7 +4,8 @@
   at its window times, LeRobot-style) or whole-episode chunks (every frame of every feature the layout prices,
   split at ``max_length`` steps or where a chunk would not fit a row). A source made of several datasets
   (``open_dataset([a, b])``) is a mixture: ``weights`` set each dataset's share of an epoch's samples.
-- :class:`RecordItems`: the samples of any map-style dataset, priced by a given length.
+- :class:`RecordItems` (:mod:`mmfeed.loaders.records`): the samples of any map-style dataset, priced by a
+  given length.
 
 An item kind has ``tokens`` (int64 ``[n]``: each sample's price), ``groups`` (each sample's episode, or None),
 ``draw(seed, epoch)`` (the samples of an epoch, or None for each once) and ``collate(rows, ...)`` (the
@@ -14,13 +15,13 @@ An item kind has ``tokens`` (int64 ``[n]``: each sample's price), ``groups`` (ea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from mmfeed.codecs.text import ByteTokenizer
+from mmfeed.loaders.records import RecordItems
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
@@ -459,60 +460,3 @@ def _dataset_of(source: EpisodeSource) -> np.ndarray:
     """Which dataset of a mixed source each episode comes from (all 0 for a single dataset)."""
     of = getattr(source, "dataset_of", None)
     return np.asarray(of, dtype=np.int64) if of is not None else np.zeros(len(source), dtype=np.int64)
-
-
-class RecordItems:
-    """The samples of a map-style dataset, priced ``lengths`` (an array, or a function ``index -> int``).
-
-    Samples may be 1-D tensors (token ids, stored as ``data["text"]``) or dicts of tensors whose first dimension
-    is the sample's length (each key concatenated in token order); anything else goes to
-    ``metadata["samples"]`` unchanged.
-    """
-
-    groups = None
-
-    def __init__(self, dataset: Sequence, lengths: Sequence[int] | np.ndarray | Callable[[int], int]) -> None:
-        n = len(dataset)
-        values = [lengths(i) for i in range(n)] if callable(lengths) else lengths
-        tokens = np.asarray(values)
-        if tokens.shape != (n,) or (n and not np.issubdtype(tokens.dtype, np.integer)):
-            raise ValueError(f"lengths must give one integer per sample ({n}), got shape {tokens.shape}")
-        if n and tokens.min() < 1:
-            raise ValueError(f"sample {int(np.argmin(tokens))} has length {tokens.min()}; lengths must be >= 1")
-        self.dataset, self.tokens = dataset, tokens.astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def draw(self, seed: int, epoch: int) -> None:
-        return None
-
-    def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
-        order = np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
-        fields: dict[str, list[torch.Tensor]] = {}
-        extra = []
-        for i in order:
-            sample = self.dataset[int(i)]
-            items = {"text": sample} if isinstance(sample, (torch.Tensor, np.ndarray)) else sample
-            if not isinstance(items, Mapping):
-                extra.append(sample)
-                continue
-            rest = {}
-            for key, value in items.items():
-                value = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-                if isinstance(value, torch.Tensor) and value.dim() >= 1:
-                    if value.shape[0] != self.tokens[i]:
-                        raise ValueError(f"sample {int(i)} field {key!r} has {value.shape[0]} entries but its length "
-                                         f"is {int(self.tokens[i])}; lengths must match the samples")
-                    fields.setdefault(key, []).append(value)
-                else:
-                    rest[key] = value
-            if rest:
-                extra.append(rest)
-        metadata: dict[str, Any] = {"sample": torch.from_numpy(order)}
-        if extra:
-            metadata["samples"] = extra
-        num_rows = kwargs.get("num_rows") or len(rows)
-        lengths = [self.tokens[r].tolist() for r in rows] + [[] for _ in range(num_rows - len(rows))]
-        return PackedBatch.from_segments(lengths, capacity or int(self.tokens[order].max(initial=1)),
-                                         data={k: torch.cat(v) for k, v in fields.items()}, metadata=metadata)

@@ -59,7 +59,9 @@ class PlannedDataset(torch.utils.data.Dataset):
     seed, rank, world_size: the plan is a pure function of these and the epoch.
     static_shapes: every batch tensor, ``cu_seqlens`` included, has one shape for the whole epoch.
     errors: what a sample that cannot be loaded does (:class:`~mmfeed.loaders.errors.ErrorPolicy`; default raise).
-    transform: ``fn(sample: dict, generator) -> dict`` run on each sample after decode (episode items).
+    transform: ``fn(sample: dict, generator) -> dict`` run on each sample after it is read, the generator seeded
+        from ``(seed, epoch, sample id)``; it may change values, not the first dimension of any array (frames, or
+        a record's tokens), since tokens are planned before reading.
     """
 
     def __init__(self, items: Any, *, plan: PlanConfig | None = None, seed: int = 0, rank: int = 0,
@@ -91,10 +93,19 @@ class PlannedDataset(torch.utils.data.Dataset):
     @classmethod
     def records(cls, dataset: Any, lengths: Any, **kwargs: Any) -> PlannedDataset:
         """Packed batches of a map-style dataset's samples priced ``lengths`` (an array, or a function
-        ``index -> int``), e.g. token sequences for language-model packing; ``kwargs`` as for the constructor.
-        See :class:`~mmfeed.loaders.items.RecordItems` for what a sample may be."""
-        from mmfeed.loaders.items import RecordItems
+        ``index -> int``), e.g. token sequences for language-model packing; ``kwargs`` as for the constructor, each
+        meaning what it means for episode samples (``transform`` gets a record's tensors and its ``index``). See
+        :class:`~mmfeed.loaders.records.RecordItems` for what a sample may be.
 
+        Records carry their own token ids, planned from ``lengths`` before anything is read, so ``tokenizer`` (the
+        task text's encoder of episode samples) is refused."""
+        from mmfeed.loaders.records import RecordItems
+
+        if "tokenizer" in kwargs:
+            raise ValueError("PlannedDataset.records takes no tokenizer: records carry their own token ids, whose "
+                             "lengths are planned before anything is read (a tokenizer encodes the task text of "
+                             "episode samples, Packing(tokenizer=...)); tokenize the texts in the dataset and pass "
+                             "the ids' lengths")
         return cls(RecordItems(dataset, lengths), **kwargs)
 
     @property

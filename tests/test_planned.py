@@ -15,6 +15,8 @@ from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.testing import make_episodes, read_index
 
+from replay import replayed
+
 CAM = "observation.images.cam_high"
 WRIST = "observation.images.cam_wrist"
 SPEC = WindowSpec.from_delta_timestamps({CAM: [-1 / 15, 0.0], "observation.state": [0.0],
@@ -94,26 +96,9 @@ def brightness(sample, generator):
 @pytest.mark.slow
 def test_a_transform_is_the_same_for_any_number_of_workers_and_replays_after_resume():
     src = array_source()
-
-    def run(num_workers, resume_after=None):
-        loader = DataLoader(src, packing=packing(seed=2, transform=brightness), num_workers=num_workers)
-        out = []
-        it = iter(loader)
-        for i, batch in enumerate(it):
-            out.append(batch.data[CAM].clone())
-            if resume_after is not None and i + 1 == resume_after:
-                state = loader.state_dict()
-                del it
-                fresh = DataLoader(src, packing=packing(seed=2, transform=brightness), num_workers=num_workers)
-                fresh.load_state_dict(state)
-                out.extend(b.data[CAM].clone() for b in fresh)
-                break
-        return out
-
-    plain = run(0)
+    plain = replayed(lambda w: DataLoader(src, packing=packing(seed=2, transform=brightness), num_workers=w),
+                     lambda b: b.data[CAM].clone(), resumes=((0, 2), (2, 1)))
     assert len(plain) > 2
-    for other in (run(2), run(0, resume_after=2), run(2, resume_after=1)):
-        assert len(other) == len(plain) and all(torch.equal(a, b) for a, b in zip(plain, other))
     untouched = [b.data[CAM] for b in DataLoader(src, packing=packing(seed=2))]
     assert not all(torch.equal(a, b) for a, b in zip(plain, untouched))  # the transform did something
 

@@ -173,6 +173,28 @@ def test_open_dataset_opens_each_format_and_lists_of_them(shards, tmp_path, epis
         open_dataset(42)
 
 
+def test_a_mixture_takes_the_shared_options_and_each_format_its_own(shards, tmp_path, episodes):
+    """Options both formats take reach both datasets; a format's own option reaches the datasets of that format;
+    an option no dataset given takes is refused, naming the formats that take it."""
+    out, _ = shards
+    root = write_lerobot(tmp_path / "lr", episodes[:1], codec="h264", gop=2)
+    mix = open_dataset([out, root], backend="pyav", frame_size=(24, 32), decoder_threads=2)
+    assert mix.features[CAM].shape == (24, 32, 3)
+    assert [mix.episode(e)[CAM].shape[1:] for e in (0, len(mix) - 1)] == [(24, 32, 3)] * 2  # both resized
+    shards_source, lerobot_source = mix.sources
+    assert (shards_source.backend, shards_source.decoder_threads) == ("pyav", 2)
+    own = open_dataset([out, root], cache_episodes=3, check_index=False, tolerance_s=1e-3)
+    assert own.sources[0].cache_episodes == 3 and own.sources[1].tolerance_s == 1e-3
+    assert lerobot_source.tolerance_s == 1e-4  # LeRobot's default where the option was not given
+    with pytest.raises(ValueError, match=r"'cache_episodes' applies to webdataset shards only.*lr is LeRobot v3.*"
+                                         r"drop cache_episodes="):
+        open_dataset(root, cache_episodes=3)
+    with pytest.raises(ValueError, match=r"'tolerance_s' applies to LeRobot v3 only"):
+        open_dataset([out, out], tolerance_s=1e-3)
+    with pytest.raises(ValueError, match=r"no format takes option 'cache_episode'.*'cache_episodes'"):
+        open_dataset([out, root], cache_episode=3)
+
+
 def test_bad_paths_and_stale_index_are_named(shards, tmp_path):
     out, _ = shards
     with pytest.raises(FileNotFoundError, match="nowhere"):

@@ -1,0 +1,198 @@
+"""The steps every item kind's collation shares, one helper per job, so that an option means the same for every
+kind: read under the error policy (:func:`read_under_policy`), check that float arrays are finite
+(:func:`check_finite`), transform (:func:`transform_each`) and lay out (:func:`batch_layout`,
+:func:`pad_static`, :func:`packed`).
+
+What differs between kinds (how a sample is read, named in an error, and shown to a transform) is a reader made
+per batch (see :mod:`mmfeed.loaders.collate`): ``samples`` (the batch's sample ids), ``read_all()`` (or None),
+``read_one(k)``, ``failure(k, reason)`` (the record of a skipped sample), ``located(k, key, bad)`` (where a
+non-finite value lies), ``sample(k, data)`` (what a transform gets) and ``unit`` (what the first dimension of an
+array counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy, SampleError
+from mmfeed.packing import PackedBatch
+from mmfeed.packing.metadata import Layout, make_layout
+
+__all__ = ["batch_layout", "check_finite", "pad_static", "packed", "read_under_policy", "sample_generator",
+           "samples_of", "transform_each", "without_failures"]
+
+
+def sample_generator(seed: int, epoch: int, sample: int) -> torch.Generator:
+    """The generator a transform gets for one sample: a pure function of ``(seed, epoch, sample id)``."""
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(epoch), int(sample)]).generate_state(2, np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+def samples_of(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """The sample ids of a batch, row after row (int64)."""
+    return np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
+
+
+def read_under_policy(reader: Any, errors: ErrorCounter | None) -> tuple[list, list[dict]]:
+    """Read a batch's samples (``reader.read_all()``; None: one by one) under the error policy. Under skip/warn a
+    failing batch is read again sample by sample (``reader.read_one(k)``) and each failing sample comes back as
+    None with a record ``reader.failure(k, reason)``, counted by ``errors``; under raise (or without a counter)
+    the first error propagates as it is. MemoryError and KeyboardInterrupt always do."""
+    count = len(reader.samples)
+    if reader.read_all is not None:
+        try:
+            read = reader.read_all()
+        except MemoryError:
+            raise
+        except Exception:
+            if errors is None or errors.policy.on_error == "raise":
+                raise
+        else:
+            if errors is not None and count:
+                errors.succeeded()
+            return read, []
+    read, failures = [], []
+    for k in range(count):
+        try:
+            read.append(reader.read_one(k))
+        except MemoryError:
+            raise
+        except Exception as err:
+            if errors is None or errors.policy.on_error == "raise":
+                raise
+            read.append(None)
+            failures.append(reader.failure(k, f"{type(err).__name__}: {err}"))
+            errors.failed(failures[-1])
+        else:
+            if errors is not None:
+                errors.succeeded()
+    return read, failures
+
+
+def check_finite(reader: Any, read: list, pads: list, keys: Sequence[str] | None, policy: ErrorPolicy,
+                 errors: ErrorCounter | None, failures: list) -> None:
+    """NaN or inf in a float array (of ``keys``; None: every key of a sample): raise (through the error policy),
+    or mask (0, flagged in the sample's pads)."""
+    for i, data in enumerate(read):
+        if data is None:
+            continue
+        for key in list(data) if keys is None else keys:
+            values = data.get(key)
+            finite = None if values is None else _finiteness(values)
+            if finite is None:
+                continue
+            bad = np.asarray(~finite.reshape(len(values), -1).all(1))
+            if policy.nonfinite == "mask":
+                data[key] = (torch.where(finite, values, 0) if isinstance(values, torch.Tensor)
+                             else np.where(finite, values, 0).astype(values.dtype))
+                pads[i][key] = pads[i][key] | bad
+                continue
+            reason = reader.located(i, key, bad)
+            if errors is None or policy.on_error == "raise":
+                raise SampleError(reason + "; fix the data or use ErrorPolicy(nonfinite='mask')")
+            read[i] = None
+            failures.append(reader.failure(i, f"SampleError: {reason}"))
+            errors.failed(failures[-1])
+            break
+
+
+def _finiteness(values: Any) -> Any:
+    """Elementwise finiteness of a float array (numpy or torch); None when it is not float or is all finite."""
+    if isinstance(values, torch.Tensor):
+        finite = torch.isfinite(values) if values.is_floating_point() else None
+    else:
+        finite = np.isfinite(values) if values.dtype.kind == "f" else None
+    return None if finite is None or bool(finite.all()) else finite
+
+
+def transform_each(reader: Any, read: list, transform: Callable, epoch: int, seed: int) -> list:
+    """Run the user's transform on each sample read (``reader.sample``: tensors in, tensors out) with its own
+    generator, from ``(seed, epoch, sample id)``. Each array comes back from its result with its first dimension
+    (frames, or a record's tokens) unchanged: tokens were planned before anything was read."""
+    out = []
+    for k, (s, data) in enumerate(zip(reader.samples, read)):
+        if data is None:
+            out.append(None)
+            continue
+        result = transform(reader.sample(k, data), sample_generator(seed, epoch, int(s)))
+        if not isinstance(result, Mapping):
+            raise TypeError(f"the transform must return a dict of tensors, got {type(result).__name__}")
+        new = {}
+        for key, before in data.items():
+            after = result.get(key)
+            if after is None:
+                raise ValueError(f"the transform dropped {key!r} of sample {int(s)}; it may change values (and frame "
+                                 "sizes) only")
+            if isinstance(before, np.ndarray):
+                after = after.numpy() if isinstance(after, torch.Tensor) else np.asarray(after)
+            elif not isinstance(after, torch.Tensor):
+                after = torch.as_tensor(after)
+            if len(after) != len(before):
+                raise ValueError(f"the transform changed the number of {reader.unit} of {key!r} in sample {int(s)} "
+                                 f"from {len(before)} to {len(after)}; tokens are planned before reading, so counts "
+                                 "must stay")
+            new[key] = after
+        out.append(new)
+    return out
+
+
+def without_failures(rows: Sequence[np.ndarray], samples: np.ndarray, failures: list[dict]
+                     ) -> tuple[list[np.ndarray], list[int]]:
+    """The rows without the samples that failed, and the positions in ``samples`` of those kept."""
+    bad = {f["sample"] for f in failures}
+    keep = [i for i, s in enumerate(samples) if int(s) not in bad]
+    return [np.asarray([s for s in row if int(s) not in bad], dtype=np.int64) for row in rows], keep
+
+
+def batch_layout(rows: Sequence[np.ndarray], nrows: int, capacity: int, doc_tokens: Sequence[int],
+                 segments: list[np.ndarray] | None = None, steps: list[np.ndarray] | None = None,
+                 num_modalities: int = 1) -> Layout:
+    """The batch's :class:`~mmfeed.packing.metadata.Layout` from the documents' arrays (segments ``[n, 2]`` and
+    step sizes of each document, in row order; None: one token a step, all of modality 0), validated by
+    ``make_layout``; ``nrows - len(rows)`` empty rows pad the batch."""
+    def offsets(sizes: list[int]) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    row_offsets = offsets([len(row) for row in rows] + [0] * (nrows - len(rows)))
+    lengths = np.asarray(doc_tokens, dtype=np.int64)
+    if segments is None:
+        return make_layout(lengths, row_offsets, capacity, num_modalities=num_modalities)
+    runs = np.concatenate(segments) if segments else np.zeros((0, 2), np.int64)
+    return make_layout(lengths, row_offsets, capacity,
+                       step_sizes=np.concatenate(steps) if steps else np.zeros(0, np.int64),
+                       step_offsets=offsets([len(p) for p in steps]), segment_modalities=runs[:, 0],
+                       segment_lengths=runs[:, 1], segment_offsets=offsets([len(p) for p in segments]),
+                       num_modalities=num_modalities)
+
+
+def pad_static(payload: dict[str, Any], per_entry: dict[str, int], slots: int) -> None:
+    """Pad each payload ``key`` of ``per_entry`` (tokens one entry takes) to the most ``slots`` tokens could
+    hold; padded entries are flagged in its ``_is_pad``, where it has one."""
+    for key, tokens in per_entry.items():
+        extra = slots // tokens - len(payload[key])
+        payload[key] = _grown(payload[key], extra, 0)
+        if f"{key}_is_pad" in payload:
+            payload[f"{key}_is_pad"] = _grown(payload[f"{key}_is_pad"], extra, 1)
+
+
+def _grown(values: Any, extra: int, fill: int) -> Any:
+    """``values`` (numpy or torch) with ``extra`` entries of ``fill`` appended along the first dimension."""
+    if isinstance(values, torch.Tensor):
+        return torch.cat([values, values.new_full((extra, *values.shape[1:]), fill)])
+    return np.concatenate([values, np.full((extra, *values.shape[1:]), fill, values.dtype)])
+
+
+def packed(layout: Layout, modalities: list[str], payload: dict[str, Any], metadata: dict[str, Any],
+           failures: list[dict], static_shapes: bool, max_documents: int | None) -> PackedBatch:
+    """The PackedBatch of a laid-out batch; skipped samples listed in ``metadata["errors"]``; with static shapes
+    ``cu_seqlens`` padded to ``max_documents + 1`` entries."""
+    if failures:
+        metadata["errors"] = failures
+    batch = PackedBatch.from_layout(layout, modalities=modalities, data=payload, metadata=metadata)
+    if static_shapes and max_documents is not None:
+        batch = batch.pad_documents(max_documents)
+    return batch
