@@ -248,3 +248,46 @@ def test_a_task_missing_from_tasks_parquet_names_the_episode(tmp_path, episodes)
     pq.write_table(kept, f"{root}/meta/tasks.parquet")
     with pytest.raises(ValueError, match=rf"episode {first}: task {missing!r} is not in"):
         LeRobotSource(root)
+
+
+def _short_segment(tmp_path, missing: int):
+    """Two 20-step H.264 episodes in one video file, episode 0's segment ``missing`` frames short (as a recorder
+    that stopped early leaves it): the file's frames, and meta/episodes' from/to timestamps, say so."""
+    import glob
+
+    from mmfeed.codecs import encode_video
+    from mmfeed.testing import frame_pattern
+
+    eps = make_episodes(2, seed=1, cameras=("cam_high",), min_length=20, max_length=20, fps=30.0)
+    root = write_lerobot(tmp_path / "short", eps, codec="h264", gop=2)
+    seeds = [ep.camera_seeds["cam_high"] for ep in eps]
+    keep = [i for i in range(40) if not 20 - missing <= i < 20]
+    frames = np.concatenate([frame_pattern(1, height=48, width=64, start=i, seed=seeds[i >= 20]) for i in keep])
+    video = glob.glob(f"{root}/videos/*/chunk-000/file-000.mp4")[0]
+    with open(video, "wb") as f:
+        f.write(encode_video(frames, fps=30.0, gop=2))
+    path = f"{root}/meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    for column, shifts in ((f"videos/{CAM}/from_timestamp", (0, 1)), (f"videos/{CAM}/to_timestamp", (1, 1))):
+        values = [v - s * missing / 30 for v, s in zip(table[column].to_pylist(), shifts)]
+        table = table.set_column(table.column_names.index(column), column, pa.array(values))
+    pq.write_table(table, path)
+    return root
+
+
+def test_a_camera_segment_a_frame_short_is_padded_never_read_from_the_next_episode(tmp_path):
+    """meta/episodes says episode 0's video segment ends a frame early (to_timestamp): it holds 19 frames, its
+    last window reads frame 18 again flagged as padding, and nothing reads episode 1's first frame, which
+    follows in the file."""
+    from mmfeed.loaders import WindowSpec
+
+    ds = LeRobotSource(_short_segment(tmp_path, 1))
+    assert ds.frames(CAM).tolist() == [19, 20] and ds.lengths.tolist() == [20, 20]
+    assert read_index(ds.episode(0)[CAM]).tolist() == list(range(19))
+    last = ds.windows(WindowSpec.from_delta_timestamps({CAM: [-1 / 30, 0.0]}))[19]
+    assert read_index(last[CAM].numpy()).tolist() == [18, 18] and last[f"{CAM}_is_pad"].tolist() == [False, True]
+
+
+def test_a_camera_segment_two_frames_short_names_the_episode_and_camera(tmp_path):
+    with pytest.raises(ValueError, match=rf"episode 0 feature '{CAM}' .*18 frames.*at least 19"):
+        LeRobotSource(_short_segment(tmp_path, 2))

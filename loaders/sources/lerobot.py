@@ -42,6 +42,7 @@ from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feat
 from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.loaders.timing import stage
+from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["LeRobotSource", "is_lerobot_dir"]
 
@@ -49,6 +50,7 @@ _FRAMES = ("video", "image")
 _EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_index", "dataset_from_index",
                     "dataset_to_index")
 _VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp")
+_SEGMENT_END = "to_timestamp"  # where an episode's segment of a video ends (read where every file has it)
 
 FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
 
@@ -106,6 +108,7 @@ class LeRobotSource(EpisodeSource):
         self._meta, self._episode_tasks = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
+        self._frames = self._segment_frames(fps)
         raw = {}
         if self.files.exists("meta/stats.json"):
             raw = from_json({k: v for k, v in self.files.read_json("meta/stats.json").items() if isinstance(v, dict)})
@@ -198,6 +201,27 @@ class LeRobotSource(EpisodeSource):
         """The data parquet file (relative to the root) holding the rows of ``episode``."""
         return self.info["data_path"].format(chunk_index=int(self._meta["data/chunk_index"][episode]),
                                              file_index=int(self._meta["data/file_index"][episode]))
+
+    def _segment_frames(self, fps: float) -> dict[str, np.ndarray]:
+        """Frames each camera's segment of a video holds per episode (``to_timestamp - from_timestamp`` at the
+        fps), for the cameras where a segment holds fewer than its episode's steps: a recording that ended a frame
+        early. Such a camera's missing frames are padding, read as its last frame; without this the next
+        episode's first frame, which follows in the file, would be read as this episode's last. A segment more
+        than one frame short is an error naming the episode and the camera."""
+        out = {}
+        for feature in self._video_keys:
+            end = self._meta.get(f"videos/{feature}/{_SEGMENT_END}")
+            if end is None:
+                continue
+            frames = np.rint((end - self._meta[f"videos/{feature}/from_timestamp"]) * fps).astype(np.int64)
+            short = np.flatnonzero(frames < self._lengths)
+            if not len(short):
+                continue
+            for e in short.tolist():
+                check_stream_frames(int(frames[e]), length=int(self._lengths[e]), fps=fps, rate=fps,
+                                    where=f"{self.describe(e)} feature {feature!r} ({self.video_file(e, feature)})")
+            out[feature] = np.minimum(frames, self._lengths)
+        return out
 
     def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[str | RemoteFile, np.ndarray]:
         """What the decoder opens for the episode's ``feature`` (a path, or a remote file) and the times in it of
@@ -352,7 +376,8 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     if not paths:
         raise FileNotFoundError(f"{files.root}: no meta/episodes/chunk-*/file-*.parquet files")
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in wanted}
+    ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in [*wanted, *ends]}
     episode_tasks = []
     lookup = pa.array(list(tasks), type=pa.large_string())
     for relative in paths:
@@ -362,13 +387,14 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
         missing = [c for c in wanted if c not in present]
         if missing:
             raise ValueError(f"{where}: meta/episodes has no columns {missing}")
-        columns = wanted + (["tasks"] if "tasks" in present else [])
+        ends = [c for c in ends if c in present]  # kept only where every file has them
+        columns = wanted + ends + (["tasks"] if "tasks" in present else [])
         try:
             table = parquet.read(columns=columns)
         except pa.ArrowNotImplementedError:  # a list of dictionary strings over several row groups, which the
             # file reader cannot return as one array: read it row group by row group
             table = pq.read_table(files.open(relative), columns=columns)
-        for c in wanted:
+        for c in wanted + ends:
             if table[c].null_count:
                 raise ValueError(f"{where}: column {c!r} has {table[c].null_count} empty values")
             parts[c].append(table[c].to_numpy())
@@ -376,7 +402,7 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
             episode_tasks.append(_episode_task_ids(table["tasks"], lookup, table["episode_index"], where))
         else:
             episode_tasks.append(np.full(table.num_rows, -1, dtype=np.int64))
-    meta = {c: np.concatenate(v) for c, v in parts.items()}
+    meta = {c: np.concatenate(v) for c, v in parts.items() if c in wanted or c in ends}
     task = np.concatenate(episode_tasks)
     order = meta["episode_index"]
     if (np.diff(order) < 0).any():
