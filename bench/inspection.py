@@ -104,7 +104,7 @@ def inspect_dataset(path: Any, packing: Packing, *, world_size: int = 1, backend
     lengths = np.asarray(source.lengths, dtype=np.int64)
     tasks = collections.Counter(source.task(e) for e in range(len(lengths)))
     planned = packing.dataset(source, world_size=world_size)
-    tokens = np.asarray(planned.items.tokens)
+    tokens = planned.items.table.tokens
     plan = planned.plan(0)
     capacity = packing.plan.capacity
     packed = _plan_figures(plan, tokens, capacity)

@@ -302,11 +302,12 @@ def mmfeed_samples(root: str | os.PathLike, delta_timestamps: Mapping[str, Seque
     if indices.size and (indices.min() < 0 or indices.max() >= len(items)):
         raise ValueError(f"sample indices must lie in [0, {len(items)}), got {indices.min()}..{indices.max()}")
     asked = items.requests(indices)
-    reads = source.read_many([request for request, _, _ in asked])
-    out: dict[str, np.ndarray] = {"episode_index": items.episode[indices], "frame_index": items.start[indices]}
+    reads = source.read_many([read.request for read in asked])
+    episode, start = items.table.locate(indices)
+    out: dict[str, np.ndarray] = {"episode_index": episode, "frame_index": start}
     for name in window.features:
         out[name] = np.stack([got[name] for got in reads])
-        out[f"{name}_is_pad"] = np.stack([pads[name] for _, pads, _ in asked])
+        out[f"{name}_is_pad"] = np.stack([read.pads[name] for read in asked])
     return out
 
 

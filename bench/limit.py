@@ -68,7 +68,8 @@ def batch_work(items: Any, samples: np.ndarray) -> tuple[list[tuple[tuple, Any, 
     videos = {f for f, feature in source.features.items() if feature.kind == "video"}
     wanted: dict[tuple, list] = {}
     delivered = 0
-    for request, _, _ in items.requests(np.asarray(samples, dtype=np.int64)):
+    for read in items.requests(np.asarray(samples, dtype=np.int64)):
+        request = read.request
         for feature, idx in request.indices.items():
             if feature not in videos or not len(idx):
                 continue

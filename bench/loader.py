@@ -37,8 +37,10 @@ from mmfeed.codecs._pyav import decode_totals
 from mmfeed.codecs.video import read_frames
 from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.items import EpisodeItems
+from mmfeed.loaders.requests import SampleRead
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.loaders.timing import stage
+from mmfeed.packing.samples import SampleTable
 from mmfeed.testing.synth_episodes import DEFAULT_TASKS, IMAGE_PREFIX
 
 __all__ = ["Embodiment", "LoaderBench", "PerSampleDataset", "VARIED_TASKS", "WindowsAndChunks", "data_spec",
@@ -211,7 +213,8 @@ class LoaderBench:
 class WindowsAndChunks:
     """Windowed policy samples and whole-episode chunks of one source as one item kind of a planned dataset:
     ids ``0 .. len(windows) - 1`` are the windows, the rest the chunks. Both share the source, the layout and the
-    tokenizer, so one collation packs them side by side (:func:`mmfeed.loaders.collate.collate`)."""
+    tokenizer, so one collation packs them side by side (:func:`mmfeed.loaders.collate.collate`); the plan sees
+    their prices and episodes (:meth:`SampleTable.of_prices <mmfeed.packing.samples.SampleTable.of_prices>`)."""
 
     def __init__(self, windows: EpisodeItems, chunks: EpisodeItems) -> None:
         if windows.source is not chunks.source or windows.layout != chunks.layout:
@@ -220,20 +223,20 @@ class WindowsAndChunks:
         self.source, self.layout, self.window = windows.source, windows.layout, windows.window
         self.features = list(dict.fromkeys([*windows.features, *chunks.features]))
         self.tokenizer, self.text = windows.tokenizer, windows.text
-        for name in ("episode", "start", "length", "task", "tokens"):
-            setattr(self, name, np.concatenate([getattr(windows, name), getattr(chunks, name)]))
-        self.groups = self.episode
+        parts = [items.table for items in (windows, chunks)]
+        ids = [np.arange(len(t), dtype=np.int64) for t in parts]
+        self.episode, self.start = (np.concatenate(c) for c in zip(*(t.locate(i) for t, i in zip(parts, ids))))
+        self.length = np.concatenate([t.lengths(i) for t, i in zip(parts, ids)])
+        self.tokens = np.concatenate([t.tokens for t in parts])
+        self.table = SampleTable.of_prices(self.tokens, groups=self.episode)
         self.is_chunk = np.arange(len(self.episode)) >= self.offset
         self.stats = dict(chunks.stats)
 
     def __len__(self) -> int:
         return len(self.episode)
 
-    def draw(self, seed: int, epoch: int) -> None:
-        return None  # every sample once per epoch
-
-    def requests(self, samples: np.ndarray) -> list[tuple[EpisodeRequest, dict, Any]]:
-        """``(request, is_pad flags, layout)`` of each sample, windows and chunks alike, in the order given."""
+    def requests(self, samples: np.ndarray) -> list[SampleRead]:
+        """What each sample reads and how it is laid out, windows and chunks alike, in the order given."""
         samples = np.asarray(samples, dtype=np.int64)
         out: list[Any] = [None] * len(samples)
         chunk = samples >= self.offset
@@ -241,13 +244,14 @@ class WindowsAndChunks:
             where = np.flatnonzero(mask)
             if len(where):
                 for k, read in zip(where.tolist(), items.requests(samples[where] - shift)):
-                    out[k] = read
+                    out[k] = replace(read, sample=int(samples[k]))
         return out
 
     def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> Any:
         from mmfeed.loaders.collate import collate
 
-        return collate(self, rows, capacity, **kwargs)
+        reads = self.requests(np.concatenate(rows) if len(rows) else np.zeros(0, np.int64))
+        return collate(self.source, reads, rows, capacity, layout=self.layout, features=self.features, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------- synthetic datasets
@@ -404,7 +408,7 @@ class PerSampleDataset(torch.utils.data.Dataset):
     @property
     def tokens(self) -> np.ndarray:
         """int64 ``[n]``: each sample's price in tokens."""
-        return self.items.tokens
+        return self.items.table.tokens
 
     def __len__(self) -> int:
         return len(self.items)
@@ -412,7 +416,8 @@ class PerSampleDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         items, source = self.items, self.items.source
         before = decode_totals()
-        ((request, _, _),) = items.requests(np.array([i]))
+        (read,) = items.requests(np.array([i]))
+        request = read.request
         arrays = {f: idx for f, idx in request.indices.items() if f not in self.videos}
         out = source.read_many([EpisodeRequest(request.episode, arrays)])[0]
         frames = 0
@@ -421,9 +426,8 @@ class PerSampleDataset(torch.utils.data.Dataset):
                 out[feature] = _decode_alone(source, request.episode, feature, idx, self.cfg.backend)
                 frames += len(idx)
         sample = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
-        task = int(items.task[i])
-        sample["text"] = torch.from_numpy(items.text[task] if task >= 0 else np.zeros(0, np.int32))
-        sample["tokens"] = torch.tensor(int(items.tokens[i]))
+        sample["text"] = torch.from_numpy(read.text)
+        sample["tokens"] = torch.tensor(int(self.tokens[i]))
         sample["frames"] = torch.tensor(frames)
         after = decode_totals()
         sample["frames_decoded"] = torch.tensor(after["frames_decoded"] - before["frames_decoded"])

@@ -206,7 +206,7 @@ def _mmfeed(cfg: LoaderBench, data: Any, run: BenchRun) -> _System:
     planned = cfg.planned(open_dataset(data, backend=cfg.backend), dataset=_Counted)
     loader = DataLoader(planned, num_workers=cfg.workers, persistent_workers=cfg.workers > 0, device=run.device,
                         prefetch=run.prefetch, timer=timer, worker_mode=run.worker_mode)
-    tokens = planned.items.tokens
+    tokens = planned.items.table.tokens
     if len(tokens) and int(tokens.max()) > cfg.capacity:
         raise ValueError(f"samples cost up to {int(tokens.max())} tokens but --capacity is {cfg.capacity}: raise "
                          f"--capacity to at least {int(tokens.max())}")

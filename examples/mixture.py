@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
                           weights=[0.7, 0.3], plan=PlanConfig(capacity=1024, rows_per_batch=2), seed=0)
         loader = DataLoader([dir_a, dir_b], packing=packing, num_workers=workers)
         planned = loader.dataset  # the planned dataset over the mixture
-        episode_dataset = planned.source.dataset_of[planned.items.episode]  # each sample's dataset
+        episode_dataset = planned.source.dataset_of[planned.items.table.groups]  # each sample's dataset
         counts, drawn = np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64)
         for epoch in range(epochs):
             drawn += np.bincount(episode_dataset[planned.epoch_samples(epoch)], minlength=2)

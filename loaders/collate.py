@@ -35,6 +35,7 @@ import torch
 
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
+from mmfeed.loaders.requests import SampleRead
 from mmfeed.loaders.shm import pooled_buffer
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.steps import (batch_layout, check_finite, pad_static, packed, read_under_policy,
@@ -42,18 +43,20 @@ from mmfeed.loaders.steps import (batch_layout, check_finite, pad_static, packed
 from mmfeed.loaders.timing import stage
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
-from mmfeed.packing.layout import TEXT, SampleLayout
+from mmfeed.packing.layout import TEXT, SampleLayout, TokenLayout
 
 __all__ = ["collate", "collate_records", "sample_generator"]
 
 _IN_ORDER = object()  # marker: a feature's payload items are its read array in order
 
 
-def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: int | None = None,
-            static_shapes: bool = False, max_documents: int | None = None, errors: ErrorCounter | None = None,
-            epoch: int = 0, seed: int = 0, transform: Callable | None = None) -> PackedBatch:
-    """Read the samples of ``rows`` (sample ids of :class:`~mmfeed.loaders.items.EpisodeItems` per row) and pack
-    them into a PackedBatch.
+def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[np.ndarray], capacity: int, *,
+            layout: TokenLayout, features: Sequence[str], num_rows: int | None = None, static_shapes: bool = False,
+            max_documents: int | None = None, errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
+            transform: Callable | None = None) -> PackedBatch:
+    """Read the samples ``reads`` describe (one :class:`~mmfeed.loaders.requests.SampleRead` per sample id of
+    ``rows``, row after row) from ``source`` and pack them into a PackedBatch whose modalities are the task text
+    and ``features``, laid out by ``layout``.
 
     capacity: tokens per row; 0 pads to the longest document of the batch (bucket and fixed modes).
     num_rows: rows of the batch (empty rows appended as padding); default ``len(rows)``.
@@ -61,24 +64,22 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
     errors: the error policy's running counter; None raises on the first failure. Samples that fail under
         "skip"/"warn" are left out of their rows (the batch still goes out) and listed in ``metadata["errors"]``.
     """
-    source: EpisodeSource = items.source
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = samples_of(rows)
-    reads = items.requests(samples)
-    requests = [r for r, _, _ in reads]
-    pads = [p for _, p, _ in reads]
-    layouts = [lay for _, _, lay in reads]
-    modalities = [TEXT, *items.features]
+    reads = list(reads)
+    requests = [r.request for r in reads]
+    pads = [r.pads for r in reads]
+    modalities = [TEXT, *features]
     index = {m: i for i, m in enumerate(modalities)}
     plans: dict[int, tuple] = {}
-    for lay in layouts:
-        if id(lay) not in plans:
-            plans[id(lay)] = _payload_plan(lay, items.layout, index)
-    sample_plans = [plans[id(lay)] for lay in layouts]
+    for r in reads:
+        if id(r.layout) not in plans:
+            plans[id(r.layout)] = _payload_plan(r.layout, layout, index)
+    sample_plans = [plans[id(r.layout)] for r in reads]
     direct: dict[str, Any] = {}
     if transform is None:
         requests, direct = _decode_in_place(source, requests, sample_plans)
-    reader = _EpisodeReads(items, samples, requests, pads)
+    reader = _EpisodeReads(source, reads, requests)
     read, failures = read_under_policy(reader, errors)
     _fill_direct(requests, read, direct)
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
@@ -88,18 +89,16 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
     if failures:
         rows, keep = without_failures(rows, samples, failures)
         samples = samples[keep]
-        read, pads = [read[i] for i in keep], [pads[i] for i in keep]
-        layouts, sample_plans = [layouts[i] for i in keep], [sample_plans[i] for i in keep]
+        read, pads, reads = [read[i] for i in keep], [pads[i] for i in keep], [reads[i] for i in keep]
+        sample_plans = [sample_plans[i] for i in keep]
         direct = {}  # the decoded-in-place buffers now have holes: gather the kept pieces instead
     with stage("collate"):
         pieces: dict[str, list[np.ndarray]] = {}
         pad_pieces: dict[str, list[np.ndarray]] = {}
         segments, steps, doc_tokens = [], [], []
-        tasks = np.asarray(items.task[samples])  # once for the batch: windowed items compute it per sample id
-        for task, data, pad, lay, (order, doc_segments, doc_steps) in zip(tasks, read, pads, layouts, sample_plans):
-            text = items.text[task] if task >= 0 else None
-            if text is not None and len(text):
-                pieces.setdefault(TEXT, []).append(text)
+        for r, data, pad, (order, doc_segments, doc_steps) in zip(reads, read, pads, sample_plans):
+            if len(r.text):
+                pieces.setdefault(TEXT, []).append(r.text)
             for feature, positions in order.items():
                 if feature in direct:  # already decoded into its place in the payload
                     pad_pieces.setdefault(feature, []).append(pad[feature])
@@ -111,18 +110,19 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
                     pad[feature] if positions is _IN_ORDER else pad[feature][positions])
             segments.append(doc_segments)
             steps.append(doc_steps)
-            doc_tokens.append(lay.num_tokens)
+            doc_tokens.append(r.layout.num_tokens)
         payload = {key: _concat(parts) for key, parts in pieces.items()}
         payload.update(direct)
         payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
-        _add_absent(payload, items, read)
+        _add_absent(payload, source, features, read)
         if static_shapes:
-            per_entry = {f: items.layout.tokens(f) for f in items.features}
-            pad_static(payload, {TEXT: items.layout.tokens_per_text_token, **per_entry}, nrows * row_capacity)
-        layout = batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(modalities))
-        episode, start = np.array(items.episode[samples]), np.array(items.start[samples])
+            per_entry = {f: layout.tokens(f) for f in features}
+            pad_static(payload, {TEXT: layout.tokens_per_text_token, **per_entry}, nrows * row_capacity)
+        batch_lay = batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(modalities))
+        episode = np.array([r.request.episode for r in reads], dtype=np.int64)
+        start = np.array([r.start for r in reads], dtype=np.int64)
         metadata: dict[str, Any] = {
             "sample": torch.from_numpy(samples),
             "episode": torch.from_numpy(episode),
@@ -133,7 +133,7 @@ def collate(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: 
         dataset_of = getattr(source, "dataset_of", None)
         if dataset_of is not None:
             metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))
-        return packed(layout, modalities, payload, metadata, failures, static_shapes, max_documents)
+        return packed(batch_lay, modalities, payload, metadata, failures, static_shapes, max_documents)
 
 
 def collate_records(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: int | None = None,
@@ -269,12 +269,13 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
 
 
 class _EpisodeReads:
-    """How the shared steps read, name and show to a transform the samples of one batch of episode items."""
+    """How the shared steps read, name and show to a transform the samples of one batch of episode samples."""
 
     unit = "frames"
 
-    def __init__(self, items: Any, samples: np.ndarray, requests: list, pads: list) -> None:
-        self.items, self.source, self.samples, self.requests, self.pads = items, items.source, samples, requests, pads
+    def __init__(self, source: EpisodeSource, reads: list[SampleRead], requests: list) -> None:
+        self.source, self.reads, self.requests = source, reads, requests
+        self.samples = np.array([r.sample for r in reads], dtype=np.int64)
 
     def read_all(self) -> list:
         return self.source.read_many(self.requests)
@@ -293,14 +294,11 @@ class _EpisodeReads:
 
     def sample(self, k: int, data: dict) -> dict:
         """Each feature's frames as tensors, its ``_is_pad`` flags, ``task``, ``episode_index``, ``frame_index``."""
-        if not hasattr(self, "_tasks"):  # once for the batch: windowed items compute these per sample id
-            self._tasks = np.asarray(self.items.task[self.samples])
-            self._starts = np.asarray(self.items.start[self.samples])
+        read = self.reads[k]
         sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
-        sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in self.pads[k].items()})
-        task = int(self._tasks[k])
-        sample.update(task=self.source.tasks[task] if task >= 0 else "", episode_index=int(self.requests[k].episode),
-                      frame_index=int(self._starts[k]))
+        sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in read.pads.items()})
+        sample.update(task=self.source.tasks[read.task] if read.task >= 0 else "",
+                      episode_index=int(read.request.episode), frame_index=read.start)
         return sample
 
 
@@ -364,14 +362,13 @@ def _record_payload(items: Any, samples: np.ndarray, read: list[dict], pads: lis
     return payload
 
 
-def _add_absent(payload: dict[str, Any], items, read: list) -> None:
+def _add_absent(payload: dict[str, Any], source: EpisodeSource, features: Sequence[str], read: list) -> None:
     """Every feature the batch lists gets its payload keys, empty where no sample of the batch holds it (a
     mixture's batch of datasets without that camera), so a batch's keys are always its modalities'."""
-    features = items.source.features
     payload.setdefault(TEXT, np.zeros(0, np.int32))
-    for key in items.features:
+    for key in features:
         if key not in payload:
             example = next((d[key] for d in read if d is not None and key in d), None)
-            payload[key] = example[:0] if example is not None else np.zeros((0, *features[key].shape),
-                                                                            np.dtype(features[key].dtype))
+            spec = source.features[key]
+            payload[key] = example[:0] if example is not None else np.zeros((0, *spec.shape), np.dtype(spec.dtype))
             payload.setdefault(f"{key}_is_pad", np.zeros(0, bool))

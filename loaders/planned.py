@@ -26,7 +26,6 @@ earlier ``(world_size, steps)`` segments. :meth:`PlannedDataset.reshard_state` r
 from __future__ import annotations
 
 import copy
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,20 +35,12 @@ import torch
 
 from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
 from mmfeed.packing import PackedBatch
-from mmfeed.packing.bins import _DECREASING
-from mmfeed.packing.classes import ClassPlan, PriceClasses, class_remainder
-from mmfeed.packing.plan import Plan, PlanConfig, plan_remainder
-from mmfeed.packing.uniform import UniformPlan, uniform_remainder
+from mmfeed.packing.classes import ClassPlan
+from mmfeed.packing.epoch import PLAN_VERSION, EpochPlan, plan_for
+from mmfeed.packing.plan import Plan, PlanConfig
+from mmfeed.packing.uniform import UniformPlan
 
 __all__ = ["PLAN_VERSION", "PlanSampler", "PlannedDataset"]
-
-logger = logging.getLogger(__name__)
-
-_EAGER_WARN = 20_000_000  # samples planned one by one past which the plan's memory is worth a warning
-
-PLAN_VERSION = 5
-"""Counts changes of the plan's order; a saved state of another version is refused (its cursor would point into
-another order)."""
 
 
 class PlannedDataset(torch.utils.data.Dataset):
@@ -81,13 +72,12 @@ class PlannedDataset(torch.utils.data.Dataset):
         self.errors = errors or ErrorPolicy()
         self.transform = transform
         self._counter = ErrorCounter(self.errors)  # consecutive failures in this process
-        self._plan: tuple[Any, Plan, np.ndarray | None] | None = None
-        self._classes: PriceClasses | None = None  # windows by price, for class plans (made on first use)
+        self._plan: tuple[Any, EpochPlan] | None = None
         self._plan_lock = threading.Lock()
         self._num_steps: dict[Any, int] = {}
         self._max_documents = None
         if self.config.capacity and len(items):
-            cheapest = items.min_price if hasattr(items, "min_price") else int(np.min(items.tokens))
+            cheapest = items.table.min_price
             self._max_documents = self.config.rows_per_batch * max(self.config.capacity // cheapest, 1)
 
     @classmethod
@@ -116,72 +106,28 @@ class PlannedDataset(torch.utils.data.Dataset):
     def plan(self, epoch: int, done: tuple[tuple[int, int], ...] = ()) -> Plan | UniformPlan | ClassPlan:
         """The whole epoch's plan (all ranks), cached for the last epoch asked; with ``done`` (earlier segments
         ``(world_size, steps)`` of an elastic resume) the plan of the rest of that epoch. Its sample ids are
-        positions in :meth:`epoch_samples` (the identity unless the items draw samples by weight). When every
-        sample costs the same (per-frame windows, ``items.uniform_price``) it is a
-        :class:`~mmfeed.packing.uniform.UniformPlan`: arithmetic over a per-position shuffle, nothing stored per
-        sample; when windows cost one price per episode (``items.price_runs``) a
-        :class:`~mmfeed.packing.classes.ClassPlan`: packed by counts per price, nothing stored per sample
-        either."""
-        return self._cached(epoch, done)[0]
+        positions in :meth:`epoch_samples` (the identity unless the items draw samples by weight). Which planner
+        makes it, and why, is :meth:`planned`'s ``planner`` and ``reason`` (:func:`~mmfeed.packing.epoch.plan_for`
+        states the rule)."""
+        return self.planned(epoch, done).plan
 
-    def epoch_samples(self, epoch: int) -> np.ndarray | None:
-        """The sample ids the plan of ``epoch`` positions refer to; None: position = sample id."""
-        return self.items.draw(self.seed, int(epoch))
-
-    def _cached(self, epoch: int, done: tuple) -> tuple[Plan, np.ndarray | None]:
+    def planned(self, epoch: int, done: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
+        """The plan of ``epoch`` with the planner that made it and why (:class:`~mmfeed.packing.epoch.EpochPlan`),
+        cached for the last epoch asked."""
         key = (int(epoch), tuple((int(w), int(k)) for w, k in done))
         cached = self._plan  # read once: a chained loader plans the next epoch from its prefetch thread
         if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
+            return cached[1]
         with self._plan_lock:
             cached = self._plan
-            if cached is not None and cached[0] == key:
-                return cached[1], cached[2]
-            drawn = self.epoch_samples(key[0])
-            price = self._uniform_price(drawn)
-            classes = self._price_classes(drawn) if price is None else None
-            if price is not None:  # every sample costs the same: plan arithmetically, nothing per sample
-                plan = uniform_remainder(len(self.items), price, self.config, seed=self.seed, epoch=key[0],
-                                         world_size=self.world_size, done=key[1])
-            elif classes is not None:  # a few prices, one per run of windows: pack counts, nothing per sample
-                plan = class_remainder(classes, self.config, seed=self.seed, epoch=key[0],
-                                       world_size=self.world_size, done=key[1])
-            else:
-                if len(self.items) > _EAGER_WARN:
-                    logger.warning("planning %d samples one by one, about 40 bytes each: per-frame windows plan "
-                                   "without anything per sample in pack mode over the whole epoch (no episode "
-                                   "blocks, no weighted draw) with a decreasing algorithm", len(self.items))
-                tokens = np.asarray(self.items.tokens)
-                groups = np.asarray(self.items.groups) if self.config.episode_block else None
-                if drawn is not None:
-                    tokens = tokens[drawn]
-                    groups = None if groups is None else groups[drawn]
-                plan = plan_remainder(tokens, self.config, seed=self.seed, epoch=key[0],
-                                      world_size=self.world_size, done=key[1], groups=groups)
-            self._plan = (key, plan, drawn)
-        return plan, drawn
+            if cached is None or cached[0] != key:
+                cached = self._plan = (key, plan_for(self.items.table, self.config, seed=self.seed, epoch=key[0],
+                                                     world_size=self.world_size, done=key[1]))
+        return cached[1]
 
-    def _uniform_price(self, drawn: np.ndarray | None) -> int | None:
-        """The one price of every sample when the epoch can be planned arithmetically (pack mode over the whole
-        epoch, each sample once, all priced the same and fitting a row), else None."""
-        config = self.config
-        if drawn is not None or config.mode != "pack" or config.episode_block:
-            return None
-        price = getattr(self.items, "uniform_price", None)
-        return price if price is not None and price <= config.capacity else None
-
-    def _price_classes(self, drawn: np.ndarray | None) -> PriceClasses | None:
-        """The samples by price class when the epoch can be planned by class (pack mode over the whole epoch with
-        a decreasing algorithm, each sample once, samples in runs of one price), else None."""
-        config = self.config
-        if drawn is not None or config.mode != "pack" or config.episode_block or not _DECREASING[config.algorithm]:
-            return None
-        if self._classes is None:
-            runs = getattr(self.items, "price_runs", None)
-            if runs is None:
-                return None
-            self._classes = PriceClasses.from_runs(*runs)
-        return self._classes
+    def epoch_samples(self, epoch: int) -> np.ndarray | None:
+        """The sample ids the plan of ``epoch`` positions refer to; None: position = sample id."""
+        return self.planned(epoch).drawn
 
     def num_steps(self, epoch: int = 0, done: tuple[tuple[int, int], ...] = ()) -> int:
         """Steps of this epoch (the same on every rank); with ``done``, of the rest of it."""
@@ -192,12 +138,11 @@ class PlannedDataset(torch.utils.data.Dataset):
 
     def batch_samples(self, epoch: int, step: int, done: tuple = ()) -> list[np.ndarray]:
         """The sample ids of each row of this rank's batch at ``step``."""
-        plan, drawn = self._cached(epoch, done)
-        if not 0 <= step < plan.num_steps:
-            raise IndexError(f"step {step} out of range: epoch {epoch} has {plan.num_steps} steps"
+        planned = self.planned(epoch, done)
+        if not 0 <= step < planned.plan.num_steps:
+            raise IndexError(f"step {step} out of range: epoch {epoch} has {planned.plan.num_steps} steps"
                              + (f" after the segments {list(done)}" if done else ""))
-        rows = plan.batch_rows(self.rank, int(step))
-        return rows if drawn is None else [drawn[r] for r in rows]
+        return planned.samples(planned.plan.batch_rows(self.rank, int(step)))
 
     def __len__(self) -> int:
         return self.num_steps(0)
@@ -254,7 +199,7 @@ class PlannedDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_plan"] = state["_classes"] = None  # workers recompute them: cheaper to send the index
+        state["_plan"] = None  # workers recompute it: cheaper to send the index
         del state["_plan_lock"]
         return state
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from mmfeed.packing import PackedBatch
+from mmfeed.packing.samples import SampleTable
 
 __all__ = ["RecordItems"]
 
@@ -31,8 +32,6 @@ class RecordItems:
     shapes mean the same.
     """
 
-    groups = None
-
     def __init__(self, dataset: Sequence, lengths: Sequence[int] | np.ndarray | Callable[[int], int]) -> None:
         n = len(dataset)
         values = [lengths(i) for i in range(n)] if callable(lengths) else lengths
@@ -42,13 +41,11 @@ class RecordItems:
         if n and tokens.min() < 1:
             raise ValueError(f"sample {int(np.argmin(tokens))} has length {tokens.min()}; lengths must be >= 1")
         self.dataset, self.tokens = dataset, tokens.astype(np.int64)
+        self.table = SampleTable.of_prices(self.tokens)
         self._empty: dict[str, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-    def draw(self, seed: int, epoch: int) -> None:
-        return None
 
     def describe(self, i: int) -> str:
         """Where record ``i`` lies, for errors: ``MyDataset[i]``."""

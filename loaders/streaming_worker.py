@@ -120,7 +120,7 @@ class Stream:
     def _push(self, ep: _Episode | None) -> None:
         if ep is None or not len(ep.items):
             return
-        tokens = ep.items.tokens
+        tokens = ep.items.table.tokens
         first, before = self.packer.pushed, self.packer.num_oversize
         self.episodes[ep.number] = ep
         for i in range(len(tokens)):
@@ -174,14 +174,14 @@ class Stream:
             local_episode[j], which[j] = held[ep.number], i
         source = ConcatSource([ep.items.source for ep in episodes]) if len(episodes) > 1 else episodes[0].items.source
         first = [ep.items for ep in episodes]
-        start = np.array([first[e].start[i] for e, i in zip(local_episode, which)], dtype=np.int64)
-        length = np.array([first[e].length[i] for e, i in zip(local_episode, which)], dtype=np.int64)
+        start = np.array([first[e].table.locate([i])[1][0] for e, i in zip(local_episode, which)], dtype=np.int64)
+        length = np.array([first[e].table.lengths([i])[0] for e, i in zip(local_episode, which)], dtype=np.int64)
         items = EpisodeItems.of_samples(source, local_episode, start, None if p.window is not None else length,
                                         layout=p.layout, window=p.window, tokenizer=p.tokenizer)
         bounds = np.cumsum([0] + [len(row) for row in rows])
         local_rows = [np.arange(a, b, dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])]
         num_rows = p.plan.rows_per_batch if p.static_shapes else None
-        most = p.plan.rows_per_batch * max(p.plan.capacity // max(int(items.tokens.min(initial=1)), 1), 1)
+        most = p.plan.rows_per_batch * max(p.plan.capacity // max(int(items.table.tokens.min(initial=1)), 1), 1)
         batch = items.collate(local_rows, p.plan.capacity, num_rows=num_rows, static_shapes=p.static_shapes,
                               max_documents=most if p.static_shapes else None, errors=self.counter,
                               epoch=ds.epoch, seed=p.seed, transform=p.transform)

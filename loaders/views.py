@@ -2,7 +2,7 @@
 
 One sample per step of every episode, in LeRobot's order (episode by episode, step by step). Sample ``i`` is found
 from cumulative episode lengths (nothing is stored per window) and read through the same request builder as the
-packed loader (:func:`mmfeed.loaders.items.window_requests`), so ``windows[i]`` holds the very frames and flags
+packed loader (:func:`mmfeed.loaders.requests.window_requests`), so ``windows[i]`` holds the very frames and flags
 the packed loader lays out for that sample. A user moving from LeRobot changes one line and keeps
 ``mmfeed.DataLoader(windows, batch_size=32, shuffle=True)``::
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.loaders.items import window_requests
+from mmfeed.loaders.requests import window_requests
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.packing.windows import WindowSpec
 

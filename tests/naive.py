@@ -512,3 +512,59 @@ def chunk_reads(start: int, stop: int, *, fps: float, length: int, rate: float, 
         if after_start and before_stop:
             out.append((j, min(j, frames - 1), j >= frames))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The sample table (mmfeed.packing.samples) and the planner rule (mmfeed.packing.epoch), sample by sample
+
+
+def naive_windows(lengths: list[int], stride: int) -> list[tuple[int, int]]:
+    """``(episode, anchor)`` of every window, episode by episode, one every ``stride`` steps."""
+    return [(e, t) for e, n in enumerate(lengths) for t in range(0, n, stride)]
+
+
+def naive_task(tasks: list[int], step_tasks: dict[int, list[int]], episode: int, step: int) -> int:
+    """A sample's task: its episode's, or its step's where the episode changes task (``tasks[e] < 0``)."""
+    return tasks[episode] if tasks[episode] >= 0 else step_tasks[episode][step]
+
+
+def naive_window_price(counts: dict[str, int], present: dict[str, list[bool]], episode: int,
+                       tokens_per_frame: dict[str, int], text: int) -> int:
+    """Frames of each feature the episode has, times its tokens, plus the text."""
+    return text + sum(n * tokens_per_frame.get(f, 1) for f, n in counts.items() if present[f][episode])
+
+
+def naive_chunk_price(start: int, length: int, episode: int, *, lengths: list[int], fps: list[float],
+                      rates: dict[str, list[float]], present: dict[str, list[bool]],
+                      tokens_per_frame: dict[str, int], text: int) -> int:
+    """Every implied frame a chunk owns of each feature the episode has, times its tokens, plus the text."""
+    total = text
+    for f, rate in rates.items():
+        if present[f][episode]:
+            owned = chunk_reads(start, start + length, fps=fps[episode], length=lengths[episode], rate=rate[episode],
+                                frames=10**9)
+            total += len(owned) * tokens_per_frame.get(f, 1)
+    return total
+
+
+def naive_runs(prices: list[int], episodes: list[int]) -> tuple[list[int], list[int]]:
+    """Consecutive samples of one episode and one price as runs ``(lengths, prices)``; an episode without
+    samples is a run of length 0 at its episode price (``None`` here: the caller supplies it)."""
+    lengths, values = [], []
+    for i, (p, e) in enumerate(zip(prices, episodes)):
+        if i and episodes[i - 1] == e and values[-1] == p:
+            lengths[-1] += 1
+        else:
+            lengths.append(1)
+            values.append(p)
+    return lengths, values
+
+
+def naive_planner(*, drawn: bool, mode: str, episode_block: int, uniform: int | None, capacity: int,
+                  has_runs: bool, decreasing: bool) -> str:
+    """The planner the rule picks: uniform, classes or samples."""
+    if drawn or mode != "pack" or episode_block:
+        return "samples"
+    if uniform is not None and uniform <= capacity:
+        return "uniform"
+    return "classes" if has_runs and decreasing else "samples"

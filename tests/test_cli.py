@@ -213,13 +213,13 @@ def test_inspect_forecast_is_the_plan_the_loader_would_make(shards, tmp_path):
     packing = window_packing(source, capacity=512, rows_per_batch=2, tokens_per_frame=16)
     assert packing.window.deltas[CAM] == (-3 / 30, -2 / 30, -1 / 30, 0.0)  # 4 history frames, in seconds
     items = EpisodeItems(source, layout=packing.layout, window=packing.window)
-    plan = plan_epoch(items.tokens, packing.plan, seed=0, epoch=0, groups=items.groups)
+    plan = plan_epoch(items.table.tokens, packing.plan, seed=0, epoch=0, groups=items.table.groups)
     packed = info["forecast"]["packed"]
     assert info["episodes"] == 3 and info["lengths"] == source.lengths.tolist()
     assert len(items) == int(source.lengths.sum())  # one window per step
     assert packed["efficiency"] == pytest.approx(plan.efficiency)
     assert packed["steps"] == plan.num_steps
-    assert packed["samples"] + packed["dropped_samples"] == len(items.tokens)
+    assert packed["samples"] + packed["dropped_samples"] == len(items.table)
     assert packed["tokens"] == pytest.approx(packed["token_slots"] * plan.efficiency, rel=1e-6)
     assert 0 < info["forecast"]["padded"]["efficiency"] <= 1
 
@@ -343,7 +343,7 @@ def test_the_workload_mixes_embodiments_and_puts_world_model_chunks_beside_windo
     assert chunk.any() and (~chunk).any() and set(source.dataset_of[items.episode].tolist()) == {0, 1}
     assert items.tokens[chunk].max() > items.tokens[~chunk].max()  # chunks are the long samples
     high, front, wrist = (f"observation.images.{c}" for c in ("cam_high", "cam_front", "cam_wrist"))
-    for s, (request, _, _) in enumerate(items.requests(np.arange(len(items)))):
+    for s, request in enumerate(read.request for read in items.requests(np.arange(len(items)))):
         cameras = {high} if source.dataset_of[items.episode[s]] == 0 else {front, wrist}
         assert {f for f in request.indices if f.startswith("observation.images.")} == cameras
         steps = len(request.indices["action"])

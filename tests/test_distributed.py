@@ -130,7 +130,7 @@ def test_torchrun_ranks_cover_the_epoch_exactly_once_in_equal_steps(job, shards,
     assert Counter(seen) + Counter(dropped) == Counter(drawn.tolist())
     assert len(dropped) < len(drawn) // 4
     if name == "mixture":  # both datasets in their shares: b (weight 2) draws twice what a does
-        of = datasets[0].source.dataset_of[datasets[0].items.episode[drawn]]
+        of = datasets[0].source.dataset_of[datasets[0].items.table.groups[drawn]]
         assert abs(int((of == 1).sum()) - 2 * int((of == 0).sum())) <= 2
     else:
         assert len(seen) == len(set(seen)), "no sample is seen twice"

@@ -196,7 +196,7 @@ class FailingAt(PlannedDataset):
 def test_an_error_drops_the_chain_and_the_next_epoch_starts_afresh():
     _, keys = states_and_keys(loader_of(records(), chain=False))
     base = records()
-    loader = loader_of(FailingAt(RecordItems(base.items.dataset, base.items.tokens), plan=base.config, seed=1),
+    loader = loader_of(FailingAt(RecordItems(base.items.dataset, base.items.table.tokens), plan=base.config, seed=1),
                        device="cpu", timer=True)
     it = iter(loader)
     got = [key(next(it)) for _ in range(FailingAt.fail_at)]

@@ -110,7 +110,7 @@ def test_attention_steps_follow_the_layout(source):
                      plan=PlanConfig(capacity=128)).dataset(source)
         batch = ds[0, 0]
         sample = int(batch.metadata["sample"][0])
-        text = len(ds.items.text[ds.items.task[sample]])
+        text = len(ds.items.text[ds.items.table.tasks([sample])[0]])
         doc = batch.document_ids[0] == 0
         names = [batch.modalities[m] for m in batch.modality_ids[0][doc].tolist()]
         return text, batch.step_ids[0][doc].tolist(), names
@@ -154,7 +154,7 @@ def test_whole_episode_chunks_hold_every_frame_of_every_feature_once(source, epi
     tokens = {CAM: 4, WRIST: 2, STATE: 1, "action": 1}
     layout = TokenLayout(tokens_per_frame=tokens, interleave_chunk=True)
     ds = Packing(layout=layout, max_length=8, plan=PlanConfig(capacity=256, shuffle=False)).dataset(source)
-    assert ds.plan(0).dropped.size == 0 and int(ds.items.length.max()) <= 8
+    assert ds.plan(0).dropped.size == 0 and int(ds.items.table.lengths(np.arange(len(ds.items))).max()) <= 8
     chunks = {}
     for step in range(ds.num_steps(0)):
         batch = ds[0, step]
@@ -276,7 +276,7 @@ def test_a_mixture_of_a_lerobot_dir_and_shards_with_a_second_camera(tmp_path):
         per_dataset[dataset] += 1
     dataset = loader.dataset
     drawn = dataset.epoch_samples(0)
-    dropped = Counter(mix.dataset_of[dataset.items.episode[drawn[dataset.plan(0).dropped]]].tolist())
-    sizes = np.bincount(mix.dataset_of[dataset.items.episode])
+    dropped = Counter(mix.dataset_of[dataset.items.table.groups[drawn[dataset.plan(0).dropped]]].tolist())
+    sizes = np.bincount(mix.dataset_of[dataset.items.table.groups])
     assert [per_dataset[d] + dropped[d] for d in (0, 1)] == mix_counts(np.array([3.0, 1.0]), sizes.sum()).tolist()
     assert per_dataset[0] > 0 and per_dataset[1] > 0

@@ -154,8 +154,8 @@ def test_a_mixture_reads_each_dataset_with_its_own_features():
     assert set(mix.features) >= {CAM, WRIST} and mix.present(WRIST).tolist() == [False] * 3 + [True] * 4
     spec = WindowSpec.from_delta_timestamps({CAM: [0.0], WRIST: [0.0], "action": [0.0, 1 / 30]})
     ds = Packing(layout=LAYOUT, window=spec, plan=PlanConfig(capacity=64, rows_per_batch=2)).dataset(mix)
-    tokens = ds.items.tokens
-    from_one = mix.dataset_of[ds.items.episode] == 0
+    tokens = ds.items.table.tokens
+    from_one = mix.dataset_of[ds.items.table.groups] == 0
     assert set(tokens[from_one].tolist()) <= {8 + 2 + t for t in range(40)}  # no wrist frames priced
     for step in range(ds.num_steps(0)):
         batch = ds[0, step]
@@ -169,7 +169,7 @@ def test_a_mixed_batch_decodes_each_camera_in_place_for_the_samples_that_have_it
     """A camera only one dataset has still gets one payload buffer, sliced among the samples that read it (the
     others take none), and every frame lands where the batch holds it."""
     from mmfeed.loaders.collate import _IN_ORDER, _decode_in_place
-    from mmfeed.loaders.items import window_requests
+    from mmfeed.loaders.requests import window_requests
 
     mix = mixture()
     spec = WindowSpec.from_delta_timestamps({CAM: [0.0], WRIST: [-1 / 30, 0.0], "action": [0.0]})
@@ -198,7 +198,7 @@ def test_a_mixture_refuses_one_name_with_two_shapes():
 def test_weights_set_each_datasets_share_and_every_sample_waits_for_its_pass():
     mix = mixture()
     ds = packing(weights=[3.0, 1.0]).dataset(mix)
-    of = mix.dataset_of[ds.items.episode]
+    of = mix.dataset_of[ds.items.table.groups]
     sizes = np.bincount(of)
     seen = {0: [], 1: []}
     for epoch in range(6):

@@ -149,10 +149,10 @@ def test_skip_policy_keeps_the_step_count_and_lists_every_skip(clean, tmp_path, 
     _, clean_batches = read_epoch(clean[0])
     loader, batches = read_epoch(path, ErrorPolicy(on_error="skip", max_consecutive_errors=1000))
     assert len(batches) == len(clean_batches)
-    items = loader.dataset.items
-    planned = np.setdiff1d(np.flatnonzero(items.episode == 0), loader.dataset.plan(0).dropped)
+    table = loader.dataset.items.table
+    planned = np.setdiff1d(np.flatnonzero(table.groups == 0), loader.dataset.plan(0).dropped)
     if case == "nan in state":  # only the samples that read a bad step fail
-        planned = planned[np.isin(items.start[planned], [1, 4])]
+        planned = planned[np.isin(table.locate(planned)[1], [1, 4])]
     assert loader.stats["skipped_samples"] == len(planned) > 0
     assert sorted(r["sample"] for r in loader.stats["errors"]) == planned.tolist()
     for record in loader.stats["errors"]:
@@ -256,14 +256,20 @@ def test_long_episodes_are_split_to_fit_or_truncated_and_counted():
     layout = TokenLayout(tokens_per_frame={STATE: 1, "action": 1})  # 2 tokens per step, plus one text token
 
     def chunks(**kwargs):
-        return Packing(layout=layout, plan=PlanConfig(capacity=41), **kwargs).dataset(src).items
+        return Packing(layout=layout, plan=PlanConfig(capacity=41), **kwargs).dataset(src).items.table
+
+    def columns(table):  # (episode, start, length) of every chunk
+        ids = np.arange(len(table))
+        return (*table.locate(ids), table.lengths(ids))
 
     split = chunks()
+    episode, _, length = columns(split)
     assert split.tokens.max() <= 41 and split.stats["split_episodes"] == 2
-    assert sorted(split.length[split.episode == 2].tolist()) == [10, 20, 20, 20, 20]
-    assert np.bincount(split.episode, weights=split.length).tolist() == [5, 40, 90]  # every step in one chunk
+    assert sorted(length[episode == 2].tolist()) == [10, 20, 20, 20, 20]
+    assert np.bincount(episode, weights=length).tolist() == [5, 40, 90]  # every step in one chunk
     cut = chunks(long_episodes="truncate")
-    assert cut.length.tolist() == [5, 20, 20] and cut.start.tolist() == [0, 0, 0]
+    _, start, length = columns(cut)
+    assert length.tolist() == [5, 20, 20] and start.tolist() == [0, 0, 0]
     assert cut.stats["truncated_steps"] == 20 + 70 and cut.stats["split_episodes"] == 0
     with pytest.raises(ValueError, match="long_episodes"):
         chunks(long_episodes="crop")

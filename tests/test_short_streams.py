@@ -123,7 +123,8 @@ def test_whole_episode_chunks_read_the_implied_frames_priced_as_a_full_stream(da
     layout = TokenLayout(tokens_per_frame={CAM: 4})
     full = ArraySource([{**_features(n, IMPLIED[e], e), "fps": FPS, "rates": {CAM: CAM_FPS}, "task": "wipe"}
                         for e, (n, _) in enumerate(EPISODES)])
-    assert EpisodeItems(dataset, layout=layout).tokens.tolist() == EpisodeItems(full, layout=layout).tokens.tolist()
+    assert EpisodeItems(dataset, layout=layout).table.tokens.tolist() == \
+        EpisodeItems(full, layout=layout).table.tokens.tolist()
     loader = DataLoader(dataset, packing=Packing(layout=layout, plan=PlanConfig(capacity=256, rows_per_batch=1)))
     seen = []
     for batch in loader:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mmfeed import DataLoader
 from mmfeed.codecs import ByteTokenizer, FixedLengthTokenizer
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.items import EpisodeWindows
+from mmfeed.packing.samples import EpisodeWindows
 from mmfeed.loaders.planned import PLAN_VERSION, PlanSampler
 from mmfeed.packing.classes import ClassPlan
 from mmfeed.packing.shuffle import index_shuffle, shuffle_keys
@@ -151,31 +151,28 @@ def packing(capacity: int = 64, tokenizer=None, **plan) -> Packing:
 
 def test_per_sample_columns_match_the_materialized_windows(shards):
     source = open_dataset(shards)
-    items = packing().dataset(source).items
+    table = packing().dataset(source).items.table
     episode, anchor = episode_windows(source.lengths)
     ids = np.array([0, 5, len(episode) - 1, 17, 17])
-    assert np.array_equal(items.episode[ids], episode[ids]) and np.array_equal(items.start[ids], anchor[ids])
-    assert np.array_equal(np.asarray(items.episode), episode) and items.start[3] == anchor[3]
-    assert np.array_equal(items.start[2:9], anchor[2:9])
-    assert np.array_equal(items.episode == 2, episode == 2) and np.array_equal(items.start >= 5, anchor >= 5)
-    assert np.array_equal(items.task[ids], source.episode_tasks[episode[ids]])
-    assert (np.asarray(items.tokens) == items.uniform_price).all()
-    with pytest.raises(IndexError, match="out of range"):
-        items.episode[len(episode)]
+    got_episode, got_anchor = table.locate(ids)
+    assert np.array_equal(got_episode, episode[ids]) and np.array_equal(got_anchor, anchor[ids])
+    assert np.array_equal(table.groups, episode) and np.array_equal(table.locate(np.arange(len(table)))[1], anchor)
+    assert np.array_equal(table.tasks(ids), source.episode_tasks[episode[ids]])
+    assert (table.tokens == table.uniform_price).all() and np.array_equal(table.prices(ids), table.tokens[ids])
+    assert (table.lengths(ids) == 1).all()
 
 
 def test_whole_columns_equal_the_columns_per_sample_id_also_where_episodes_change_task(tmp_path):
     root = write_lerobot(tmp_path / "ds", make_episodes(5, seed=0, min_length=8, max_length=20), task_switch=True)
     source = open_dataset(root)
     assert (source.episode_tasks < 0).all()  # every episode changes task halfway
-    items = Packing(layout=TokenLayout(tokens_per_frame={}), window=SPEC, stride=2).dataset(source).items
-    ids = np.arange(len(items))
-    for name in ("episode", "start", "length", "task", "tokens"):
-        assert np.array_equal(np.asarray(getattr(items, name)), getattr(items, name)[ids]), name
+    table = Packing(layout=TokenLayout(tokens_per_frame={}), window=SPEC, stride=2).dataset(source).items.table
+    ids = np.arange(len(table))
+    assert np.array_equal(table.tokens, table.prices(ids)) and np.array_equal(table.groups, table.locate(ids)[0])
     episode, anchor = episode_windows(source.lengths, stride=2)
-    assert np.array_equal(np.asarray(items.task), [source.step_tasks(e)[a] for e, a in zip(episode, anchor)])
-    lengths, prices = items.price_runs  # runs of one price: each episode cut where its task's length changes
-    assert np.array_equal(np.repeat(prices, lengths), np.asarray(items.tokens))
+    assert np.array_equal(table.tasks(ids), [source.step_tasks(e)[a] for e, a in zip(episode, anchor)])
+    lengths, prices = table.price_runs  # runs of one price: each episode cut where its task's length changes
+    assert np.array_equal(np.repeat(prices, lengths), table.tokens)
     assert len(lengths) > len(source)
 
 
@@ -184,11 +181,11 @@ def test_prices_by_episode_plan_by_class_one_price_arithmetically_the_rest_sampl
     texts = {len(t.encode()) for t in source.tasks}
     assert len(texts) > 1  # the fixture's tasks differ in length
     varied = packing(tokenizer=ByteTokenizer()).dataset(source)
-    assert varied.items.uniform_price is None and isinstance(varied.plan(0), ClassPlan)
+    assert varied.items.table.uniform_price is None and isinstance(varied.plan(0), ClassPlan)
     assert type(packing(tokenizer=ByteTokenizer(), algorithm="nf").dataset(source).plan(0)).__name__ == "Plan"
     fixed = packing().dataset(source)
     # 2 state frames + 3 actions + 8 text ids
-    assert fixed.items.uniform_price == 13 and isinstance(fixed.plan(0), UniformPlan)
+    assert fixed.items.table.uniform_price == 13 and isinstance(fixed.plan(0), UniformPlan)
     assert fixed.plan(0).per_row == 64 // 13
     # a weighted draw or episode blocks need per-sample plans
     assert type(packing(episode_block=2).dataset(source).plan(0)).__name__ == "Plan"
@@ -264,7 +261,7 @@ def test_a_ten_million_window_epoch_holds_every_sample_once_across_ranks_and_aft
     if kind is UniformPlan:
         assert plan.per_row == 4096 // 65 and plan.num_steps == 619
     else:  # tasks of 4 text lengths, and episodes that change task cut into runs of one price
-        assert len(plan.classes.prices) >= 4 and len(np.unique(np.asarray(ds.items.tokens))) == len(
+        assert len(plan.classes.prices) >= 4 and len(np.unique(ds.items.table.tokens)) == len(
             plan.classes.prices)
 
     def delivered(plan, world, steps):

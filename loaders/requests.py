@@ -1,0 +1,83 @@
+"""Requests: what planned samples read, the one place where samples become reads.
+
+A window ``(episode, anchor step)`` asks each feature for the frames at its times (:func:`window_requests`), a
+chunk of steps every frame the clock implies there (:func:`chunk_requests`); both say which of those frames are
+padding (``is_pad``: a time outside the episode, or a frame a stream lacks). :class:`SampleRead` is one sample's
+read with its token layout and text, what collation (:mod:`mmfeed.loaders.collate`) takes, for the packed
+loader, the stream and ``ds.windows`` alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
+from mmfeed.packing.layout import SampleLayout
+from mmfeed.packing.windows import WindowSpec, chunk_frames, clamp_to_stream, window_indices
+
+__all__ = ["SampleRead", "chunk_requests", "window_requests"]
+
+
+@dataclass(frozen=True, eq=False)
+class SampleRead:
+    """What one sample reads and how it is laid out, everything collation needs of it.
+
+    sample: its id in the sample table; request: the frames of each feature it reads (its episode too);
+    pads: each feature's ``is_pad`` flags; layout: its token layout; task: its task id (-1: none) and text: the
+    token ids of that task's text; start: its first step (a window's anchor).
+    """
+
+    sample: int
+    request: EpisodeRequest
+    pads: dict[str, np.ndarray]
+    layout: SampleLayout
+    task: int
+    text: np.ndarray
+    start: int
+
+
+def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray
+                    ) -> list[tuple[EpisodeRequest, dict[str, np.ndarray]]]:
+    """What each window ``(episode, anchor step)`` reads (frame indices per feature at its own rate) and its
+    ``is_pad`` flags per feature; the one place where windows become reads, for the packed loader and
+    ``ds.windows`` alike."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    anchors = np.asarray(anchors, dtype=np.int64)
+    lengths, fps = source.lengths[episodes], source.fps[episodes]
+    idx, pad, present = {}, {}, {}
+    for feature, deltas in spec.deltas.items():
+        idx[feature], pad[feature] = window_indices(
+            deltas, anchor_steps=anchors, fps=fps, length=lengths, rate=source.rates(feature)[episodes],
+            frames=source.frames(feature)[episodes], tolerance_s=spec.tolerance_s)
+        present[feature] = source.present(feature)[episodes]
+    return [(EpisodeRequest(int(e), {f: v[k] for f, v in idx.items() if present[f][k]}),
+             {f: v[k] for f, v in pad.items() if present[f][k]}) for k, e in enumerate(episodes)]
+
+
+def chunk_requests(source: EpisodeSource, features: Sequence[str], episodes: np.ndarray, starts: np.ndarray,
+                   lengths: np.ndarray) -> list[tuple[EpisodeRequest, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """What each chunk of control steps ``[start, start + length)`` reads: every frame the clock implies of each
+    feature in the chunk's time span, its ``is_pad`` flags (True for a frame the stream lacks, having ended early;
+    its last frame is read instead) and each frame's time from the chunk's first step."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    fps = source.fps[episodes]
+    spans = {}
+    for feature in features:
+        rate = source.rates(feature)[episodes]
+        first, count = chunk_frames(starts, starts + lengths, length=source.lengths[episodes], fps=fps, rate=rate)
+        spans[feature] = (first, count, rate, source.frames(feature)[episodes], source.present(feature)[episodes])
+    out = []
+    for k, e in enumerate(episodes):
+        indices, pads, times = {}, {}, {}
+        for feature, (first, count, rate, frames, present) in spans.items():
+            if not present[k]:
+                continue
+            j = np.arange(first[k], first[k] + count[k], dtype=np.int64)
+            indices[feature], pads[feature] = clamp_to_stream(j, frames[k])
+            times[feature] = j / rate[k] - starts[k] / fps[k]
+        out.append((EpisodeRequest(int(e), indices), pads, times))
+    return out
