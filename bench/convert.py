@@ -37,7 +37,7 @@ def measure(episodes: int = 40, frames: int = 100, height: int = 96, width: int 
             root: str | None = None) -> dict:
     """Every run of every configuration on one dataset: ``{"dataset": ..., "ray_start_seconds", "runs": {config:
     [summary fields]}}``."""
-    from mmfeed.loaders.conversion import convert
+    from mmfeed.loaders.conversion.job import convert
     from mmfeed.testing import make_episodes, write_lerobot
 
     work = tempfile.mkdtemp(prefix="mmfeed-bench-convert-", dir=root)

@@ -4,7 +4,7 @@ The episodes, their length histogram, fps, features (kind, dtype, step shape, ra
 the source's index (the parquet index beside webdataset shards, or a LeRobot directory's ``meta/``). The forecast
 cuts the episodes into samples and prices and plans one epoch exactly as ``mmfeed.DataLoader(source,
 packing=...)`` would (the planned dataset of ``packing.dataset(source)``, whose
-:class:`~mmfeed.loaders.items.EpisodeItems` are the sample table and its prices), so its packing efficiency,
+:class:`~mmfeed.loaders.planned.items.EpisodeItems` are the sample table and its prices), so its packing efficiency,
 rows, steps and tokens are the ones training will see; beside it, the same samples padded to the longest of each
 batch (torch's way, the batch size giving the same token budget).
 

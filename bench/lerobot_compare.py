@@ -9,7 +9,7 @@ HWC, every array feature, every ``*_is_pad`` flag and the index columns) as ``.n
 Both sides read the same features under the same names: the ``delta_timestamps`` LeRobot gets are the window
 mmfeed reads (``WindowSpec.from_delta_timestamps``). The parent reads the samples through mmfeed's loader path
 (:class:`~mmfeed.loaders.sources.lerobot.LeRobotSource` and the window requests of
-:class:`~mmfeed.loaders.items.EpisodeItems`; LeRobot's sample ``i`` is the global frame
+:class:`~mmfeed.loaders.planned.items.EpisodeItems`; LeRobot's sample ``i`` is the global frame
 ``dataset_from_index[episode] + anchor``, which is also mmfeed's sample ``i`` with stride 1) and compares them
 feature by feature: arrays and pad flags exactly; frames of a synthetic directory by the index pattern drawn into
 the pixels, those of any other directory by their mean pixel difference (:func:`compare_samples`).
@@ -286,12 +286,12 @@ def mmfeed_samples(root: str | os.PathLike, delta_timestamps: Mapping[str, Seque
     ``<feature>_is_pad``.
 
     Goes through the loader's own path: ``WindowSpec.from_delta_timestamps``, the window requests of
-    :class:`~mmfeed.loaders.items.EpisodeItems` (each feature at its own rate, clamping and ``is_pad``) and
+    :class:`~mmfeed.loaders.planned.items.EpisodeItems` (each feature at its own rate, clamping and ``is_pad``) and
     ``LeRobotSource.read_many``. Also returns ``episode_index`` and ``frame_index`` (the anchor) so they can be
     checked against LeRobot's columns.
     """
     from mmfeed.loaders import TokenLayout, WindowSpec
-    from mmfeed.loaders.items import EpisodeItems
+    from mmfeed.loaders.planned.items import EpisodeItems
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     source = LeRobotSource(root, backend=backend)

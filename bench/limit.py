@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.loader import leaf
 from mmfeed.codecs.demux import frames_at_times, probe
 
 __all__ = ["LimitPool", "batch_work", "decode_work", "limit_figures"]
@@ -46,7 +45,7 @@ def video_targets(source: Any, episode: int, feature: str, idx: np.ndarray) -> l
     bytes of each image a LeRobot image feature stores in its parquet (key: the image; its one frame)."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
-    sub, local = leaf(source, episode)
+    sub, local = source.leaf(episode)
     idx = np.asarray(idx, dtype=np.int64)
     if isinstance(sub, LeRobotSource):
         if sub.info["features"][feature]["dtype"] == "image":

@@ -17,7 +17,6 @@ windows-only workload of earlier versions (or ``--lerobot-style``) measured as `
 
 from __future__ import annotations
 
-import argparse
 import logging
 import multiprocessing as mp
 import os
@@ -36,15 +35,15 @@ from mmfeed.bench.common import cache_dir, robot_window
 from mmfeed.codecs._pyav import decode_totals
 from mmfeed.codecs.video import read_frames
 from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.items import EpisodeItems
-from mmfeed.loaders.requests import SampleRead
+from mmfeed.loaders.planned.items import EpisodeItems
+from mmfeed.loaders.planned.collate import SampleRead
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.clock import stage
 from mmfeed.packing.samples import SampleTable
 from mmfeed.testing.synth_episodes import DEFAULT_TASKS, IMAGE_PREFIX
 
 __all__ = ["Embodiment", "LoaderBench", "PerSampleDataset", "VARIED_TASKS", "WindowsAndChunks", "data_spec",
-           "dataset_path", "leaf", "pad_collate", "run_mmfeed", "write_synthetic"]
+           "dataset_path", "pad_collate", "run_mmfeed", "write_synthetic"]
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +212,7 @@ class LoaderBench:
 class WindowsAndChunks:
     """Windowed policy samples and whole-episode chunks of one source as one item kind of a planned dataset:
     ids ``0 .. len(windows) - 1`` are the windows, the rest the chunks. Both share the source, the layout and the
-    tokenizer, so one collation packs them side by side (:func:`mmfeed.loaders.collate.collate`); the plan sees
+    tokenizer, so one collation packs them side by side (:func:`mmfeed.loaders.planned.collate.collate`); the plan sees
     their prices and episodes (:meth:`SampleTable.of_prices <mmfeed.packing.samples.SampleTable.of_prices>`)."""
 
     def __init__(self, windows: EpisodeItems, chunks: EpisodeItems) -> None:
@@ -248,7 +247,7 @@ class WindowsAndChunks:
         return out
 
     def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> Any:
-        from mmfeed.loaders.collate import collate
+        from mmfeed.loaders.planned.collate import collate
 
         reads = self.requests(np.concatenate(rows) if len(rows) else np.zeros(0, np.int64))
         return collate(self.source, reads, rows, capacity, layout=self.layout, features=self.features, **kwargs)
@@ -435,19 +434,11 @@ class PerSampleDataset(torch.utils.data.Dataset):
         return sample
 
 
-def leaf(source: EpisodeSource, episode: int) -> tuple[EpisodeSource, int]:
-    """The dataset of a mixture that holds ``episode``, and the episode's index in it."""
-    while hasattr(source, "sources") and hasattr(source, "_split"):
-        d, episode = source._split(int(episode))
-        source = source.sources[d]
-    return source, int(episode)
-
-
 def _decode_alone(source: EpisodeSource, episode: int, feature: str, idx: np.ndarray, backend: str) -> np.ndarray:
     """One sample's frames of one video, opened, sought and decoded on their own (a fresh open every sample)."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
-    source, episode = leaf(source, episode)
+    source, episode = source.leaf(episode)
     if isinstance(source, LeRobotSource):
         path, times = source._frame_times(episode, feature, idx)
         with stage("decode"):
@@ -470,45 +461,3 @@ def pad_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
         else:
             out[key] = torch.nn.utils.rnn.pad_sequence(values, batch_first=True)
     return out
-
-
-# ------------------------------------------------------------------------------------------------ command line
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.loader",
-                                     description="The single-camera windowed workload through mmfeed bench's "
-                                                 "measurement: mmfeed, the decode limit and the torch baseline.")
-    parser.add_argument("--format", choices=["webdataset", "lerobot"], default="webdataset")
-    parser.add_argument("--codec", choices=["h264", "av1"], default=None, help="default: h264 (webdataset), av1 (lerobot)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=None, help="batches per stretch (default: about 1.5 s of them)")
-    parser.add_argument("--episode-block", type=int, default=0, help="0 = shuffle samples across the whole epoch")
-    parser.add_argument("--lerobot-style", action="store_true",
-                        help="320x240 AV1 g=2, 2 history frames, 50-step chunk, about 32 samples per batch")
-    parser.add_argument("--quick", action="store_true", help="tiny videos and few steps (for tests)")
-    parser.add_argument("--json", metavar="FILE")
-    args = parser.parse_args(argv)
-    from mmfeed.bench.run import BenchRun, render, run_bench, write_json
-
-    cfg = LoaderBench(format=args.format, episodes=10, min_length=100, max_length=160, height=240, width=320,
-                      workers=args.workers, steps=args.steps, episode_block=args.episode_block)
-    if args.lerobot_style:
-        cfg = replace(cfg, format="lerobot", codec="av1", gop=2, history=2, horizon=50, tokens_per_frame=64,
-                      capacity=1024, rows_per_batch=8)
-    if args.codec:
-        cfg = replace(cfg, codec=args.codec, gop=30 if args.codec == "h264" else 2)
-    elif cfg.format == "lerobot" and not args.lerobot_style:
-        cfg = replace(cfg, codec="av1", gop=2)
-    if args.quick:
-        cfg = replace(cfg, episodes=4, min_length=30, max_length=40, height=64, width=96, steps=4, warmup=1,
-                      tokens_per_frame=16, capacity=512)
-    report = run_bench(cfg, BenchRun(repeats=1 if args.quick else 5, progress=False))
-    print(render(report))
-    if args.json:
-        write_json(report, args.json)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

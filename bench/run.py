@@ -18,7 +18,7 @@ other loader's batches in flight finish meanwhile) and then ``steps`` timed batc
    batches), decoded frames/s (frames the decoder produced for them, GOP dependencies included: counted in the
    workers by :func:`mmfeed.codecs._pyav.decode_totals`), packing efficiency and padding fraction
    (1 - useful tokens / token slots), the worker seconds per batch of each stage (read, decode, collate:
-   :mod:`mmfeed.loaders.timing`), and the CPU seconds the stretch used (this process and the loader's workers):
+   :mod:`mmfeed.loaders.observe.timing`), and the CPU seconds the stretch used (this process and the loader's workers):
    useful tokens and frames per CPU-second, which other processes on the machine disturb less than the rates.
    After each mmfeed stretch, the **decode limit** (``bench/limit.py``): every other batch of that stretch
    decoded by plain PyAV in as many processes as the loader has workers, with and without RGB conversion;
@@ -71,7 +71,7 @@ from mmfeed.bench.loader import Embodiment, LoaderBench, PerSampleDataset, data_
 from mmfeed.bench.plot import render
 from mmfeed.codecs._pyav import decode_totals
 from mmfeed.loaders import DataLoader, PlannedDataset, StepTimer, open_dataset
-from mmfeed.loaders.timing import TimedBatch, TimedCollate
+from mmfeed.loaders.clock import TimedBatch, TimedCollate
 
 __all__ = ["BenchRun", "DEFAULT_DATASET", "LOAD_FRACTION", "QUICK_DATASET", "render", "run_bench", "write_json"]
 

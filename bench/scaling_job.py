@@ -6,7 +6,7 @@ on one CPU thread) wrapped in :class:`~torch.nn.parallel.DistributedDataParallel
 :class:`mmfeed.DataLoader` over :class:`SleepyDataset` (a seeded synthetic map-style dataset whose per-sample
 cost is a sleep inside ``stage("decode")``, so workers do not compete for the CPUs) through a per-rank
 DistributedSampler: weak scaling, the per-rank batch stays ``--batch`` whatever the world size. A
-:class:`~mmfeed.loaders.timing.StepTimer` watches the DDP model, so each step splits into wait / copy / compute /
+:class:`~mmfeed.loaders.observe.timing.StepTimer` watches the DDP model, so each step splits into wait / copy / compute /
 comm. ``--compute-ms`` sleeps inside the model's forward (a bigger model, a flag away); ``--comm-delay-ms``
 sleeps in the comm hook after each bucket's allreduce (a slower network).
 
@@ -67,7 +67,7 @@ class SleepyDataset(Dataset):
         return self.length
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from mmfeed.loaders.timing import stage
+        from mmfeed.loaders.clock import stage
 
         with stage("decode"):
             self.pacer.sleep(self.decode_s)

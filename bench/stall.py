@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
 from mmfeed.loaders import DataLoader, PlanConfig, PlannedDataset, StepTimer
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.clock import stage
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 The path of a batch: a source (:mod:`mmfeed.loaders.sources`: webdataset shards, LeRobot v3 directories, arrays in
 memory, a mixture of them) lists its episodes with every feature under its own name; the planned dataset
-(:mod:`mmfeed.loaders.planned`) plans an epoch over its items (:mod:`mmfeed.loaders.items`: windows, whole-episode
+(:mod:`mmfeed.loaders.planned.dataset`) plans an epoch over its items (:mod:`mmfeed.loaders.planned.items`: windows, whole-episode
 chunks, records) from the index alone; workers read and decode exactly the frames of their planned batches and
-collate them (:mod:`mmfeed.loaders.collate`); :class:`DataLoader` hands them out, prefetched to the device and
+collate them (:mod:`mmfeed.loaders.planned.collate`); :class:`DataLoader` hands them out, prefetched to the device and
 timed. Everything decided from the index alone lives in :mod:`mmfeed.packing`; the window, layout and plan types
 are re-exported here because they are what a loader is configured with::
 
@@ -26,21 +26,21 @@ from mmfeed._lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
-    "DataLoader": "mmfeed.loaders.dataloader",
-    "convert": "mmfeed.loaders.conversion",
-    "count_flops": "mmfeed.loaders.flops",
-    "DevicePrefetcher": "mmfeed.loaders.prefetch",
-    "ErrorPolicy": "mmfeed.loaders.errors",
+    "DataLoader": "mmfeed.loaders.loop.dataloader",
+    "convert": "mmfeed.loaders.conversion.job",
+    "count_flops": "mmfeed.loaders.observe.flops",
+    "DevicePrefetcher": "mmfeed.loaders.loop.prefetch",
+    "ErrorPolicy": "mmfeed.loaders.planned.errors",
     "Feature": "mmfeed.loaders.sources.base",
-    "Normalize": "mmfeed.loaders.transforms",
-    "Packing": "mmfeed.loaders.packing_config",
+    "Normalize": "mmfeed.loaders.planned.transforms",
+    "Packing": "mmfeed.loaders.planned.config",
     "PlanConfig": "mmfeed.packing.plan",
-    "PlannedDataset": "mmfeed.loaders.planned",
-    "SampleError": "mmfeed.loaders.errors",
-    "ShardWriter": "mmfeed.loaders.sources.writer",
-    "StepTimer": "mmfeed.loaders.timing",
-    "StreamConfig": "mmfeed.loaders.streaming",
-    "StreamingPackedDataset": "mmfeed.loaders.streaming",
+    "PlannedDataset": "mmfeed.loaders.planned.dataset",
+    "SampleError": "mmfeed.loaders.sources.errors",
+    "ShardWriter": "mmfeed.loaders.conversion.writer",
+    "StepTimer": "mmfeed.loaders.observe.timing",
+    "StreamConfig": "mmfeed.loaders.streaming.dataset",
+    "StreamingPackedDataset": "mmfeed.loaders.streaming.dataset",
     "TokenLayout": "mmfeed.packing.layout",
     "WindowSpec": "mmfeed.packing.windows",
     "open_dataset": "mmfeed.loaders.open",

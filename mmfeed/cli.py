@@ -34,7 +34,7 @@ NAMED_BENCHMARKS = {
     "packing": ("mmfeed.bench.packing", "bin packing, lower-bound gap, online packing, rank balance"),
     "stall": ("mmfeed.bench.stall", "input stall at 80% of capacity, mmfeed vs torch's DataLoader"),
     "decode": ("mmfeed.bench.decode", "video decode backends and GOP-aware batch decode"),
-    "loader": ("mmfeed.bench.loader", "the one-camera windowed workload beside the decode limit and torch"),
+    "loader": ("mmfeed.bench.one_camera", "the one-camera windowed workload beside the decode limit and torch"),
     "scaling": ("mmfeed.bench.scaling", "the epoch plan from 8 to 1024 ranks: steps, drops, balance"),
     "scale": ("mmfeed.bench.scale", "planning, windows, the index and block masks up to 1e8 samples, 4096 ranks"),
     "convert": ("mmfeed.bench.convert", "mmfeed convert throughput: local processes and Ray"),
@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the survey and forecast as JSON")
     p.set_defaults(func=_inspect)
 
-    from mmfeed.loaders import conversion
+    import mmfeed.loaders.conversion.job as conversion
 
     p = sub.add_parser("convert", help=conversion.HELP, description=conversion.DESCRIPTION, epilog=EPILOG)
     conversion.add_arguments(p)

@@ -24,7 +24,7 @@ import torch.utils.data
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
-from mmfeed.loaders.dist import dist_info
+from mmfeed.loaders.loop.dist import dist_info
 
 CAM = "observation.images.cam_high"
 WINDOW = WindowSpec.from_delta_timestamps({CAM: [-2 / 30, 0.0], "observation.state": [0.0],

@@ -28,8 +28,8 @@ from torch.utils.data import Dataset
 import procs
 from mmfeed import DataLoader
 from mmfeed.loaders import DevicePrefetcher, StepTimer
-from mmfeed.loaders.flops import count_flops
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.observe.flops import count_flops
+from mmfeed.loaders.clock import stage
 from mmfeed.packing import PackedBatch
 
 JOB = Path(__file__).with_name("comm_job.py")

@@ -206,7 +206,7 @@ def test_inspect_forecast_is_the_plan_the_loader_would_make(shards, tmp_path):
     info = json.loads(report.read_text())
     from mmfeed.bench.inspection import window_packing
     from mmfeed.loaders import open_dataset
-    from mmfeed.loaders.items import EpisodeItems
+    from mmfeed.loaders.planned.items import EpisodeItems
     from mmfeed.packing import plan_epoch
 
     source = open_dataset(shards)

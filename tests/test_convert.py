@@ -21,7 +21,7 @@ import webdataset
 
 from mmfeed.codecs.demux import probe
 from mmfeed.loaders import ShardWriter, open_dataset
-from mmfeed.loaders.conversion import MANIFEST, ConvertError, add_arguments, convert, run
+from mmfeed.loaders.conversion.job import MANIFEST, ConvertError, add_arguments, convert, run
 from mmfeed.loaders.sources.index import INDEX_FILENAME, read_shard_index, write_index
 from mmfeed.loaders.sources.quantiles import ALPHA, QUANTILES
 from mmfeed.testing import make_episodes, read_index, write_lerobot, write_webdataset, write_webdataset_v1
@@ -260,7 +260,7 @@ def test_killed_job_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, monke
     path = _generator_module(tmp_path, "slowgen", 6, delay=0.3)
     monkeypatch.syspath_prepend(path)
     dst = tmp_path / "killed"
-    code = f"from mmfeed.loaders.conversion import convert; convert('slowgen:slow', {str(dst)!r}, episodes_per_shard=2)"
+    code = f"from mmfeed.loaders.conversion.job import convert; convert('slowgen:slow', {str(dst)!r}, episodes_per_shard=2)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
     job = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
     try:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed import DataLoader
 from mmfeed.loaders import StepTimer
-from mmfeed.loaders.timing import TimedCollate
+from mmfeed.loaders.clock import TimedCollate
 
 
 class Squares(Dataset):

@@ -21,8 +21,8 @@ import procs
 from dist_job import packing
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, PlannedDataset, WindowSpec, open_dataset
-from mmfeed.loaders.dist import DistInfo, dist_info
-from mmfeed.loaders.planned import PlanSampler
+from mmfeed.loaders.loop.dist import DistInfo, dist_info
+from mmfeed.loaders.planned.dataset import PlanSampler
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.packing.plan import consumed_samples, plan_epoch, plan_remainder, worker_steps

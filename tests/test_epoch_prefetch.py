@@ -16,8 +16,8 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.items import RecordItems
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.planned.items import RecordItems
+from mmfeed.loaders.clock import stage
 from mmfeed.testing import make_episodes, write_webdataset
 
 CAM = "observation.images.cam_high"

@@ -15,7 +15,7 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.planned import PLAN_VERSION, PlanSampler
+from mmfeed.loaders.planned.dataset import PLAN_VERSION, PlanSampler
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.packing.mixture import mix_counts
 from mmfeed.testing import make_episodes, read_index, write_lerobot, write_webdataset

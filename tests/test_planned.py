@@ -10,7 +10,7 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Normalize, Packing, PlanConfig, TokenLayout, WindowSpec
-from mmfeed.loaders.collate import sample_generator
+from mmfeed.loaders.planned.collate import sample_generator
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.testing import make_episodes, read_index
@@ -168,8 +168,8 @@ def test_a_mixture_reads_each_dataset_with_its_own_features():
 def test_a_mixed_batch_decodes_each_camera_in_place_for_the_samples_that_have_it():
     """A camera only one dataset has still gets one payload buffer, sliced among the samples that read it (the
     others take none), and every frame lands where the batch holds it."""
-    from mmfeed.loaders.collate import _IN_ORDER, _decode_in_place
-    from mmfeed.loaders.requests import window_requests
+    from mmfeed.loaders.planned.collate import _IN_ORDER, _decode_in_place
+    from mmfeed.loaders.sources.requests import window_requests
 
     mix = mixture()
     spec = WindowSpec.from_delta_timestamps({CAM: [0.0], WRIST: [-1 / 30, 0.0], "action": [0.0]})

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from mmfeed.loaders import DevicePrefetcher, StepTimer
-from mmfeed.loaders.timing import TimedBatch
-from mmfeed.loaders.prefetch import move_to, pin, walk_tensors
+from mmfeed.loaders.clock import TimedBatch
+from mmfeed.loaders.loop.prefetch import move_to, pin, walk_tensors
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from mmfeed import DataLoader
 from mmfeed.loaders import ErrorPolicy, PlanConfig, PlannedDataset, SampleError
-from mmfeed.loaders.collate import sample_generator
+from mmfeed.loaders.planned.collate import sample_generator
 
 from replay import replayed
 
@@ -100,7 +100,7 @@ def test_a_transform_may_change_values_but_not_a_records_length_or_keys():
 def test_unreadable_records_are_skipped_counted_and_every_other_one_delivered_once(mode, workers, caplog):
     bad = {2, 3, 11, 30}
     ds = planned(Records(bad=bad), errors=ErrorPolicy(on_error=mode))
-    with caplog.at_level(logging.WARNING, logger="mmfeed.loaders.errors"):
+    with caplog.at_level(logging.WARNING, logger="mmfeed.loaders.planned.errors"):
         loader = DataLoader(ds, num_workers=workers)
         batches = list(loader)
     delivered = [s for b in batches for s in b.metadata["sample"].tolist()]

@@ -17,10 +17,10 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
-from mmfeed.loaders.planned import PlanSampler
+from mmfeed.loaders.planned.dataset import PlanSampler
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.concat import ConcatSource
-from mmfeed.loaders.streaming import StreamConfig, StreamingPackedDataset
+from mmfeed.loaders.streaming.dataset import StreamConfig, StreamingPackedDataset
 from mmfeed.packing import OnlinePacker
 from mmfeed.testing import make_episodes, write_webdataset
 

@@ -15,7 +15,7 @@ from mmfeed import DataLoader
 from mmfeed.cli import main as cli_main
 from mmfeed.codecs import encode_video
 from mmfeed.loaders import Packing, PlanConfig, ShardWriter, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.items import EpisodeItems
+from mmfeed.loaders.planned.items import EpisodeItems
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.index import INDEX_FILENAME, build_index, feature_columns, read_shard_index
 from mmfeed.loaders.sources.tar import iter_shard

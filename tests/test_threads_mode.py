@@ -15,7 +15,7 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.clock import stage
 from mmfeed.testing import make_episodes, read_index, write_webdataset
 
 CAM = "observation.images.cam_high"

@@ -17,8 +17,9 @@ from torch.utils.data import Dataset
 
 from mmfeed import DataLoader
 from mmfeed.loaders import StepTimer
-from mmfeed.loaders.timing import TimedCollate, record_stage, stage
-from mmfeed.loaders.timing import diagnose, drain_stages
+from mmfeed.loaders.clock import TimedCollate, record_stage, stage
+from mmfeed.loaders.clock import drain_stages
+from mmfeed.loaders.observe.timing import diagnose
 
 TOL = 0.1
 
@@ -113,10 +114,10 @@ def test_record_and_report_statistics():
 
 def test_json_export_and_log_every(tmp_path, caplog):
     t = StepTimer(log_every=3)
-    with caplog.at_level(logging.INFO, logger="mmfeed.loaders.timing"):
+    with caplog.at_level(logging.INFO, logger="mmfeed.loaders.observe.timing"):
         for _ in range(7):
             t.record(0.02, 0.08)
-    lines = [r.getMessage() for r in caplog.records if r.name == "mmfeed.loaders.timing"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "mmfeed.loaders.observe.timing"]
     assert len(lines) == 2 and "stall=20.0%" in lines[0]
     out = t.to_json(tmp_path / "timing.json")
     assert json.loads((tmp_path / "timing.json").read_text())["steps"] == out["steps"] == 7

@@ -13,7 +13,7 @@ from mmfeed import DataLoader
 from mmfeed.codecs import ByteTokenizer, FixedLengthTokenizer
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.packing.samples import EpisodeWindows
-from mmfeed.loaders.planned import PLAN_VERSION, PlanSampler
+from mmfeed.loaders.planned.dataset import PLAN_VERSION, PlanSampler
 from mmfeed.packing.classes import ClassPlan
 from mmfeed.packing.shuffle import index_shuffle, shuffle_keys
 from mmfeed.packing.uniform import UniformPlan, uniform_consumed, uniform_remainder

@@ -15,7 +15,7 @@ import numpy as np
 
 from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.clock import stage
 from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["ArraySource", "feature_of"]

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from mmfeed.loaders.sources.requests import EpisodeRequest
 from mmfeed.packing.windows import frames_at_rate
 
 __all__ = ["FEATURE_KINDS", "LRU", "EpisodeRequest", "EpisodeSource", "Feature"]
@@ -74,20 +75,6 @@ class Feature:
         fmt = f", frame_format={self.frame_format!r}" if self.kind == "video" else ""
         return (f"Feature(kind={self.kind!r}, dtype={self.dtype!r}, shape={self.shape!r}, fps={self.fps!r}"
                 f"{fmt})")
-
-
-@dataclass(frozen=True)
-class EpisodeRequest:
-    """Frames of one episode to read: feature -> frame indices at that feature's rate (int64, any order, repeats
-    allowed).
-
-    out: optional feature -> preallocated uint8 ``[n, H, W, 3]`` array for a video feature's frames, which the
-        source decodes into (and returns) instead of allocating; a source may ignore it.
-    """
-
-    episode: int
-    indices: Mapping[str, np.ndarray]
-    out: Mapping[str, np.ndarray] | None = None
 
 
 class LRU:
@@ -183,8 +170,8 @@ class EpisodeSource:
 
     def windows(self, spec):
         """The unpacked, LeRobotDataset-shaped view: one sample per step of every episode (see
-        :class:`mmfeed.loaders.views.WindowsDataset`)."""
-        from mmfeed.loaders.views import WindowsDataset
+        :class:`mmfeed.loaders.sources.windows.WindowsDataset`)."""
+        from mmfeed.loaders.sources.windows import WindowsDataset
 
         return WindowsDataset(self, spec)
 
@@ -205,6 +192,11 @@ class EpisodeSource:
     def describe(self, episode: int) -> str:
         """Where an episode lives, for error messages (file and key)."""
         return f"{self.name} episode {episode}"
+
+    def leaf(self, episode: int) -> tuple[EpisodeSource, int]:
+        """The dataset that holds ``episode`` and its index there: this source itself, or in a mixture the
+        dataset of the mixture (see :class:`~mmfeed.loaders.sources.concat.ConcatSource`)."""
+        return self, int(episode)
 
     def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
         """``(height, width)`` of a video feature's decoded frames, or None when not known without decoding."""

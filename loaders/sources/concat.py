@@ -67,6 +67,10 @@ class ConcatSource(EpisodeSource):
         d, e = self._split(episode)
         return self.sources[d].describe(e)
 
+    def leaf(self, episode: int) -> tuple[EpisodeSource, int]:
+        d, e = self._split(int(episode))
+        return self.sources[d].leaf(e)
+
     def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
         d, e = self._split(episode)
         return self.sources[d].frame_shape(e, feature)

@@ -3,7 +3,7 @@
 An episode is one tar member group with key ``<episode id>``: ``<key>.<feature>.npy`` (any dtype and shape,
 steps first) or ``<key>.<feature>.mp4`` per feature, and ``<key>.meta.json`` (``fps`` of the control clock,
 ``length`` in steps, ``task``, optional ``rates`` {feature: fps} and, for an episode whose task changes,
-``task_runs`` ``[[first step, task], ...]``; :class:`~mmfeed.loaders.sources.writer.ShardWriter`
+``task_runs`` ``[[first step, task], ...]``; :class:`~mmfeed.loaders.conversion.writer.ShardWriter`
 adds ``features`` {name: {kind, dtype, shape, frames, stats}}, so indexing its shards reads only tar headers,
 meta.json and npy headers). Member names split as in :func:`~mmfeed.loaders.sources.tar.split_member`. First-version shards (meta.json
 ``cameras`` / ``camera_fps``; ``<cam>.mp4``, ``proprio.npy``, ``action.npy``) index the same way, as features

@@ -37,11 +37,11 @@ import pyarrow.parquet as pq
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.video import DecodeOptions
-from mmfeed.loaders.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.sources.stats import from_json, step_shaped
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.clock import stage
 from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["LeRobotSource", "is_lerobot_dir"]

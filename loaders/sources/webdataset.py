@@ -29,13 +29,13 @@ from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.video import DecodeOptions
-from mmfeed.loaders.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.errors import SampleError, decode_with_context
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats, memory_table,
                                           default_index_path, index_version, resolve_shard)
 from mmfeed.loaders.sources.index_arrays import IndexArrays, derive, index_arrays, stale
 from mmfeed.loaders.sources.tar import read_member
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.clock import stage
 
 __all__ = ["WebDatasetSource", "expand_shards"]
 

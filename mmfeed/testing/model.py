@@ -16,7 +16,7 @@ examples show a complete loop and the tests can check end to end that packing ch
 - text ids go through an embedding table.
 
 The per-item embeddings are written into the ``[R, C]`` token slots of their feature in row-major order: the
-payload of every feature is flat over the batch in token order (see :mod:`mmfeed.loaders.collate`), so the k-th
+payload of every feature is flat over the batch in token order (see :mod:`mmfeed.loaders.planned.collate`), so the k-th
 item fills the k-th group of slots whose ``modality_ids`` name that feature. Positions come from
 ``position_ids``; a modality embedding over ``["text", *config.features]`` tells features apart whatever subset a
 batch lists; attention is SDPA with ``attention_mask()`` or FlexAttention with ``block_mask()``.

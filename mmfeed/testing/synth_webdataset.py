@@ -1,5 +1,5 @@
 """The webdataset writers of :mod:`mmfeed.testing.synth`: :func:`write_webdataset` writes episodes as shards
-(every feature under its own name, through :class:`~mmfeed.loaders.sources.writer.ShardWriter`);
+(every feature under its own name, through :class:`~mmfeed.loaders.conversion.writer.ShardWriter`);
 :func:`write_webdataset_v1` writes the first version's layout (cameras, proprio, action), which mmfeed still reads."""
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ def write_webdataset(
     """Write ``episodes`` as shards ``shard-000000.tar`` ... and their index in ``out_dir``; return the shard
     paths. Each episode holds :meth:`SyntheticEpisode.features` (cameras encoded at their own rates, pattern index
     = frame number within the episode) under key ``ep.episode_id``, through
-    :class:`mmfeed.loaders.sources.writer.ShardWriter`.
+    :class:`mmfeed.loaders.conversion.writer.ShardWriter`.
 
         >>> import tempfile
         >>> from mmfeed.testing import make_episodes
         >>> len(write_webdataset(tempfile.mkdtemp(), make_episodes(3), episodes_per_shard=2))
         2
     """
-    from mmfeed.loaders.sources.writer import ShardWriter
+    from mmfeed.loaders.conversion.writer import ShardWriter
 
     _check_int("episodes_per_shard", episodes_per_shard, 1)
     episodes = list(episodes)

@@ -1,7 +1,7 @@
 """The one planned dataset: an epoch plan over any kind of items, one item per step of one rank's plan.
 
 :class:`PlannedDataset` is a map-style torch Dataset whose item ``(epoch, step)`` is the PackedBatch of that step
-for this rank. What it plans over is an item kind (:mod:`mmfeed.loaders.items`: episode windows, whole-episode
+for this rank. What it plans over is an item kind (:mod:`mmfeed.loaders.planned.items`: episode windows, whole-episode
 chunks, a mixture of datasets, a map-style dataset's records), which prices samples and reads them; everything
 else is written once here: the plan and its cache, rank handling, the error policy, pickling and resume. The
 plan is recomputed from the index in each process that needs it (a pure function of ``(seed, epoch)``), so
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
+from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.classes import ClassPlan
 from mmfeed.packing.epoch import PLAN_VERSION, EpochPlan, plan_for
@@ -44,12 +44,12 @@ __all__ = ["PLAN_VERSION", "PlanSampler", "PlannedDataset"]
 
 
 class PlannedDataset(torch.utils.data.Dataset):
-    """Packed batches of one rank, planned from ``items`` (see :mod:`mmfeed.loaders.items`).
+    """Packed batches of one rank, planned from ``items`` (see :mod:`mmfeed.loaders.planned.items`).
 
     plan: capacity, rows per batch, mode, ... (:class:`~mmfeed.packing.plan.PlanConfig`).
     seed, rank, world_size: the plan is a pure function of these and the epoch.
     static_shapes: every batch tensor, ``cu_seqlens`` included, has one shape for the whole epoch.
-    errors: what a sample that cannot be loaded does (:class:`~mmfeed.loaders.errors.ErrorPolicy`; default raise).
+    errors: what a sample that cannot be loaded does (:class:`~mmfeed.loaders.planned.errors.ErrorPolicy`; default raise).
     transform: ``fn(sample: dict, generator) -> dict`` run on each sample after it is read, the generator seeded
         from ``(seed, epoch, sample id)``; it may change values, not the first dimension of any array (frames, or
         a record's tokens), since tokens are planned before reading.
@@ -85,11 +85,11 @@ class PlannedDataset(torch.utils.data.Dataset):
         """Packed batches of a map-style dataset's samples priced ``lengths`` (an array, or a function
         ``index -> int``), e.g. token sequences for language-model packing; ``kwargs`` as for the constructor, each
         meaning what it means for episode samples (``transform`` gets a record's tensors and its ``index``). See
-        :class:`~mmfeed.loaders.records.RecordItems` for what a sample may be.
+        :class:`~mmfeed.loaders.planned.records.RecordItems` for what a sample may be.
 
         Records carry their own token ids, planned from ``lengths`` before anything is read, so ``tokenizer`` (the
         task text's encoder of episode samples) is refused."""
-        from mmfeed.loaders.records import RecordItems
+        from mmfeed.loaders.planned.records import RecordItems
 
         if "tokenizer" in kwargs:
             raise ValueError("PlannedDataset.records takes no tokenizer: records carry their own token ids, whose "

@@ -8,9 +8,9 @@ read/lay-out split as the planned loader:
    (:func:`~mmfeed.loaders.sources.tar.iter_shard`);
 2. each episode becomes an in-memory source (:meth:`WebDatasetSource.from_memory`, the reader indexed shards
    use) and is cut into samples exactly as the planned loader cuts them
-   (:class:`~mmfeed.loaders.items.EpisodeItems`: windows, or whole-episode chunks);
+   (:class:`~mmfeed.loaders.planned.items.EpisodeItems`: windows, or whole-episode chunks);
 3. the samples' prices go into an :class:`~mmfeed.packing.OnlinePacker`, which emits full rows;
-4. rows are collated by :func:`mmfeed.loaders.collate.collate` over the episodes they hold, under the same
+4. rows are collated by :func:`mmfeed.loaders.planned.collate.collate` over the episodes they hold, under the same
    ``Packing`` (layout, static shapes, error policy, transform) as a planned dataset.
 
 - **Memory is bounded.** An episode's member bytes (compressed video, arrays) are held while some sample of it is
@@ -46,19 +46,15 @@ import numpy as np
 import torch
 
 from mmfeed.codecs.video import DecodeOptions
-from mmfeed.loaders.packing_config import Packing
-from mmfeed.loaders.sources.tar import iter_shard
+from mmfeed.loaders.planned.config import Packing
 from mmfeed.loaders.sources.webdataset import expand_shards
+from mmfeed.loaders.streaming.worker import EPISODE_STRIDE, STATE_VERSION, Stream, new_stats, read_shards
 from mmfeed.packing import PackedBatch
 
 __all__ = ["EPISODE_STRIDE", "StreamConfig", "StreamingPackedDataset", "assign_shards", "read_shards",
            "shard_order"]
 
 log = logging.getLogger(__name__)
-
-EPISODE_STRIDE = 1_000_000
-"""``metadata["episode"] = shard * EPISODE_STRIDE + position in the shard``; a shard holds fewer episodes."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class StreamConfig:
@@ -102,35 +98,6 @@ def assign_shards(order: np.ndarray, *, rank: int, world_size: int, worker: int,
         raise ValueError(f"worker {worker} is not in range for num_workers {num_workers}")
     order = np.asarray(order, dtype=np.int64)
     return order[rank * num_workers + worker :: world_size * num_workers]
-
-
-def read_shards(urls: Sequence[str], shards: Sequence[int], *, start: tuple[int, int] = (0, 0)
-                ) -> Iterator[tuple[int, int, int, str, dict[str, bytes]]]:
-    """Stage 1: ``(slot, shard, position, key, members)`` of every episode of ``shards`` (indices into ``urls``)
-    in order, from slot ``start[0]`` and, in that shard, position ``start[1]`` on."""
-    first_slot, first_position = start
-    for slot in range(first_slot, len(shards)):
-        shard = int(shards[slot])
-        skip = first_position if slot == first_slot else 0
-        for position, (key, members) in _positions(urls[shard], lambda p, skip=skip: p >= skip):
-            if position >= EPISODE_STRIDE:
-                raise ValueError(f"{urls[shard]} holds more than {EPISODE_STRIDE} episodes; split it into smaller "
-                                 "shards")
-            yield slot, shard, position, key, members
-
-
-def _positions(url: str, select) -> Iterator[tuple[int, tuple[str, dict[str, bytes]]]]:
-    """``(position, (key, members))`` of the episodes of one shard whose position ``select`` keeps."""
-    chosen: list[int] = []
-
-    def keep(p: int) -> bool:
-        if select(p):
-            chosen.append(p)  # iter_shard yields this episode before it asks about the next
-            return True
-        return False
-
-    for key, members, _ in iter_shard(url, select=keep):
-        yield chosen[-1], (key, members)
 
 
 class StreamingPackedDataset(torch.utils.data.IterableDataset):
@@ -183,13 +150,9 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
     @property
     def stats(self) -> dict:
         """Counters of the stream running (or last run) in this process; zeros before any."""
-        from mmfeed.loaders.streaming_worker import new_stats
-
         return self._stream.stats if self._stream is not None else new_stats()
 
     def __iter__(self) -> Iterator[PackedBatch]:
-        from mmfeed.loaders.streaming_worker import Stream
-
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         resume, self._resume = self._resume, None
@@ -226,8 +189,6 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from :meth:`state_dict` at the next ``iter`` (same shards and settings; num_workers=0)."""
-        from mmfeed.loaders.streaming_worker import STATE_VERSION
-
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a StreamingPackedDataset state (version {STATE_VERSION}): {str(state)[:80]!r}")
         for key, value in self.identity().items():

@@ -4,7 +4,7 @@ kind: read under the error policy (:func:`read_under_policy`), check that float 
 :func:`pad_static`, :func:`packed`).
 
 What differs between kinds (how a sample is read, named in an error, and shown to a transform) is a reader made
-per batch (see :mod:`mmfeed.loaders.collate`): ``samples`` (the batch's sample ids), ``read_all()`` (or None),
+per batch (see :mod:`mmfeed.loaders.planned.collate`): ``samples`` (the batch's sample ids), ``read_all()`` (or None),
 ``read_one(k)``, ``failure(k, reason)`` (the record of a skipped sample), ``located(k, key, bad)`` (where a
 non-finite value lies), ``sample(k, data)`` (what a transform gets) and ``unit`` (what the first dimension of an
 array counts).
@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy, SampleError
+from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
+from mmfeed.loaders.sources.errors import SampleError
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.metadata import Layout, make_layout
 

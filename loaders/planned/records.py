@@ -1,5 +1,5 @@
 """Records: the samples of any map-style dataset (token sequences, dicts of per-token tensors) as an item kind of
-the planned dataset (:mod:`mmfeed.loaders.planned`), for language-model packing::
+the planned dataset (:mod:`mmfeed.loaders.planned.dataset`), for language-model packing::
 
     >>> import torch
     >>> items = RecordItems([torch.arange(5), torch.arange(3)], [5, 3])
@@ -27,7 +27,7 @@ class RecordItems:
     Samples may be 1-D tensors (token ids, stored as ``data["text"]``) or dicts of tensors whose first dimension
     is the sample's length (each key concatenated in token order; every record of a batch has the same keys);
     anything else (0-d tensors, strings, ...) goes to ``metadata["samples"]`` unchanged. Records carry their own
-    token ids, so no tokenizer applies. They are collated by :func:`~mmfeed.loaders.collate.collate_records`
+    token ids, so no tokenizer applies. They are collated by :func:`~mmfeed.loaders.planned.collate.collate_records`
     through the same steps as episode samples: the error policy, the finiteness check, the transform and static
     shapes mean the same.
     """
@@ -87,7 +87,7 @@ class RecordItems:
         return dict(self._empty or {})
 
     def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
-        """The PackedBatch of ``rows`` (record ids per row); see :func:`mmfeed.loaders.collate.collate_records`."""
-        from mmfeed.loaders.collate import collate_records
+        """The PackedBatch of ``rows`` (record ids per row); see :func:`mmfeed.loaders.planned.collate.collate_records`."""
+        from mmfeed.loaders.planned.collate import collate_records
 
         return collate_records(self, rows, capacity, **kwargs)

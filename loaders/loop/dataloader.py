@@ -4,18 +4,18 @@ Given only torch's arguments it yields exactly the batches ``torch.utils.data.Da
 loader and lets it do all the loading). These additions, keyword-only, after torch's:
 
 * ``device="cuda", prefetch=2``: batches arrive on the device, copied on a side stream ``prefetch`` batches ahead
-  (:class:`~mmfeed.loaders.prefetch.DevicePrefetcher`). ``device="cpu"`` moves nothing but still receives the
+  (:class:`~mmfeed.loaders.loop.prefetch.DevicePrefetcher`). ``device="cpu"`` moves nothing but still receives the
   batches in a background thread ``prefetch`` batches ahead. ``device=None`` (default): no thread, torch's
   iterator as it is (``prefetch`` is then unused).
-* ``timer=True`` (or a :class:`~mmfeed.loaders.timing.StepTimer`): per-step wait / copy / compute and worker
+* ``timer=True`` (or a :class:`~mmfeed.loaders.observe.timing.StepTimer`): per-step wait / copy / compute and worker
   stage times in ``loader.timer``. The collate function is then wrapped in
-  :class:`~mmfeed.loaders.timing.TimedCollate`; the loop still receives the collated batch itself, same type.
+  :class:`~mmfeed.loaders.observe.timing.TimedCollate`; the loop still receives the collated batch itself, same type.
 * ``worker_mode="thread"``: the ``num_workers`` load batches in threads of the training process instead of
-  worker processes (:mod:`mmfeed.loaders.threads`): no dataset copies, no pickling, no shared-memory hand-off;
+  worker processes (:mod:`mmfeed.loaders.loop.threads`): no dataset copies, no pickling, no shared-memory hand-off;
   FFmpeg decodes with the GIL released. Same batches, same order, same resume; map-style datasets only.
 * ``recycle_buffers=True`` (default; planned datasets with workers, without ``pin_memory``): workers write the
   decoded frames of later batches into the shared memory of earlier ones once the loop holds no tensor of them
-  any more (:mod:`mmfeed.loaders.shm`), which spares the page faults of fresh shared memory in both processes.
+  any more (:mod:`mmfeed.loaders.loop.shm`), which spares the page faults of fresh shared memory in both processes.
   Set it False if batch tensors are handed on to other processes that may still read them.
 * ``state_dict()`` / ``load_state_dict(sd)``: exact mid-epoch resume. For map-style datasets the state is
   self-contained: epoch, batches handed out, and what fixed the epoch's order (the shuffle seed drawn from torch's
@@ -74,18 +74,19 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
-from mmfeed.loaders.planned import PlannedDataset, PlanSampler
-from mmfeed.loaders.prefetch import DevicePrefetcher, _resolve_device
-from mmfeed.loaders.resume import ChainedIndex, ResumableIndex, ShuffleSampler
-from mmfeed.loaders.shm import ReleaseTracker, enable_pool
-from mmfeed.loaders.threads import ThreadedBatches
-from mmfeed.loaders.timing import StepTimer, TimedCollate
+from mmfeed.loaders.planned.dataset import PlannedDataset, PlanSampler
+from mmfeed.loaders.loop.prefetch import DevicePrefetcher, _resolve_device
+from mmfeed.loaders.loop.resume import ChainedIndex, ResumableIndex, ShuffleSampler
+from mmfeed.loaders.loop.shm import ReleaseTracker, enable_pool
+from mmfeed.loaders.loop.threads import ThreadedBatches
+from mmfeed.loaders.clock import TimedCollate
+from mmfeed.loaders.observe.timing import StepTimer
 
 __all__ = ["DataLoader"]
 
 _STATE_VERSION = 1
 WORKER_MODES = ("process", "thread")
-"""``worker_mode`` values: worker processes (torch's), or threads of this process (:mod:`mmfeed.loaders.threads`)."""
+"""``worker_mode`` values: worker processes (torch's), or threads of this process (:mod:`mmfeed.loaders.loop.threads`)."""
 _TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
 
 
@@ -289,11 +290,11 @@ def _is_planned(dataset: Any) -> bool:
 
 
 def _packed_dataset(source: Any, packing: Any) -> PlannedDataset:
-    """The planned dataset ``packing`` (a :class:`~mmfeed.loaders.packing_config.Packing`) makes of ``source`` (an
+    """The planned dataset ``packing`` (a :class:`~mmfeed.loaders.planned.config.Packing`) makes of ``source`` (an
     open source, or paths for :func:`~mmfeed.loaders.open.open_dataset`) for this process's rank."""
-    from mmfeed.loaders.dist import dist_info
+    from mmfeed.loaders.loop.dist import dist_info
     from mmfeed.loaders.open import open_dataset
-    from mmfeed.loaders.packing_config import Packing
+    from mmfeed.loaders.planned.config import Packing
     from mmfeed.loaders.sources.base import EpisodeSource
 
     if not isinstance(packing, Packing):
@@ -315,7 +316,7 @@ class DataLoader:
     ``packing=Packing(layout=..., window=..., plan=PlanConfig(capacity=8192, rows_per_batch=4))`` over an episode
     source (or a path, or a list of them for a mixture, see :func:`~mmfeed.loaders.open.open_dataset`) plans the
     epoch for this rank and yields :class:`~mmfeed.packing.PackedBatch` objects; so does passing a
-    :class:`~mmfeed.loaders.planned.PlannedDataset` directly. Each ``iter(loader)`` runs the next epoch of the plan, and
+    :class:`~mmfeed.loaders.planned.dataset.PlannedDataset` directly. Each ``iter(loader)`` runs the next epoch of the plan, and
     ``state_dict()`` resumes mid-epoch by step, with any ``num_workers``. With workers and
     ``persistent_workers=True`` its epochs chain: the next epoch's first batches load while the loop finishes this
     one (see the module docstring; ``chain_epochs = False`` on the loader or a subclass drains them as torch does).

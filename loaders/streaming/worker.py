@@ -1,33 +1,66 @@
-"""One worker's stream in streaming mode (see :mod:`mmfeed.loaders.streaming`): the running state, the batch
+"""One worker's stream in streaming mode (see :mod:`mmfeed.loaders.streaming.dataset`): the running state, the batch
 generator over the stages, and its snapshot and restore.
 
 Each episode read from a shard becomes an in-memory :class:`~mmfeed.loaders.sources.webdataset.WebDatasetSource`
-and an :class:`~mmfeed.loaders.items.EpisodeItems` of its samples; a batch's rows are collated over a
+and an :class:`~mmfeed.loaders.planned.items.EpisodeItems` of its samples; a batch's rows are collated over a
 :class:`~mmfeed.loaders.sources.concat.ConcatSource` of the episodes they hold, by the planned loader's collate.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from mmfeed.loaders.errors import ErrorCounter
-from mmfeed.loaders.items import EpisodeItems
+from mmfeed.loaders.planned.errors import ErrorCounter
+from mmfeed.loaders.planned.items import EpisodeItems
 from mmfeed.loaders.sources.concat import ConcatSource
+from mmfeed.loaders.sources.tar import iter_shard
 from mmfeed.loaders.sources.webdataset import WebDatasetSource
-from mmfeed.loaders.streaming import EPISODE_STRIDE, _positions, read_shards
 from mmfeed.packing import OnlinePacker, PackedBatch
 
 if TYPE_CHECKING:
-    from mmfeed.loaders.streaming import StreamingPackedDataset
+    from mmfeed.loaders.streaming.dataset import StreamingPackedDataset
 
-log = logging.getLogger("mmfeed.loaders.streaming")
+log = logging.getLogger(__name__)
+
+EPISODE_STRIDE = 1_000_000
+"""``metadata["episode"] = shard * EPISODE_STRIDE + position in the shard``; a shard holds fewer episodes."""
 
 STATE_VERSION = 2
+
+
+def read_shards(urls: Sequence[str], shards: Sequence[int], *, start: tuple[int, int] = (0, 0)
+                ) -> Iterator[tuple[int, int, int, str, dict[str, bytes]]]:
+    """Stage 1: ``(slot, shard, position, key, members)`` of every episode of ``shards`` (indices into ``urls``)
+    in order, from slot ``start[0]`` and, in that shard, position ``start[1]`` on."""
+    first_slot, first_position = start
+    for slot in range(first_slot, len(shards)):
+        shard = int(shards[slot])
+        skip = first_position if slot == first_slot else 0
+        for position, (key, members) in _positions(urls[shard], lambda p, skip=skip: p >= skip):
+            if position >= EPISODE_STRIDE:
+                raise ValueError(f"{urls[shard]} holds more than {EPISODE_STRIDE} episodes; split it into smaller "
+                                 "shards")
+            yield slot, shard, position, key, members
+
+
+def _positions(url: str, select) -> Iterator[tuple[int, tuple[str, dict[str, bytes]]]]:
+    """``(position, (key, members))`` of the episodes of one shard whose position ``select`` keeps."""
+    chosen: list[int] = []
+
+    def keep(p: int) -> bool:
+        if select(p):
+            chosen.append(p)  # iter_shard yields this episode before it asks about the next
+            return True
+        return False
+
+    for key, members, _ in iter_shard(url, select=keep):
+        yield chosen[-1], (key, members)
 
 
 def new_stats() -> dict:

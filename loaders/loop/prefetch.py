@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
-from mmfeed.loaders.flops import useful_fraction
-from mmfeed.loaders.timing import StepTimer, TimedBatch
+from mmfeed.loaders.observe.flops import useful_fraction
+from mmfeed.loaders.clock import TimedBatch
+from mmfeed.loaders.observe.timing import StepTimer
 
 __all__ = ["DevicePrefetcher", "move_to", "pin", "walk_tensors"]
 
@@ -166,9 +167,9 @@ class DevicePrefetcher:
         device: target device; ``"cuda"`` uses a side stream and events, ``"cpu"`` moves nothing.
         depth: batches prepared ahead of the loop (>= 0; 0 reads synchronously, no thread).
         pin_memory: pin host memory before a CUDA copy (ignored on CPU).
-        timer: a :class:`~mmfeed.loaders.timing.StepTimer` to record wait, copy and compute times in.
+        timer: a :class:`~mmfeed.loaders.observe.timing.StepTimer` to record wait, copy and compute times in.
 
-    :class:`~mmfeed.loaders.timing.TimedBatch` items are unwrapped (their stage seconds go to ``timer``).
+    :class:`~mmfeed.loaders.observe.timing.TimedBatch` items are unwrapped (their stage seconds go to ``timer``).
     Use it as an iterator once; ``close()`` (or exhaustion, or an error) stops the thread.
     """
 

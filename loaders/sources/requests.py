@@ -1,10 +1,10 @@
-"""Requests: what planned samples read, the one place where samples become reads.
+"""Requests: what a source reads, and the one place where samples become reads.
 
-A window ``(episode, anchor step)`` asks each feature for the frames at its times (:func:`window_requests`), a
-chunk of steps every frame the clock implies there (:func:`chunk_requests`); both say which of those frames are
-padding (``is_pad``: a time outside the episode, or a frame a stream lacks). :class:`SampleRead` is one sample's
-read with its token layout and text, what collation (:mod:`mmfeed.loaders.collate`) takes, for the packed
-loader, the stream and ``ds.windows`` alike.
+An :class:`EpisodeRequest` names frames of one episode, per feature, at each feature's own rate. A window
+``(episode, anchor step)`` asks each feature for the frames at its times (:func:`window_requests`), a chunk of
+steps every frame the clock implies there (:func:`chunk_requests`); both say which of those frames are padding
+(``is_pad``: a time outside the episode, or a frame a stream lacks), for the packed loader, the stream and
+``ds.windows`` alike. A leaf of the sources: it imports no source (they are read through what they index).
 """
 
 from __future__ import annotations
@@ -14,29 +14,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
-from mmfeed.packing.layout import SampleLayout
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 from mmfeed.packing.windows import WindowSpec, chunk_frames, clamp_to_stream, window_indices
 
-__all__ = ["SampleRead", "chunk_requests", "window_requests"]
+if TYPE_CHECKING:
+    from mmfeed.loaders.sources.base import EpisodeSource
+
+__all__ = ["EpisodeRequest", "chunk_requests", "window_requests"]
 
 
-@dataclass(frozen=True, eq=False)
-class SampleRead:
-    """What one sample reads and how it is laid out, everything collation needs of it.
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """Frames of one episode to read: feature -> frame indices at that feature's rate (int64, any order, repeats
+    allowed).
 
-    sample: its id in the sample table; request: the frames of each feature it reads (its episode too);
-    pads: each feature's ``is_pad`` flags; layout: its token layout; task: its task id (-1: none) and text: the
-    token ids of that task's text; start: its first step (a window's anchor).
+    out: optional feature -> preallocated uint8 ``[n, H, W, 3]`` array for a video feature's frames, which the
+        source decodes into (and returns) instead of allocating; a source may ignore it.
     """
 
-    sample: int
-    request: EpisodeRequest
-    pads: dict[str, np.ndarray]
-    layout: SampleLayout
-    task: int
-    text: np.ndarray
-    start: int
+    episode: int
+    indices: Mapping[str, np.ndarray]
+    out: Mapping[str, np.ndarray] | None = None
 
 
 def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray

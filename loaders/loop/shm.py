@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from mmfeed.loaders.timing import TimedBatch
+from mmfeed.loaders.clock import TimedBatch
 
 __all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "pooled_buffer"]
 

@@ -19,7 +19,7 @@ Shards are ``shard-000000.tar``, ... written through ``webdataset.TarWriter`` wi
 deterministic encoder, so equal inputs give byte-identical shards; each is written under a temporary name and
 renamed when complete, and the index (:mod:`mmfeed.loaders.sources.index`) is written beside them on close.
 :func:`episode_sample` (one episode's members) and :class:`ShardFile` (one shard under a name of your choosing)
-are the same steps for writers that place episodes themselves (``mmfeed.loaders.conversion``).
+are the same steps for writers that place episodes themselves (``mmfeed.loaders.conversion.job``).
 """
 
 from __future__ import annotations

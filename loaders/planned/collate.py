@@ -1,7 +1,7 @@
 """Collation: the samples of one planned batch read, checked, transformed and laid out as a PackedBatch.
 
 Episode samples (:func:`collate`) and records (:func:`collate_records`) go through the same steps
-(:mod:`mmfeed.loaders.steps`: read under the error policy, check, transform, lay out); what differs between the
+(:mod:`mmfeed.loaders.planned.steps`: read under the error policy, check, transform, lay out); what differs between the
 kinds (how a sample is read, named and shown to a transform) is a small reader per batch, :class:`_EpisodeReads`
 or :class:`_RecordReads`.
 
@@ -14,7 +14,7 @@ feature's payload is flat over the batch in the order its tokens appear: ``data[
 mixture, ``dataset``.
 
 In a DataLoader worker the frames of a batch are decoded straight into one shared-memory buffer per feature
-(recycled between batches, :mod:`mmfeed.loaders.shm`), so handing the batch to the training process copies
+(recycled between batches, :mod:`mmfeed.loaders.loop.shm`), so handing the batch to the training process copies
 nothing. A transform (``Packing(transform=fn)``, ``PlannedDataset.records(..., transform=fn)``) runs on each
 sample after it is read, with a generator seeded from ``(seed, epoch, sample id)``: the same augmentation for any
 number of workers, replayed exactly after a resume.
@@ -28,24 +28,43 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from mmfeed.codecs.colour import frame_step_shape
-from mmfeed.loaders.errors import ErrorCounter, ErrorPolicy
-from mmfeed.loaders.requests import SampleRead
-from mmfeed.loaders.shm import pooled_buffer
-from mmfeed.loaders.sources.base import EpisodeSource
-from mmfeed.loaders.steps import (batch_layout, check_finite, pad_static, packed, read_under_policy,
-                                   sample_generator, samples_of, transform_each, without_failures)
-from mmfeed.loaders.timing import stage
+from mmfeed.loaders.clock import stage
+from mmfeed.loaders.loop.shm import pooled_buffer
+from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
+from mmfeed.loaders.planned.steps import (batch_layout, check_finite, pad_static, packed, read_under_policy,
+                                          sample_generator, samples_of, transform_each, without_failures)
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
 from mmfeed.packing.layout import TEXT, SampleLayout, TokenLayout
 
-__all__ = ["collate", "collate_records", "sample_generator"]
+__all__ = ["SampleRead", "collate", "collate_records", "sample_generator"]
+
+
+@dataclass(frozen=True, eq=False)
+class SampleRead:
+    """What one sample reads and how it is laid out, everything collation needs of it.
+
+    sample: its id in the sample table; request: the frames of each feature it reads (its episode too);
+    pads: each feature's ``is_pad`` flags; layout: its token layout; task: its task id (-1: none) and text: the
+    token ids of that task's text; start: its first step (a window's anchor).
+    """
+
+    sample: int
+    request: EpisodeRequest
+    pads: dict[str, np.ndarray]
+    layout: SampleLayout
+    task: int
+    text: np.ndarray
+    start: int
+
 
 _IN_ORDER = object()  # marker: a feature's payload items are its read array in order
 
@@ -54,7 +73,7 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
             layout: TokenLayout, features: Sequence[str], num_rows: int | None = None, static_shapes: bool = False,
             max_documents: int | None = None, errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
             transform: Callable | None = None) -> PackedBatch:
-    """Read the samples ``reads`` describe (one :class:`~mmfeed.loaders.requests.SampleRead` per sample id of
+    """Read the samples ``reads`` describe (one :class:`SampleRead` per sample id of
     ``rows``, row after row) from ``source`` and pack them into a PackedBatch whose modalities are the task text
     and ``features``, laid out by ``layout``.
 
@@ -140,7 +159,7 @@ def collate_records(items: Any, rows: Sequence[np.ndarray], capacity: int, *, nu
                     static_shapes: bool = False, max_documents: int | None = None,
                     errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
                     transform: Callable | None = None) -> PackedBatch:
-    """Read the records of ``rows`` (sample ids of :class:`~mmfeed.loaders.items.RecordItems` per row) and pack
+    """Read the records of ``rows`` (sample ids of :class:`~mmfeed.loaders.planned.items.RecordItems` per row) and pack
     them into a PackedBatch, one document per record, token-causal: the same steps and keywords as
     :func:`collate`. Each record tensor is flat over the batch under its key, one entry per token; with
     ``ErrorPolicy(nonfinite="mask")`` every float key has its ``<key>_is_pad`` beside it. ``metadata`` holds
@@ -240,7 +259,7 @@ def _fill_direct(requests: list, read: list, direct: dict) -> None:
 
 def _alloc(key: str, shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
     """A uint8 buffer for payload ``key``; in a DataLoader worker a shared-memory tensor, which the training
-    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.shm`)."""
+    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.loop.shm`)."""
     if torch.utils.data.get_worker_info() is None:
         return np.empty(shape, dtype=np.uint8)
     pooled = pooled_buffer(key, shape)
@@ -304,7 +323,7 @@ class _EpisodeReads:
 
 class _RecordReads:
     """How the shared steps read, name and show to a transform the records of one batch
-    (:class:`~mmfeed.loaders.items.RecordItems`); a record's other entries are kept in ``extras``."""
+    (:class:`~mmfeed.loaders.planned.items.RecordItems`); a record's other entries are kept in ``extras``."""
 
     unit = "tokens"
     read_all = None  # a map-style dataset reads record by record

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmfeed.loaders.errors import ErrorPolicy
+from mmfeed.loaders.planned.errors import ErrorPolicy
 from mmfeed.packing.layout import TokenLayout
 from mmfeed.packing.plan import PlanConfig
 from mmfeed.packing.windows import WindowSpec
@@ -31,7 +31,7 @@ class Packing:
     tokenizer: ``encode(str) -> int32 ids`` for task text (default: UTF-8 bytes).
     errors: what a sample that cannot be loaded does (raise, skip or warn; see ErrorPolicy).
     transform: ``fn(sample, generator) -> sample`` run in the workers on each sample after decode (e.g.
-        :class:`~mmfeed.loaders.transforms.Normalize`).
+        :class:`~mmfeed.loaders.planned.transforms.Normalize`).
     weights: for a mixture (a list of datasets), each dataset's share of an epoch's samples.
     """
 
@@ -58,9 +58,9 @@ class Packing:
             object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
 
     def dataset(self, source: Any, *, rank: int = 0, world_size: int = 1):
-        """The planned dataset of ``source`` for one rank (:class:`~mmfeed.loaders.planned.PlannedDataset`)."""
-        from mmfeed.loaders.items import EpisodeItems
-        from mmfeed.loaders.planned import PlannedDataset
+        """The planned dataset of ``source`` for one rank (:class:`~mmfeed.loaders.planned.dataset.PlannedDataset`)."""
+        from mmfeed.loaders.planned.items import EpisodeItems
+        from mmfeed.loaders.planned.dataset import PlannedDataset
 
         items = EpisodeItems(source, layout=self.layout, window=self.window, stride=self.stride,
                              max_length=self.max_length, capacity=self.plan.capacity or None,

@@ -2,7 +2,7 @@
 
 One sample per step of every episode, in LeRobot's order (episode by episode, step by step). Sample ``i`` is found
 from cumulative episode lengths (nothing is stored per window) and read through the same request builder as the
-packed loader (:func:`mmfeed.loaders.requests.window_requests`), so ``windows[i]`` holds the very frames and flags
+packed loader (:func:`mmfeed.loaders.sources.requests.window_requests`), so ``windows[i]`` holds the very frames and flags
 the packed loader lays out for that sample. A user moving from LeRobot changes one line and keeps
 ``mmfeed.DataLoader(windows, batch_size=32, shuffle=True)``::
 
@@ -12,14 +12,16 @@ the packed loader lays out for that sample. A user moving from LeRobot changes o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from mmfeed.loaders.requests import window_requests
-from mmfeed.loaders.sources.base import EpisodeSource
+from mmfeed.loaders.sources.requests import window_requests
 from mmfeed.packing.windows import WindowSpec
+
+if TYPE_CHECKING:  # a source makes its own view (EpisodeSource.windows): the view needs no source class
+    from mmfeed.loaders.sources.base import EpisodeSource
 
 __all__ = ["WindowsDataset"]
 

@@ -2,24 +2,21 @@
 
 Two halves:
 
-* **Worker side.** Datasets and collate functions mark their stages with ``with stage("decode"):`` or
-  ``record_stage("read", seconds)``. The times go into an accumulator private to the calling thread (a torch
-  worker process runs the dataset and the collate function in its one thread; with ``num_workers=0`` they run in
-  the thread that pulls batches). :class:`TimedCollate` wraps a collate function, times it as the ``"collate"``
-  stage and drains the accumulator into a :class:`TimedBatch` (the batch plus its stage seconds), which crosses
-  the worker queue with the batch. mmfeed's loader and :class:`~mmfeed.loaders.DevicePrefetcher` unwrap it in
-  the main process, so the training loop always receives the batch itself, of its own type.
+* **Worker side** (:mod:`mmfeed.loaders.clock`). Datasets and collate functions mark their stages with
+  ``with stage("decode"):``; the stage seconds of each batch cross the worker queue with it in a ``TimedBatch``,
+  which mmfeed's loader and :class:`~mmfeed.loaders.DevicePrefetcher` unwrap in the main process, so the training
+  loop always receives the batch itself, of its own type.
 * **Loop side.** :class:`StepTimer` records, per step, the data wait (time the loop blocked on ``next``), the
   host-to-device copy (CUDA events), the busy time (from handing a batch over to asking for the next; CUDA
   events as well on a GPU) and the worker stages of that batch, and turns them into a report with the stall
-  fraction and the bottleneck named in plain words (:mod:`mmfeed.loaders.diagnosis`).
+  fraction and the bottleneck named in plain words (:mod:`mmfeed.loaders.observe.diagnosis`).
 * **Communication and utilisation.** ``timer.watch(ddp_model)`` times DistributedDataParallel's gradient
-  collectives through a comm hook (:mod:`mmfeed.loaders.comm`), so the busy time splits into ``compute_s`` and
+  collectives through a comm hook (:mod:`mmfeed.loaders.observe.comm`), so the busy time splits into ``compute_s`` and
   ``comm_s`` (communication not overlapped with backward), beside ``comm_total_s``. ``flops_per_step``
   (:func:`count_flops`) and ``peak_flops`` give ``mfu``, and ``useful_mfu`` counts only the batches' non-padding
-  tokens (:mod:`mmfeed.loaders.flops`).
+  tokens (:mod:`mmfeed.loaders.observe.flops`).
 * **Traces.** :meth:`StepTimer.export_chrome_trace` writes the latest steps' phases and each worker's stages as
-  a Chrome trace (:mod:`mmfeed.loaders.trace`).
+  a Chrome trace (:mod:`mmfeed.loaders.observe.trace`).
 
 Example::
 
@@ -34,142 +31,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmfeed.loaders.comm import CommRecorder, resolve
-from mmfeed.loaders.diagnosis import diagnose
-from mmfeed.loaders.flops import count_flops, peak_flops, useful_fraction
+from mmfeed.loaders.observe.comm import CommRecorder, resolve
+from mmfeed.loaders.observe.diagnosis import diagnose
+from mmfeed.loaders.observe.flops import count_flops, peak_flops
 
-__all__ = ["StepTimer", "TimedBatch", "TimedCollate", "count_flops", "diagnose", "drain_spans", "drain_stages",
-           "record_stage", "stage"]
+__all__ = ["StepTimer", "count_flops", "diagnose"]
 
 logger = logging.getLogger(__name__)
-
-# One accumulator per thread, by design: the worker-side API must be callable from any dataset code without
-# passing an object around, and a thread-local keeps concurrent producers (a prefetch thread, the loop) apart.
-_local = threading.local()
-_MAX_SPANS = 4096  # spans kept per batch for the trace (stage seconds are always complete)
-
-
-def _accumulator() -> dict[str, float]:
-    acc = getattr(_local, "stages", None)
-    # A forked worker inherits its parent's thread state: start it from zero, so that stage seconds the parent
-    # recorded (say, loading in-process before) are never charged to the worker's first batch.
-    if acc is None or getattr(_local, "pid", None) != os.getpid():
-        acc = _local.stages = {}
-        _local.spans = []
-        _local.pid = os.getpid()
-    return acc
-
-
-def record_stage(name: str, seconds: float, *, end: float | None = None) -> None:
-    """Add ``seconds`` to stage ``name`` of the batch being built in this thread (worker process); the stage is
-    taken to have ended at ``end`` (``time.perf_counter()``; default now) for the trace."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"stage name must be a non-empty string, got {name!r}")
-    seconds = float(seconds)
-    if not seconds >= 0.0:
-        raise ValueError(f"stage {name!r}: seconds must be >= 0, got {seconds!r}")
-    acc = _accumulator()
-    acc[name] = acc.get(name, 0.0) + seconds
-    spans = _local.spans
-    if len(spans) < _MAX_SPANS:
-        stop = time.perf_counter() if end is None else float(end)
-        spans.append((name, stop - seconds, stop))
-
-
-@contextmanager
-def stage(name: str) -> Iterator[None]:
-    """Time the body as stage ``name`` (read, decode, pack, ...); stages should not nest (both would count).
-
-    >>> with stage("decode"):
-    ...     pass
-    >>> sorted(drain_stages())
-    ['decode']
-    """
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        stop = time.perf_counter()
-        record_stage(name, stop - start, end=stop)
-
-
-def drain_stages() -> dict[str, float]:
-    """Return and clear the stage seconds accumulated in this thread since the last drain (and its spans)."""
-    acc = _accumulator()
-    out = dict(acc)
-    acc.clear()
-    _local.spans = []
-    return out
-
-
-def drain_spans() -> tuple[dict[str, float], list[tuple[str, float, float]]]:
-    """Return and clear this thread's stage seconds and its ``(stage, start, end)`` spans (perf_counter)."""
-    acc = _accumulator()
-    spans, _local.spans = _local.spans, []
-    out = dict(acc)
-    acc.clear()
-    return out, spans
-
-
-def _worker_id() -> int | None:
-    info = torch.utils.data.get_worker_info()
-    return None if info is None else int(info.id)
-
-
-class TimedBatch:
-    """A batch with the worker stage seconds spent on it; unwrapped by the loader before the loop sees it.
-
-    ``spans`` are the stages' ``(name, start, end)`` on the machine's monotonic clock (``time.perf_counter``,
-    shared by the processes of one host), ``worker`` the torch worker id that built it (None: in the loop's
-    process).
-    """
-
-    __slots__ = ("batch", "spans", "stages", "worker")
-
-    def __init__(self, batch: Any, stages: Mapping[str, float], spans: list[tuple[str, float, float]] | None = None,
-                 worker: int | None = None) -> None:
-        self.batch = batch
-        self.stages = dict(stages)
-        self.spans = list(spans or ())
-        self.worker = worker
-
-    def pin_memory(self) -> TimedBatch:
-        """Pin the inner batch (torch's pin-memory thread calls this)."""
-        from torch.utils.data._utils.pin_memory import pin_memory
-
-        return TimedBatch(pin_memory(self.batch), self.stages, self.spans, self.worker)
-
-    def __repr__(self) -> str:
-        return f"TimedBatch({type(self.batch).__name__}, stages={self.stages}, worker={self.worker})"
-
-
-class TimedCollate:
-    """Wrap ``collate_fn``: time it as stage ``"collate"`` and return a :class:`TimedBatch` with all stages.
-
-    Picklable (a plain class), so it works with every multiprocessing start method.
-    """
-
-    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
-        if not callable(collate_fn):
-            raise TypeError(f"collate_fn must be callable, got {collate_fn!r}")
-        self.collate_fn = collate_fn
-
-    def __call__(self, samples: Any) -> TimedBatch:
-        with stage("collate"):
-            batch = self.collate_fn(samples)
-        stages, spans = drain_spans()
-        return TimedBatch(batch, stages, spans, _worker_id())
-
 
 def _stats(values: list[float]) -> dict[str, float] | None:
     if not values:
@@ -188,14 +64,14 @@ class StepTimer:
     and not yet followed by a request, as after a ``break``) with its time up to the report.
 
     Args:
-        log_every: log one line every N steps (logger ``mmfeed.loaders.timing``); 0 never.
+        log_every: log one line every N steps (logger ``mmfeed.loaders.observe.timing``); 0 never.
         warmup: leave the first N steps (worker start-up, the first fill of the prefetch queue) out of the report.
         num_workers: set by mmfeed's DataLoader; turns worker seconds into the pipeline's per-batch load time for
             the diagnosis (0: loading runs in the loop).
         stall_threshold: the stall fraction under which input is not the bottleneck.
         flops_per_step: the FLOPs of one training step (:func:`count_flops`), for ``mfu``.
         peak_flops: the accelerator's peak FLOP/s, or ``"auto"`` to look a known CUDA device up
-            (:mod:`mmfeed.loaders.flops`).
+            (:mod:`mmfeed.loaders.observe.flops`).
         trace_steps: the latest N steps kept with their timestamps for :meth:`export_chrome_trace` (0: none).
         refill_steps: steps at the start of each epoch counted as its refill (default ``max(2, 2 * workers)``).
     """
@@ -485,8 +361,8 @@ class StepTimer:
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Write the kept steps as a Chrome trace (Perfetto, chrome://tracing) to ``path`` and return it: the
-        loop's phases on one track, each worker's stages on its own (:mod:`mmfeed.loaders.trace`)."""
-        from mmfeed.loaders.trace import chrome_trace, write_trace
+        loop's phases on one track, each worker's stages on its own (:mod:`mmfeed.loaders.observe.trace`)."""
+        from mmfeed.loaders.observe.trace import chrome_trace, write_trace
 
         return write_trace(chrome_trace(list(self.trace), epoch_starts=self.epoch_starts), path)
 

@@ -2,8 +2,8 @@
 
 SRC is a LeRobot v3 directory (a local path or an fsspec URL), mmfeed/webdataset shards (to re-shard or
 transcode) or ``module:function`` naming a generator of episodes (dicts of the keyword form
-:meth:`~mmfeed.loaders.sources.writer.ShardWriter.write` takes; see
-:func:`~mmfeed.loaders.conversion_sources.normalize_episode`)::
+:meth:`~mmfeed.loaders.conversion.writer.ShardWriter.write` takes; see
+:func:`~mmfeed.loaders.conversion.readers.normalize_episode`)::
 
     summary = convert("lerobot/droid", "shards/", codec="h264", gop=30, episodes_per_shard=8, workers=16)
     ds = open_dataset("shards/")          # every feature, every step's task, the stats (with quantiles)
@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mmfeed.loaders.conversion_engines import ConvertError, Progress, encoder_versions, run_local, run_ray
+from mmfeed.loaders.conversion.engines import ConvertError, Progress, encoder_versions, run_local, run_ray
 
 __all__ = ["MANIFEST", "ConvertError", "ConvertSummary", "add_arguments", "convert", "run"]
 
@@ -121,7 +121,7 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
         errors: "raise" stops at the first episode that fails, with a :class:`ConvertError` naming it and its
         source file; "skip" records it in the manifest and converts the rest. progress: a tqdm bar on stderr.
     """
-    from mmfeed.loaders.conversion_sources import iter_generator, open_reader  # heavy: not at `mmfeed --help`
+    from mmfeed.loaders.conversion.readers import iter_generator, open_reader  # heavy: not at `mmfeed --help`
 
     job, plan = _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size_mb, workers, engine,
                        errors, max_retries)
@@ -171,7 +171,7 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
 def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size_mb, workers, engine, errors,
            max_retries) -> tuple[Job, dict[str, Any]]:
     """The job and its shard plan settings, every argument validated before anything is read or written."""
-    from mmfeed.loaders.conversion_sources import source_kind
+    from mmfeed.loaders.conversion.readers import source_kind
 
     from mmfeed.codecs.encode import encoder_name
 
@@ -233,7 +233,7 @@ def _tasks(job: Job, generated: Iterator | None, reader: Any, plan: dict[str, An
 
 
 def _generated(job: Job, generated: Iterator, estimate: bool) -> Iterator[tuple[int, dict, float]]:
-    from mmfeed.loaders.conversion_sources import estimate_generated, normalize_episode
+    from mmfeed.loaders.conversion.readers import estimate_generated, normalize_episode
 
     keys: dict[str, int] = {}
     for i, episode in enumerate(generated):

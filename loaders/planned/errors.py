@@ -15,21 +15,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import numpy as np
 
-from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
-from mmfeed.codecs.errors import DecodeError
+from mmfeed.loaders.sources.errors import SampleError
 
-__all__ = ["ERROR_MODES", "NONFINITE_MODES", "ErrorPolicy", "SampleError", "decode_with_context"]
+__all__ = ["ERROR_MODES", "NONFINITE_MODES", "ErrorCounter", "ErrorPolicy", "SampleError"]
 
 log = logging.getLogger(__name__)
 
 ERROR_MODES = ("raise", "skip", "warn")
 NONFINITE_MODES = ("raise", "mask")
-
-
-class SampleError(ValueError):
-    """A sample that cannot be loaded; the message names the source, the episode, the key and the reason."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,24 +67,3 @@ class ErrorCounter:
 
     def succeeded(self) -> None:
         self.consecutive = 0
-
-
-def decode_with_context(cache: VideoReaderCache, requests: list[FrameRequest], where: list[str]) -> list[np.ndarray]:
-    """``cache.decode_batch(requests)``; a failure is re-raised naming the shard, key and stream of the request
-    that failed (found by decoding the requests one by one) and the frames it asked for."""
-    try:
-        return cache.decode_batch(requests)
-    except DecodeError as err:
-        failed = err
-        culprit = 0
-        if len(requests) > 1:
-            for culprit, request in enumerate(requests):
-                try:
-                    cache.decode_batch([request])
-                except DecodeError as one:
-                    failed = one
-                    break
-        request = requests[culprit]
-        asked = request.indices if request.indices is not None else request.timestamps
-        what = "frames" if request.indices is not None else "times"
-        raise SampleError(f"{where[culprit]} {what} {np.asarray(asked).tolist()}: {failed}") from failed

@@ -4,12 +4,12 @@
   at its window times, LeRobot-style) or whole-episode chunks (every frame of every feature the layout prices,
   split at ``max_length`` steps or where a chunk would not fit a row). A source made of several datasets
   (``open_dataset([a, b])``) is a mixture: ``weights`` set each dataset's share of an epoch's samples.
-- :class:`RecordItems` (:mod:`mmfeed.loaders.records`): the samples of any map-style dataset, priced by a
+- :class:`RecordItems` (:mod:`mmfeed.loaders.planned.records`): the samples of any map-style dataset, priced by a
   given length.
 
 An item kind has a ``table`` (:class:`~mmfeed.packing.samples.SampleTable`: its samples, priced from the index,
 what the epoch is planned from) and ``collate(rows, capacity, ...)`` (the :class:`~mmfeed.packing.PackedBatch` of
-one planned batch); the planned dataset (:mod:`mmfeed.loaders.planned`) does the rest once for all kinds.
+one planned batch); the planned dataset (:mod:`mmfeed.loaders.planned.dataset`) does the rest once for all kinds.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from mmfeed.codecs.text import ByteTokenizer
-from mmfeed.loaders.records import RecordItems
-from mmfeed.loaders.requests import SampleRead, chunk_requests, window_requests
+from mmfeed.loaders.planned.records import RecordItems
+from mmfeed.loaders.planned.collate import SampleRead
+from mmfeed.loaders.sources.requests import chunk_requests, window_requests
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
@@ -125,8 +126,8 @@ class EpisodeItems:
 
     def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
         """The PackedBatch of ``rows`` (sample ids per row): their reads, collated
-        (:func:`mmfeed.loaders.collate.collate`; ``kwargs`` as there)."""
-        from mmfeed.loaders.collate import collate
+        (:func:`mmfeed.loaders.planned.collate.collate`; ``kwargs`` as there)."""
+        from mmfeed.loaders.planned.collate import collate
 
         reads = self.requests(np.concatenate(rows) if len(rows) else np.zeros(0, np.int64))
         return collate(self.source, reads, rows, capacity, layout=self.layout, features=self.features, **kwargs)

@@ -46,8 +46,8 @@ def convert_shard(job: Any, k: int, items: list) -> dict[str, Any]:
     ``errors="skip"``) and this run's seconds: opening the source (imports included, once per process), then in
     the shard's episodes (total, reading/decoding, encoding)."""
     opened = time.perf_counter()
-    from mmfeed.loaders.conversion_sources import open_reader
-    from mmfeed.loaders.sources.writer import ShardFile, episode_sample
+    from mmfeed.loaders.conversion.readers import open_reader
+    from mmfeed.loaders.conversion.writer import ShardFile, episode_sample
 
     reader = open_reader(job)
     before = dict(reader.seconds)

@@ -1,5 +1,5 @@
 """What :func:`mmfeed.loaders.convert` reads: one reader per kind of source, each giving episode ``i`` as
-the keyword arguments of :func:`~mmfeed.loaders.sources.writer.episode_sample`, every video already as mp4 bytes.
+the keyword arguments of :func:`~mmfeed.loaders.conversion.writer.episode_sample`, every video already as mp4 bytes.
 
 - LeRobot v3 (a directory, or an fsspec URL read in place by byte range): arrays through
   ``LeRobotSource.read_many``, per-step tasks through ``step_tasks``; each camera's frames decoded (resized

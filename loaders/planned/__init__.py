@@ -1,0 +1,31 @@
+"""mmfeed.loaders.planned: the planned path, from an epoch's plan to packed batches.
+
+A batch walks one way: :class:`~mmfeed.loaders.planned.dataset.PlannedDataset` plans the epoch from its items'
+sample table (:func:`mmfeed.packing.epoch.plan_for`) and, for one step, asks its items
+(:mod:`~mmfeed.loaders.planned.items`: an episode source's windows or chunks; :mod:`~mmfeed.loaders.planned.records`:
+a map-style dataset's records) what the step's samples read (:class:`~mmfeed.loaders.planned.collate.SampleRead`,
+built by :mod:`mmfeed.loaders.sources.requests`), then :mod:`~mmfeed.loaders.planned.collate` reads them under the
+error policy (:mod:`~mmfeed.loaders.planned.errors`), checks, transforms (:mod:`~mmfeed.loaders.planned.transforms`)
+and lays them out (:mod:`~mmfeed.loaders.planned.steps`). :class:`~mmfeed.loaders.planned.config.Packing` is what
+``mmfeed.DataLoader(..., packing=...)`` is configured with.
+"""
+
+from __future__ import annotations
+
+from mmfeed._lazy import lazy_exports
+
+_EXPORTS = {
+    "EpisodeItems": "mmfeed.loaders.planned.items",
+    "ErrorPolicy": "mmfeed.loaders.planned.errors",
+    "Normalize": "mmfeed.loaders.planned.transforms",
+    "Packing": "mmfeed.loaders.planned.config",
+    "PlanSampler": "mmfeed.loaders.planned.dataset",
+    "PlannedDataset": "mmfeed.loaders.planned.dataset",
+    "RecordItems": "mmfeed.loaders.planned.records",
+    "SampleRead": "mmfeed.loaders.planned.collate",
+    "collate": "mmfeed.loaders.planned.collate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
