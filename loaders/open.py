@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from mmfeed.loaders.sources.base import EpisodeSource
+from mmfeed.loaders.sources.concat import ConcatSource
+from mmfeed.loaders.sources.lerobot import LeRobotSource, is_lerobot_dir
+from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.sources.webdataset import WebDatasetSource
 
 __all__ = ["open_dataset"]
 
@@ -18,7 +21,8 @@ def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
 
     A list of tar shards is one dataset; a list of datasets (directories, index files, or sources already open)
     is a mixture of them (:class:`~mmfeed.loaders.sources.concat.ConcatSource`; ``Packing(weights=...)`` weighs
-    it). Keyword arguments are the formats' options: ``backend="pyav"``, ``frame_size=(H, W)`` (or
+    it). Keyword arguments are the fields of one :class:`~mmfeed.loaders.sources.options.ReadOptions`, handed to
+    every dataset: ``backend="pyav"``, ``frame_size=(H, W)`` (or
     ``{feature: (H, W)}``) to resize frames inside the decoder, ``frame_format="yuv420"`` to deliver frames as
     I420 planes ``[H * 3 // 2, W]`` (half the bytes of RGB, no colour conversion in the workers; convert them on
     the device with :func:`mmfeed.codecs.colour.yuv420_to_rgb`), ``decoder_threads=2`` for FFmpeg threads per
@@ -34,32 +38,19 @@ def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
         Feature(kind='array', dtype='float32', shape=(14,), fps=50.0)
         mix = open_dataset(["shards/", "lerobot/"], frame_size=(224, 224), cache_episodes=4)  # doctest: +SKIP
     """
+    options = ReadOptions.of(**kwargs)
     resolved = _resolve(path)
-    _check_options(kwargs, _formats_in(resolved))
-    return _open(resolved, kwargs)
+    _check_options(options, _formats_in(resolved))
+    return _open(resolved, options)
 
 
-def _formats() -> dict[str, type[EpisodeSource]]:
-    """Every format ``open_dataset`` reads: its name -> its source class (whose constructor's keyword arguments
-    are the format's options)."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
-    from mmfeed.loaders.sources.webdataset import WebDatasetSource
-
-    return {"webdataset shards": WebDatasetSource, "LeRobot v3": LeRobotSource}
-
-
-def _options(source_class: type[EpisodeSource]) -> list[str]:
-    """The options a format takes: the named parameters of its constructor after the path."""
-    parameters = list(inspect.signature(source_class.__init__).parameters.values())[2:]
-    return [p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+FORMATS: tuple[type[EpisodeSource], ...] = (WebDatasetSource, LeRobotSource)
+"""Every format ``open_dataset`` reads (each class's ``FORMAT`` is its name, ``READ_OPTIONS`` the options it has)."""
 
 
 def _resolve(path: Any) -> Any:
     """What ``path`` names, before anything is opened: a source already open, ``(format class, path)`` of one
     dataset, or a list of those for a mixture. Paths that name nothing readable fail here."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource, is_lerobot_dir
-    from mmfeed.loaders.sources.webdataset import WebDatasetSource
-
     if isinstance(path, EpisodeSource):
         return path
     if isinstance(path, Sequence) and not isinstance(path, (str, bytes)):
@@ -90,23 +81,17 @@ def _formats_in(resolved: Any) -> list[tuple[type[EpisodeSource], Any]]:
     return [] if isinstance(resolved, EpisodeSource) else [resolved]
 
 
-def _check_options(kwargs: dict[str, Any], datasets: list[tuple[type[EpisodeSource], Any]]) -> None:
-    """Refuse an option that no dataset to open takes, naming the formats that take it."""
+def _check_options(options: ReadOptions, datasets: list[tuple[type[EpisodeSource], Any]]) -> None:
+    """Refuse an option that no dataset to open reads, naming the formats that read it."""
     if not datasets:
         return  # only sources already open: _open names the options they cannot take
-    taken = {name for cls, _ in datasets for name in _options(cls)}
-    names = {cls: name for name, cls in _formats().items()}
-    for option in kwargs:
-        if option in taken:
+    for option in options.given():
+        if any(option in cls.READ_OPTIONS for cls, _ in datasets):
             continue
-        takers = [name for name, cls in _formats().items() if option in _options(cls)]
-        if takers:
-            given = "; ".join(f"{_shown(p)} is {names.get(cls, cls.__name__)}" for cls, p in datasets)
-            raise ValueError(f"open_dataset: option {option!r} applies to {' and '.join(takers)} only, and no dataset "
-                             f"given is one ({given}); drop {option}=")
-        every = sorted({name for cls in _formats().values() for name in _options(cls)})
-        raise ValueError(f"open_dataset: no format takes option {option!r}; the options are {every} (each applies "
-                         "to the datasets whose format takes it)")
+        takers = [cls.FORMAT for cls in FORMATS if option in cls.READ_OPTIONS]
+        given = "; ".join(f"{_shown(p)} is {cls.FORMAT}" for cls, p in datasets)
+        raise ValueError(f"open_dataset: option {option!r} applies to {' and '.join(takers)} only, and no dataset "
+                         f"given is one ({given}); drop {option}=")
 
 
 def _shown(path: Any) -> str:
@@ -114,20 +99,17 @@ def _shown(path: Any) -> str:
     return f"{os.fspath(path[0])} and {len(path) - 1} more shards" if isinstance(path, list) else os.fspath(path)
 
 
-def _open(resolved: Any, kwargs: dict[str, Any]) -> EpisodeSource:
-    """Open what :func:`_resolve` found, each dataset with the options its format takes."""
-    from mmfeed.loaders.sources.concat import ConcatSource
-
+def _open(resolved: Any, options: ReadOptions) -> EpisodeSource:
+    """Open what :func:`_resolve` found, each dataset with the options its format reads."""
     if isinstance(resolved, EpisodeSource):
-        if kwargs:
-            raise ValueError(f"{resolved.name} is already open; pass {sorted(kwargs)} when opening it")
+        if options.given():
+            raise ValueError(f"{resolved.name} is already open; pass {options.given()} when opening it")
         return resolved
     if isinstance(resolved, list):
-        sources = [_open(item, kwargs) for item in resolved]
+        sources = [_open(item, options) for item in resolved]
         return sources[0] if len(sources) == 1 else ConcatSource(sources)
     cls, spec = resolved
-    mine = _options(cls)
-    return cls(spec, **{k: v for k, v in kwargs.items() if k in mine})
+    return cls(spec, options.restricted(cls.READ_OPTIONS))
 
 
 def _is_shard(path: str) -> bool:

@@ -11,16 +11,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import webdataset
-
 from mmfeed.codecs import encode_video
-from mmfeed.loaders.sources.errors import SampleError
+from mmfeed.loaders.conversion.writer import ShardWriter
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.index import (INDEX_FILENAME, build_index, dataset_stats, feature_columns,
-                                          read_shard_index, write_index)
+from mmfeed.loaders.sources.errors import SampleError
+from mmfeed.loaders.sources.index import (
+    INDEX_FILENAME,
+    build_index,
+    dataset_stats,
+    feature_columns,
+    read_shard_index,
+    write_index,
+)
 from mmfeed.loaders.sources.tar import iter_shard, read_member
 from mmfeed.loaders.sources.webdataset import WebDatasetSource
-from mmfeed.loaders.conversion.writer import ShardWriter
 from mmfeed.packing.windows import frames_at_rate
+
 from mmfeed.testing import frame_pattern, make_episodes, read_index, write_webdataset, write_webdataset_v1
 
 FPS, CAM_FPS = 50.0, 15.0
@@ -320,5 +326,5 @@ def test_frame_size_resizes_in_the_decoder(written):
     assert got["observation.images.top"].shape == (1, 32, 64, 3)
     assert read_index(got["observation.images.top"]).tolist() == [3]
     assert got["observation.images.wrist"].shape == (1, 16, 32, 3)
-    with pytest.raises(ValueError, match="not video features"):
+    with pytest.raises(ValueError, match="names .observation.state., which is not a video or image feature"):
         WebDatasetSource(out, frame_size={"observation.state": (16, 32)})

@@ -11,13 +11,13 @@ import shutil
 
 import numpy as np
 import pytest
-
 from mmfeed.loaders import WindowSpec, open_dataset
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.base import EpisodeRequest
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.loaders.sources.lerobot import LeRobotSource
 from mmfeed.loaders.sources.webdataset import WebDatasetSource, expand_shards
+
 from mmfeed.testing import frame_pattern, make_episodes, read_index, write_lerobot, write_webdataset
 
 CAM, WRIST, STATE = "observation.images.cam_high", "observation.images.cam_wrist", "observation.state"
@@ -230,3 +230,25 @@ def test_decoder_threads_decode_the_same_frames(kind, shards, tmp_path, episodes
     assert caches and all(c.options.threads == 2 for c in caches)
     with pytest.raises(ValueError, match="threads must be an int >= 1"):
         open_dataset(root, decoder_threads=0)
+
+
+def test_one_read_options_object_checked_once_and_refused_where_a_format_has_no_such_option(shards, tmp_path,
+                                                                                            episodes):
+    """Every format takes the same ReadOptions (or its fields as keywords); a value is checked when the options
+    are made, before any file is opened; a format refuses an option it does not read, naming it and the fix."""
+    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.sources.options import ReadOptions
+
+    out, _ = shards
+    root = write_lerobot(tmp_path / "lr", episodes[:1], codec="h264", gop=2)
+    options = ReadOptions(frame_size=(24, 32), decoder_threads=2)
+    assert options.given() == ["frame_size", "decoder_threads"]
+    for source in (WebDatasetSource(out, options), LeRobotSource(root, options), open_dataset(root, **{
+            "frame_size": (24, 32), "decoder_threads": 2})):
+        assert source.features[CAM].shape == (24, 32, 3) and source.options.decoder_threads == 2
+    with pytest.raises(ValueError, match=r"lr: option 'check_index' does not apply to LeRobot v3.*drop check_index="):
+        LeRobotSource(root, check_index=False)
+    with pytest.raises(ValueError, match="cache_episodes must be an int >= 1"):
+        ReadOptions(cache_episodes=0)
+    with pytest.raises(ValueError, match=r"frame_format must be one of"):
+        open_dataset("/nowhere/at/all", frame_format="rgb48")  # refused before the path is looked at

@@ -28,20 +28,20 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
-from mmfeed.codecs.video import DecodeOptions
-from mmfeed.loaders.sources.errors import SampleError, decode_with_context
-from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
-from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.loaders.clock import stage
+from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
+from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["LeRobotSource", "is_lerobot_dir"]
@@ -51,8 +51,6 @@ _EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_in
                     "dataset_to_index")
 _VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp")
 _SEGMENT_END = "to_timestamp"  # where an episode's segment of a video ends (read where every file has it)
-
-FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
 
 
 def is_lerobot_dir(path: str | os.PathLike) -> bool:
@@ -69,24 +67,21 @@ class LeRobotSource(EpisodeSource):
 
     root: the dataset directory (holding ``meta/``, ``data/`` and, with videos, ``videos/``), local or an fsspec
         URL.
-    backend: the video backend of :mod:`mmfeed.codecs` ("auto" sends AV1, LeRobot's default codec, to PyAV;
-        remote videos always decode with PyAV).
-    tolerance_s: how far a decoded frame's timestamp may be from the one asked for (LeRobot's default 1e-4 s).
-    frame_size: ``(height, width)`` for every camera, ``{feature: (height, width)}`` for some, or None: frames
-        are resized inside the decoder and the features report that size.
-    frame_format: ``"rgb24"`` (frames uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, half
-        the bytes, converted on the device by :func:`mmfeed.codecs.colour.yuv420_to_rgb`; PyAV only).
-    decoder_threads: FFmpeg threads per open video (default 1; see
-        :class:`~mmfeed.loaders.sources.webdataset.WebDatasetSource`).
+    options: how it is read (:class:`~mmfeed.loaders.sources.options.ReadOptions`: backend, frame_size,
+        frame_format, decoder_threads, tolerance_s), or its fields as keyword arguments.
     """
 
-    def __init__(self, root: str | os.PathLike, *, backend: str = "auto", tolerance_s: float = 1e-4,
-                 frame_size: FrameSize = None, frame_format: str = "rgb24", decoder_threads: int = 1) -> None:
-        DecodeOptions(backend=backend, frame_format=frame_format, threads=decoder_threads)  # fails now
-        self.frame_format = frame_format
+    FORMAT = "LeRobot v3"
+    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s")
+    """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
+
+    def __init__(self, root: str | os.PathLike, options: ReadOptions | None = None, **kwargs: Any) -> None:
+        options = ReadOptions.of(options, **kwargs)
+        options.refuse_others(self.READ_OPTIONS, self.FORMAT, os.fspath(root))
+        self.options, self.frame_format = options, options.frame_format
         self.files = DatasetFiles(root)
         self.root = self.name = self.files.root
-        self.tolerance_s = float(tolerance_s)
+        self.tolerance_s = float(options.tolerance_s)
         self.info = self.files.read_json("meta/info.json")
         where = self.files.where("meta/info.json")
         version = str(self.info.get("codebase_version", ""))
@@ -100,10 +95,10 @@ class LeRobotSource(EpisodeSource):
         self._video_keys = [k for k, s in specs.items() if s.get("dtype") == "video"]
         if self._video_keys and not self.info.get("video_path"):
             raise ValueError(f"{where}: video features but no 'video_path'")
-        self._sizes = _frame_sizes(frame_size, specs, self.root)
-        self._options = {size: DecodeOptions(backend=backend, size=size, frame_format=frame_format,
-                                             threads=decoder_threads) for size in set(self._sizes.values())}
-        self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, frame_format) for k, s in specs.items()}
+        cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
+        self._sizes = options.frame_sizes(cameras, list(specs), self.root)
+        self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, self.frame_format)
+                         for k, s in specs.items()}
         self.tasks = _read_tasks(self.files)
         self._meta, self._episode_tasks = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
         self._lengths = self._meta["length"].astype(np.int64)
@@ -174,7 +169,7 @@ class LeRobotSource(EpisodeSource):
                             self.features[k].frame_size for k in self._video_keys
                             if self._sizes.get(k) is None and self.features[k].frame_size is not None]
                         cache = self._videos[size] = VideoReaderCache(max_open=readers_within(shapes),
-                                                                      options=self._options[size])
+                                                                      options=self.options.decode(size))
                 decoded = decode_with_context(cache, [i[2] for i in items], [i[3] for i in items])
                 for (r, feature, _, _), frames in zip(items, decoded):
                     out[r][feature] = frames
@@ -335,19 +330,6 @@ def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None,
     if np_dtype.kind not in "biuf":
         raise ValueError(f"{root}: feature {name!r} has dtype {dtype!r}, which mmfeed cannot read")
     return Feature("array", np_dtype, () if shape == (1,) else shape, fps)
-
-
-def _frame_sizes(frame_size: FrameSize, specs: Mapping[str, Mapping], root: str) -> dict[str, tuple[int, int] | None]:
-    """The decode size of every frame feature (None: as stored), validating ``frame_size``."""
-    cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
-    if not isinstance(frame_size, Mapping):
-        size = None if frame_size is None else DecodeOptions(size=tuple(frame_size)).size
-        return {k: size for k in cameras}
-    for k in frame_size:
-        if k not in cameras:
-            what = "is not a video or image feature" if k in specs else "is not a feature"
-            raise ValueError(f"{root}: frame_size names {k!r}, which {what}; cameras are {cameras}")
-    return {k: None if frame_size.get(k) is None else DecodeOptions(size=tuple(frame_size[k])).size for k in cameras}
 
 
 _EPISODE_FILE = re.compile(r"meta/episodes/chunk-(\d+)/file-(\d+)\.parquet")

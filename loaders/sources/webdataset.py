@@ -20,28 +20,35 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from mmfeed.codecs.arrays import load_npy
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
-from mmfeed.codecs.video import DecodeOptions
-from mmfeed.loaders.sources.errors import SampleError, decode_with_context
-from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_VERSION, build_index, dataset_stats, memory_table,
-                                          default_index_path, index_version, resolve_shard)
-from mmfeed.loaders.sources.index_arrays import IndexArrays, derive, index_arrays, stale
-from mmfeed.loaders.sources.tar import read_member
 from mmfeed.loaders.clock import stage
+from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.index import (
+    INDEX_FILENAME,
+    INDEX_VERSION,
+    build_index,
+    dataset_stats,
+    default_index_path,
+    index_version,
+    memory_table,
+    resolve_shard,
+)
+from mmfeed.loaders.sources.index_arrays import IndexArrays, derive, index_arrays, stale
+from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.sources.tar import read_member
 
 __all__ = ["WebDatasetSource", "expand_shards"]
 
 log = logging.getLogger(__name__)
 
-FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
 
 
 def expand_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
@@ -77,45 +84,41 @@ class WebDatasetSource(EpisodeSource):
     """Episodes in webdataset shards, every member a feature under its own name.
 
     path: a directory of shards, a brace pattern, a glob, a URL pattern, a list of them, or an index file.
-    backend: video backend for ``mmfeed.codecs`` ("auto" is PyAV).
-    frame_size: ``(H, W)`` for every video feature, or ``{feature: (H, W)}``, resized inside the decoder;
-        ``features`` then report the resized shape.
-    frame_format: ``"rgb24"`` (frames uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, half
-        the bytes, converted on the device by :func:`mmfeed.codecs.colour.yuv420_to_rgb`; PyAV only).
-    cache_episodes: how many episodes' member bytes a worker keeps (consecutive samples of one episode reuse them).
-    check_index: refuse an index whose shards changed size or mtime since indexing.
-    decoder_threads: FFmpeg threads per open video (default 1). More can pay only for long sequential reads
-        (whole-episode chunks) with fewer decoding processes than cores; for windows, each seek refills the
-        threads' frame pipeline, and 2 threads measured slower (0.93x at 1 worker, 0.56x at 2 on 2 cores).
+    options: how it is read (:class:`~mmfeed.loaders.sources.options.ReadOptions`: backend, frame_size,
+        frame_format, decoder_threads, cache_episodes, check_index), or its fields as keyword arguments.
     """
 
-    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], *, backend: str = "auto",
-                 frame_size: FrameSize = None, frame_format: str = "rgb24", cache_episodes: int = 8,
-                 check_index: bool = True, decoder_threads: int = 1) -> None:
-        if isinstance(cache_episodes, bool) or not isinstance(cache_episodes, int) or cache_episodes < 1:
-            raise ValueError(f"cache_episodes must be an int >= 1, got {cache_episodes!r}")
-        # an unknown backend or frame format (or decord asked for yuv420) fails now, not at the first read
-        DecodeOptions(backend=backend, frame_format=frame_format, threads=decoder_threads)
-        self.backend, self.cache_episodes, self.frame_format = backend, cache_episodes, frame_format
-        self.decoder_threads = decoder_threads
-        arrays, index_path, indexed = _open_index(path, check_index)
-        self._from_arrays(arrays, index_path, str(index_path if indexed else path), frame_size)
+    FORMAT = "webdataset shards"
+    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "cache_episodes", "check_index")
+    """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
+
+    def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], options: ReadOptions | None = None,
+                 **kwargs: Any) -> None:
+        options = ReadOptions.of(options, **kwargs)
+        options.refuse_others(self.READ_OPTIONS, self.FORMAT, str(path))
+        self._set_options(options, options.cache_episodes)
+        arrays, index_path, indexed = _open_index(path, options.check_index)
+        self._from_arrays(arrays, index_path, str(index_path if indexed else path), options)
 
     @classmethod
-    def from_memory(cls, name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]], *, backend: str = "auto",
-                    frame_size: FrameSize = None, frame_format: str = "rgb24",
-                    decoder_threads: int = 1) -> WebDatasetSource:
+    def from_memory(cls, name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]],
+                    options: ReadOptions | None = None, **kwargs: Any) -> WebDatasetSource:
         """The episodes ``(key, {member name after the key: bytes})`` held in memory (a stream's, as
         :func:`~mmfeed.loaders.sources.tar.iter_shard` yields them), read exactly as indexed shards are."""
         self = cls.__new__(cls)
-        DecodeOptions(backend=backend, frame_format=frame_format, threads=decoder_threads)
-        self.backend, self.cache_episodes, self.frame_format = backend, max(1, len(episodes)), frame_format
-        self.decoder_threads = decoder_threads
-        self._from_arrays(IndexArrays(derive(memory_table(name, episodes))), name, name, frame_size)
+        options = ReadOptions.of(options, **kwargs)
+        self._set_options(options, max(1, len(episodes)))
+        self._from_arrays(IndexArrays(derive(memory_table(name, episodes))), name, name, options)
         self._held = [dict(members) for _, members in episodes]
         return self
 
-    def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, frame_size: FrameSize) -> None:
+    def _set_options(self, options: ReadOptions, cache_episodes: int) -> None:
+        self.options = options
+        self.backend, self.frame_format, self.decoder_threads = options.backend, options.frame_format, \
+            options.decoder_threads
+        self.cache_episodes = cache_episodes
+
+    def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, options: ReadOptions) -> None:
         self.name = name
         self._held: list[dict[str, bytes]] | None = None
         if len(arrays) == 0:
@@ -123,8 +126,8 @@ class WebDatasetSource(EpisodeSource):
         self._index = arrays
         self._shards = [resolve_shard(index_path, s) for s in arrays.shards]
         self.tasks = list(arrays.tasks)
-        kinds = {f: c["kind"] for f, c in arrays.features.items()}
-        self._sizes = _frame_sizes(frame_size, kinds)
+        videos = [f for f, c in arrays.features.items() if c["kind"] == "video"]
+        self._sizes = options.frame_sizes(videos, list(arrays.features), self.name)
         self._bind()
         self.features = {f: self._feature(f, c) for f, c in arrays.features.items()}
         self.stats = dataset_stats(pa.table({}).replace_schema_metadata({"mmfeed": arrays.metadata}))
@@ -263,10 +266,9 @@ class WebDatasetSource(EpisodeSource):
         with self._lock:
             if size not in self._videos:
                 shapes = [size] if size is not None else [self._stored_shape[f] for f, feat in self.features.items()
-                                                          if feat.kind == "video" and f not in self._sizes]
-                self._videos[size] = VideoReaderCache(max_open=readers_within(shapes), backend=self.backend,
-                                                      size=size, frame_format=self.frame_format,
-                                                      threads=self.decoder_threads)
+                                                          if feat.kind == "video" and self._sizes.get(f) is None]
+                self._videos[size] = VideoReaderCache(max_open=readers_within(shapes),
+                                                      options=self.options.decode(size))
             return self._videos[size]
 
     def _check_video(self, episode: int, feature: str, data: bytes, where: str) -> None:
@@ -319,22 +321,6 @@ def _index_path(path) -> str | None:
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, INDEX_FILENAME)):
         return os.path.join(path, INDEX_FILENAME)
     return None
-
-
-def _frame_sizes(frame_size: FrameSize, kinds: Mapping[str, str]) -> dict[str, tuple[int, int]]:
-    """feature -> (H, W) to resize to, for the video features ``frame_size`` covers."""
-    if frame_size is None:
-        return {}
-    videos = [f for f, kind in kinds.items() if kind == "video"]
-    sizes = dict(frame_size) if isinstance(frame_size, Mapping) else dict.fromkeys(videos, frame_size)
-    unknown = sorted(set(sizes) - set(videos))
-    if unknown:
-        raise ValueError(f"frame_size names {unknown}, which are not video features; the videos are {videos}")
-    for feature, size in sizes.items():
-        if not (isinstance(size, (tuple, list)) and len(size) == 2
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in size)):
-            raise ValueError(f"frame_size for {feature!r} must be (height, width) with ints >= 2, got {size!r}")
-    return {f: (int(s[0]), int(s[1])) for f, s in sizes.items()}
 
 
 # attributes of a source that are views of its index arrays (rebound after unpickling)
