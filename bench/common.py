@@ -9,15 +9,14 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mmfeed.packing.windows import WindowSpec
 
-__all__ = ["cache_dir", "child_pids", "consecutive_views", "cpu_seconds", "environment", "median_time", "robot_window",
+__all__ = ["cache_dir", "child_pids", "consecutive_views", "cpu_seconds", "environment", "median_time",
            "spread", "table"]
 
 
@@ -92,27 +91,6 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
     return "\n".join(lines)
-
-
-def robot_window(videos: Mapping[str, float], *, fps: float, history: int, horizon: int,
-                 state: str | None = "observation.state", action: str | None = "action") -> WindowSpec:
-    """The robot window of the benchmarks and ``mmfeed inspect``: the last ``history`` frames of every video
-    feature at its own rate (``videos``: feature -> fps), the state at the anchor and a ``horizon``-step chunk of
-    actions from the anchor on at the control clock ``fps``; ``state`` / ``action`` None leave them out.
-
-    >>> robot_window({"observation.images.cam_high": 15.0}, fps=30.0, history=2, horizon=3).deltas["action"]
-    (0.0, 0.03333333333333333, 0.06666666666666667)
-    """
-    if isinstance(history, bool) or not isinstance(history, int) or history < 1:
-        raise ValueError(f"history must be an integer >= 1 (frames per video), got {history!r}")
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-        raise ValueError(f"horizon must be an integer >= 1 (action steps), got {horizon!r}")
-    deltas = {f: tuple((k - (history - 1)) / float(rate) for k in range(history)) for f, rate in videos.items()}
-    if state is not None:
-        deltas[state] = (0.0,)
-    if action is not None:
-        deltas[action] = tuple(i / float(fps) for i in range(horizon))
-    return WindowSpec(deltas=deltas)
 
 
 def spread(values: Sequence[float]) -> dict[str, float | None]:

@@ -86,7 +86,8 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.common import child_pids, cpu_seconds, robot_window, spread
+from mmfeed.bench.common import child_pids, cpu_seconds, spread
+from mmfeed.inspection import robot_window
 from mmfeed.testing.video import read_index
 
 __all__ = ["CHILD_SCRIPT", "SYNTHETIC", "check_small", "compare_samples", "compare_throughput", "default_window",

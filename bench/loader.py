@@ -18,10 +18,7 @@ windows-only workload of earlier versions (or ``--lerobot-style``) measured as `
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.bench.common import cache_dir, robot_window
+from mmfeed.bench.common import cache_dir
 from mmfeed.codecs._pyav import decode_totals
 from mmfeed.codecs.video import read_frames
 from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
@@ -40,35 +37,17 @@ from mmfeed.loaders.planned.collate import SampleRead
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.loaders.clock import stage
 from mmfeed.packing.samples import SampleTable
-from mmfeed.testing.synth_episodes import DEFAULT_TASKS, IMAGE_PREFIX
+from mmfeed.inspection import robot_window
+from mmfeed.testing.synth_dataset import VARIED_TASKS, SyntheticDataset, write_synthetic
+from mmfeed.testing.synth_episodes import IMAGE_PREFIX
 
 __all__ = ["Embodiment", "LoaderBench", "PerSampleDataset", "VARIED_TASKS", "WindowsAndChunks", "data_spec",
-           "dataset_path", "pad_collate", "run_mmfeed", "write_synthetic"]
+           "dataset_path", "pad_collate", "run_mmfeed"]
 
 log = logging.getLogger(__name__)
 
 DATASET_VERSION = 2
 """Part of the cache key of the synthetic datasets: bumped when what they hold changes (2: features by name)."""
-
-
-def _varied_tasks() -> tuple[str, ...]:
-    """Task texts of 5 to about 600 bytes (UTF-8 bytes are tokens): eight instructions built from fixed clauses."""
-    clauses = ("pick up the red cube", "then place it in the blue bowl on the left side of the table",
-               "without touching the glass", "open the top drawer halfway", "fold the towel in half twice",
-               "and wipe the counter from left to right", "push the green button once the light turns on",
-               "finally return the gripper to its home pose above the tray")
-    out = ["stack"]
-    for target in (24, 48, 96, 160, 260, 400, 600):
-        text, k = "", 0
-        while len(text) < target:
-            text += ("" if not text else ", ") + clauses[k % len(clauses)]
-            k += 1
-        out.append(text[:target].rstrip(", ") + ".")
-    return tuple(out)
-
-
-VARIED_TASKS = _varied_tasks()
-"""The tasks of the default workload: eight texts of 5 to about 600 bytes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +133,13 @@ class LoaderBench:
             rates = dict(d.camera_fps)
             out.update({IMAGE_PREFIX + c: float(rates.get(c, d.fps)) for c in d.cameras})
         return out
+
+    def synthetic(self) -> SyntheticDataset:
+        """The synthetic dataset of a single-dataset setting (its format, episodes, size, codec, ...)."""
+        return SyntheticDataset(format=self.format, episodes=self.episodes, min_length=self.min_length,
+                                max_length=self.max_length, height=self.height, width=self.width, codec=self.codec,
+                                gop=self.gop, fps=self.fps, cameras=self.cameras, camera_fps=self.camera_fps,
+                                tasks=self.tasks, seed=self.seed)
 
     @property
     def video_features(self) -> tuple[str, ...]:
@@ -278,80 +264,8 @@ def dataset_path(cfg: LoaderBench, *, progress: Callable[[int], object] | None =
         if path.exists():  # an interrupted earlier attempt: start again from nothing
             shutil.rmtree(path)
         log.info("writing synthetic %s dataset to %s", cfg.format, path)
-        write_synthetic(path, cfg, progress=progress)
+        write_synthetic(path, cfg.synthetic(), progress=progress)
         done.write_text("ok")
-    return path
-
-
-EPISODES_PER_SHARD = 4
-
-
-def _write_shard(args: tuple[LoaderBench, int, int, str]) -> tuple[int, str]:
-    """Pool worker: write episodes ``start:stop`` of ``cfg`` as one shard under ``tmp``; (episodes, path)."""
-    from mmfeed.testing import make_episodes, write_webdataset
-
-    cfg, start, stop, tmp = args
-    episodes = _episodes(cfg, make_episodes)[start:stop]
-    (shard,) = write_webdataset(Path(tmp) / f"part-{start:06d}", episodes, episodes_per_shard=stop - start,
-                                codec=cfg.codec, gop=cfg.gop)
-    return stop - start, shard
-
-
-def _episodes(cfg: LoaderBench, make_episodes):
-    tasks = {"default": DEFAULT_TASKS, "varied": VARIED_TASKS}.get(cfg.tasks)
-    if tasks is None:
-        raise ValueError(f"unknown tasks {cfg.tasks!r}; choose 'default' or 'varied'")
-    return make_episodes(cfg.episodes, seed=cfg.seed, cameras=cfg.cameras, height=cfg.height, width=cfg.width,
-                         fps=cfg.fps, min_length=cfg.min_length, max_length=cfg.max_length,
-                         camera_fps=dict(cfg.camera_fps), tasks=tasks)
-
-
-def write_synthetic(path: str | Path, cfg: LoaderBench, *, progress: Callable[[int], object] | None = None,
-                    processes: int | None = None) -> Path:
-    """Write the single synthetic dataset that ``cfg`` describes (format, episodes, size, codec, ...) at ``path``.
-
-    Webdataset shards of ``EPISODES_PER_SHARD`` episodes are written by :func:`mmfeed.testing.write_webdataset`
-    in up to ``processes`` processes (default: one per CPU), then indexed together (``mmfeed-index.parquet``);
-    the shards are those of ``write_webdataset(path, episodes, episodes_per_shard=4)``. A LeRobot directory is
-    written in one go. ``progress(n)`` is called as ``n`` more episodes are done.
-    """
-    from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
-    from mmfeed.testing import make_episodes, write_lerobot
-
-    path = Path(path)
-    if cfg.format == "lerobot":
-        write_lerobot(path, _episodes(cfg, make_episodes), codec=cfg.codec, gop=cfg.gop)
-        if progress is not None:
-            progress(cfg.episodes)
-        return path
-    if cfg.format != "webdataset":
-        raise ValueError(f"unknown format {cfg.format!r}; choose 'webdataset' or 'lerobot'")
-    _episodes(cfg, make_episodes)  # validates the settings here, before any process starts
-    path.mkdir(parents=True, exist_ok=True)
-    parts = [(cfg, s, min(s + EPISODES_PER_SHARD, cfg.episodes)) for s in range(0, cfg.episodes, EPISODES_PER_SHARD)]
-    processes = max(1, min(processes or os.cpu_count() or 1, len(parts)))
-    shards = []
-    with tempfile.TemporaryDirectory(dir=path, prefix=".mmfeed-synth-") as tmp:
-        jobs = [(*p, tmp) for p in parts]
-        if processes == 1:
-            results = map(_write_shard, jobs)
-            pool = None
-        else:
-            pool = mp.get_context("fork").Pool(processes)
-            results = pool.imap(_write_shard, jobs)
-        try:
-            for k, (count, shard) in enumerate(results):
-                target = path / f"shard-{k:06d}.tar"
-                os.replace(shard, target)
-                shards.append(str(target))
-                if progress is not None:
-                    progress(count)
-        finally:
-            if pool is not None:
-                pool.close()
-                pool.join()
-    if shards:
-        write_index(shards, path / INDEX_FILENAME)
     return path
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.cli import _positive  # the one parser of "a number >= minimum" for every command line
+from mmfeed._parsing import positive as _positive  # the one parser of "a number >= minimum" for every command line
 from mmfeed.packing.plan import PlanConfig, plan_epoch
 from mmfeed.packing import row_costs
 from mmfeed.packing.balance import step_balance

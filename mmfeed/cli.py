@@ -20,9 +20,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+
+from mmfeed._parsing import positive as _positive
 
 __all__ = ["build_parser", "main"]
 
@@ -43,19 +45,6 @@ NAMED_BENCHMARKS = {
 
 #: ``--backend`` choices: "auto" and mmfeed.codecs.video.BACKENDS (listed here: the CLI starts without torch)
 VIDEO_BACKENDS = ["auto", "decord", "pyav", "torchcodec"]
-
-
-def _positive(kind: type, minimum: float) -> Callable[[str], float]:
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not value >= minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum:g}")
-        return value
-
-    return parse
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -172,10 +161,11 @@ def _synth(args: argparse.Namespace) -> int:
         raise ValueError(f"--min-length {args.min_length} is above --max-length {args.max_length}")
     from tqdm import tqdm
 
-    from mmfeed.bench.loader import LoaderBench, write_synthetic
+    from mmfeed.testing.synth_dataset import SyntheticDataset, write_synthetic
+
     codec = args.codec or ("av1" if args.format == "lerobot" else "h264")
     width, height = args.size
-    cfg = LoaderBench(format=args.format, episodes=args.episodes, min_length=args.min_length,
+    cfg = SyntheticDataset(format=args.format, episodes=args.episodes, min_length=args.min_length,
                       max_length=args.max_length, height=height, width=width, codec=codec,
                       gop=args.gop or (30 if codec == "h264" else 2), fps=args.fps, cameras=args.cameras,
                       seed=args.seed)
@@ -183,7 +173,8 @@ def _synth(args: argparse.Namespace) -> int:
               disable=args.no_progress or None) as bar:
         write_synthetic(out, cfg, progress=bar.update)
     what = "webdataset shards + mmfeed-index.parquet" if args.format == "webdataset" else "a LeRobot v3 directory"
-    print(f"wrote {args.episodes} episodes ({width}x{height} {codec}, videos {','.join(cfg.video_features)}) as "
+    videos = ",".join(f"observation.images.{c}" for c in cfg.cameras)
+    print(f"wrote {args.episodes} episodes ({width}x{height} {codec}, videos {videos}) as "
           f"{what} to {out}")
     return 0
 
@@ -193,7 +184,7 @@ def _index(args: argparse.Namespace) -> int:
         _check_exists(spec, "give a directory of .tar shards, a brace pattern, a glob or shard files")
         if os.path.isfile(os.path.join(spec, "meta", "info.json")):
             raise ValueError(f"{spec} is a LeRobot directory: it carries its own index in meta/episodes/")
-    from mmfeed.bench.inspection import describe_features, format_features
+    from mmfeed.inspection import describe_features, format_features
     from mmfeed.loaders.sources.index import write_index
     from mmfeed.loaders.sources.webdataset import WebDatasetSource, expand_shards
 
@@ -208,7 +199,7 @@ def _index(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     _check_exists(args.path, "give webdataset shards or a LeRobot v3 directory")
-    from mmfeed.bench.inspection import format_inspection, inspect_dataset, window_packing
+    from mmfeed.inspection import format_inspection, inspect_dataset, window_packing
     from mmfeed.loaders import open_dataset
 
     source = open_dataset(args.path, backend=args.backend)

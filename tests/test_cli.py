@@ -204,7 +204,7 @@ def test_inspect_forecast_is_the_plan_the_loader_would_make(shards, tmp_path):
                  "efficiency"):
         assert text in out.stdout
     info = json.loads(report.read_text())
-    from mmfeed.bench.inspection import window_packing
+    from mmfeed.inspection import window_packing
     from mmfeed.loaders import open_dataset
     from mmfeed.loaders.planned.items import EpisodeItems
     from mmfeed.packing import plan_epoch
@@ -323,11 +323,11 @@ def test_plain_bench_synthesizes_its_dataset_into_the_cache_and_sweeps_workers(t
 @pytest.fixture(scope="module")
 def mixture(tmp_path_factory):
     """The quick workload's two embodiments (one camera; two cameras at another size, one at 15 fps)."""
-    from mmfeed.bench.loader import write_synthetic
+    from mmfeed.testing.synth_dataset import write_synthetic
     from mmfeed.bench.run import QUICK_DATASET
 
     root = tmp_path_factory.mktemp("mixture")
-    paths = [str(write_synthetic(root / f"e{k}", d, processes=1)) for k, d in enumerate(QUICK_DATASET.datasets())]
+    paths = [str(write_synthetic(root / f"e{k}", d.synthetic(), processes=1)) for k, d in enumerate(QUICK_DATASET.datasets())]
     return QUICK_DATASET, paths
 
 

@@ -16,20 +16,42 @@ batch (torch's way, the batch size giving the same token budget).
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.common import robot_window
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, open_dataset
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.packing.plan import plan_epoch
+from mmfeed.packing.windows import WindowSpec
 
 __all__ = ["describe_features", "format_features", "format_inspection", "histogram", "inspect_dataset",
-           "window_packing"]
+           "robot_window", "window_packing"]
 
 STATE, ACTION = "observation.state", "action"
 """The features read at a window's anchor and as its action chunk, where a dataset has them."""
+
+
+def robot_window(videos: Mapping[str, float], *, fps: float, history: int, horizon: int,
+                 state: str | None = "observation.state", action: str | None = "action") -> WindowSpec:
+    """The robot window of the benchmarks and ``mmfeed inspect``: the last ``history`` frames of every video
+    feature at its own rate (``videos``: feature -> fps), the state at the anchor and a ``horizon``-step chunk of
+    actions from the anchor on at the control clock ``fps``; ``state`` / ``action`` None leave them out.
+
+    >>> robot_window({"observation.images.cam_high": 15.0}, fps=30.0, history=2, horizon=3).deltas["action"]
+    (0.0, 0.03333333333333333, 0.06666666666666667)
+    """
+    if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+        raise ValueError(f"history must be an integer >= 1 (frames per video), got {history!r}")
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        raise ValueError(f"horizon must be an integer >= 1 (action steps), got {horizon!r}")
+    deltas = {f: tuple((k - (history - 1)) / float(rate) for k in range(history)) for f, rate in videos.items()}
+    if state is not None:
+        deltas[state] = (0.0,)
+    if action is not None:
+        deltas[action] = tuple(i / float(fps) for i in range(horizon))
+    return WindowSpec(deltas=deltas)
 
 
 def window_packing(source: EpisodeSource, *, capacity: int = 8192, rows_per_batch: int = 1, history: int = 4,
