@@ -21,7 +21,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,11 @@ class Embodiment:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoaderBench:
+class LoaderBench(SyntheticDataset):
     """Settings of one loader workload (see the module docstring).
 
-    format, episodes, min_length, max_length, height, width, codec, gop, fps, cameras, camera_fps, tasks: the
-        synthetic dataset (``tasks``: "default" or "varied", :data:`VARIED_TASKS`).
+    The synthetic dataset's settings (format, episodes, lengths, size, codec, rates, cameras, tasks, seed) are
+    :class:`~mmfeed.testing.synth_dataset.SyntheticDataset`'s.
     embodiments: a mixture of synthetic datasets, one per embodiment (their own cameras, size and rates; the
         other dataset settings shared); empty: the one dataset above.
     videos, video_fps: the video features read and their rates, for a given dataset (None: the synthetic
@@ -84,18 +84,6 @@ class LoaderBench:
         the fewest untimed batches before each stretch.
     """
 
-    format: str = "webdataset"
-    episodes: int = 12
-    min_length: int = 120
-    max_length: int = 180
-    height: int = 480
-    width: int = 640
-    codec: str = "h264"
-    gop: int = 30
-    fps: float = 30.0
-    cameras: tuple[str, ...] = ("cam_high",)
-    camera_fps: tuple[tuple[str, float], ...] = ()
-    tasks: str = "default"
     embodiments: tuple[Embodiment, ...] = ()
     videos: tuple[str, ...] | None = None
     video_fps: tuple[float, ...] | None = None
@@ -113,7 +101,6 @@ class LoaderBench:
     steps: int | None = 24
     warmup: int = 3
     backend: str = "auto"
-    seed: int = 0
 
     def datasets(self) -> list[LoaderBench]:
         """One single-dataset setting per embodiment (each its own seed), or ``[self]``."""
@@ -136,10 +123,7 @@ class LoaderBench:
 
     def synthetic(self) -> SyntheticDataset:
         """The synthetic dataset of a single-dataset setting (its format, episodes, size, codec, ...)."""
-        return SyntheticDataset(format=self.format, episodes=self.episodes, min_length=self.min_length,
-                                max_length=self.max_length, height=self.height, width=self.width, codec=self.codec,
-                                gop=self.gop, fps=self.fps, cameras=self.cameras, camera_fps=self.camera_fps,
-                                tasks=self.tasks, seed=self.seed)
+        return SyntheticDataset(**{f.name: getattr(self, f.name) for f in fields(SyntheticDataset)})
 
     @property
     def video_features(self) -> tuple[str, ...]:
