@@ -80,7 +80,8 @@ SUBSTITUTE = MmfeedDataLoader if LOADER == "mmfeed" else TORCH_DATALOADER
 torch.utils.data.DataLoader = SUBSTITUTE  # the suite's `from torch.utils.data import DataLoader` binds it
 try:
     with open(SUITE) as _f:
-        exec(compile(_f.read(), SUITE, "exec"), globals())  # noqa: S102 - the suite is this module's body
+        # dont_inherit: the suite's annotations are evaluated as it wrote them, not under this module's __future__
+        exec(compile(_f.read(), SUITE, "exec", dont_inherit=True), globals())  # noqa: S102 - the suite is the body
 finally:
     if multiprocessing.parent_process() is None:  # in the test session: patched per test (below) only
         torch.utils.data.DataLoader = TORCH_DATALOADER
