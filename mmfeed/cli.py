@@ -41,6 +41,7 @@ NAMED_BENCHMARKS = {
     "scale": ("mmfeed.bench.scale", "planning, windows, the index and block masks up to 1e8 samples, 4096 ranks"),
     "convert": ("mmfeed.bench.convert", "mmfeed convert throughput: local processes and Ray"),
     "train": ("mmfeed.bench.train", "training on packed rows vs pad-to-longest: useful tokens/s, padding, loss"),
+    "startup": ("mmfeed.bench.startup", "iter() + first batch with worker processes, mmfeed vs torch"),
 }
 
 #: ``--backend`` choices: "auto" and mmfeed.codecs.video.BACKENDS (listed here: the CLI starts without torch)

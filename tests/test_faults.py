@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
-from mmfeed.loaders.loop.dataloader import PARENT_POLL_S
+from mmfeed.loaders.loop.workers import PARENT_POLL_S
 from mmfeed.loaders.sources.index import build_index
 from mmfeed.loaders.sources.tar import parse_meta
 from mmfeed.testing import make_episodes, write_webdataset

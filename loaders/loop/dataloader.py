@@ -1,7 +1,9 @@
-"""``mmfeed.DataLoader``: torch's DataLoader, wrapped, plus device prefetch, step timing and exact resume.
+"""``mmfeed.DataLoader``: torch's DataLoader, subclassed, plus device prefetch, step timing and exact resume.
 
-Given only torch's arguments it yields exactly the batches ``torch.utils.data.DataLoader`` yields (it holds a torch
-loader and lets it do all the loading). These additions, keyword-only, after torch's:
+It is a ``torch.utils.data.DataLoader`` (``isinstance`` holds, ``DataLoader[T]`` annotates, every attribute of
+torch's is there and assigning one behaves as torch's does), and given only torch's arguments it yields exactly the
+batches torch's yields: it holds a torch loader and lets it do all the loading. These additions, keyword-only,
+after torch's:
 
 * ``device="cuda", prefetch=2``: batches arrive on the device, copied on a side stream ``prefetch`` batches ahead
   (:class:`~mmfeed.loaders.loop.prefetch.DevicePrefetcher`). ``device="cpu"`` moves nothing but still receives the
@@ -59,28 +61,25 @@ Example::
 
 from __future__ import annotations
 
-import collections
 import copy
-import gc
 import inspect
-import os
-import time
 import warnings
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
-from mmfeed.loaders.planned.dataset import PlannedDataset, PlanSampler
-from mmfeed.loaders.loop.prefetch import DevicePrefetcher, _resolve_device
-from mmfeed.loaders.loop.resume import ChainedIndex, ResumableIndex, ShuffleSampler
-from mmfeed.loaders.loop.shm import ReleaseTracker, enable_pool
-from mmfeed.loaders.loop.threads import ThreadedBatches
 from mmfeed.loaders.clock import TimedCollate
+from mmfeed.loaders.loop.epoch_iter import Chain, LoaderIter
+from mmfeed.loaders.loop.prefetch import _resolve_device
+from mmfeed.loaders.loop.resume import ChainedIndex, ResumableIndex, ShuffleSampler
+from mmfeed.loaders.loop.shm import ReleaseTracker
+from mmfeed.loaders.loop.threads import ThreadedBatches
+from mmfeed.loaders.loop.workers import WorkerInit, start_torch_iterator
 from mmfeed.loaders.observe.timing import StepTimer
+from mmfeed.loaders.planned.dataset import PlannedDataset, PlanSampler
 
 __all__ = ["DataLoader"]
 
@@ -88,200 +87,47 @@ _STATE_VERSION = 1
 WORKER_MODES = ("process", "thread")
 """``worker_mode`` values: worker processes (torch's), or threads of this process (:mod:`mmfeed.loaders.loop.threads`)."""
 _TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
+_T_co = TypeVar("_T_co", covariant=True)
+_TORCH_SETTINGS = frozenset({"num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+                             "multiprocessing_context", "generator", "prefetch_factor", "pin_memory_device",
+                             "in_order"})
+"""What torch lets a user set on a DataLoader after construction and reads when it starts loading."""
 
 
-class _WorkerInit:
-    """worker_init_fn of mmfeed's worker processes: watch the parent (:func:`_exit_with_parent`), turn the
-    worker's payload pool on where the loader recycles buffers (``per_key``), then run the user's."""
-
-    def __init__(self, per_key: int | None, inner: Any) -> None:
-        self.per_key, self.inner = per_key, inner
-
-    def __call__(self, worker_id: int) -> None:
-        _exit_with_parent()
-        if self.per_key is not None:
-            enable_pool(self.per_key)
-        if self.inner is not None:
-            self.inner(worker_id)
+def _check_worker_mode(loader: Any, worker_mode: str) -> str:
+    if worker_mode not in WORKER_MODES:
+        raise ValueError(f"worker_mode must be one of {list(WORKER_MODES)}, got {worker_mode!r}")
+    return worker_mode
 
 
-PARENT_POLL_S = 0.5
+def _check_prefetch(loader: Any, prefetch: int) -> int:
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+        raise ValueError(f"prefetch must be an int >= 0 (batches ahead on the device), got {prefetch!r}")
+    return prefetch
 
 
-def _exit_with_parent() -> None:
-    """End this worker process within :data:`PARENT_POLL_S` of its parent's death (a training process killed
-    with SIGKILL, by the OOM killer say). torch's worker loop notices a dead parent too, but then exits through
-    multiprocessing's finalizers, which join the result queue's feeder thread: a feeder blocked on a full result
-    pipe (batches pickled by value) never returns, because the workers hold that pipe's read end themselves, and
-    the worker lives on for ever. A daemon thread ends the process with ``os._exit`` once the process that forked
-    it is gone (its pid changes: the training process under fork and spawn, the fork server under forkserver,
-    which ends with the training process) or multiprocessing's parent sentinel says the training process is."""
-    import multiprocessing
-    import threading
-
-    forked_by = os.getppid()
-    parent = multiprocessing.parent_process()
-
-    def watch() -> None:
-        while os.getppid() == forked_by and (parent is None or parent.is_alive()):
-            time.sleep(PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="mmfeed-parent-watch", daemon=True).start()
+def _as_timer(loader: Any, timer: StepTimer | bool | None) -> StepTimer | None:
+    if timer is True:
+        timer = StepTimer(num_workers=loader.num_workers)
+    elif timer is False:
+        timer = None
+    elif timer is not None and not isinstance(timer, StepTimer):
+        raise TypeError(f"timer must be None, True or a StepTimer, got {type(timer).__name__}")
+    if timer is not None and timer.num_workers is None:
+        timer.num_workers = loader.num_workers
+    return timer
 
 
-def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
-    for item in source:
-        tracker.watch(item)
-        yield item
+def _as_device(loader: Any, device: Any) -> torch.device | None:
+    return None if device is None else _resolve_device(device)
 
 
-def _prefetcher(loader: DataLoader, source: Iterator[Any]) -> DevicePrefetcher | None:
-    """The prefetcher the loader's batches pass through: a thread ``prefetch`` ahead with ``device``, a
-    synchronous pass-through for timing (and TimedBatch unwrapping) with only a timer, else none."""
-    if loader.device is not None:
-        return DevicePrefetcher(source, loader.device, depth=loader.prefetch, timer=loader.timer)
-    if loader.timer is not None:
-        return DevicePrefetcher(source, "cpu", depth=0, timer=loader.timer)
-    return None
+_SETTINGS = {"worker_mode": _check_worker_mode, "prefetch": _check_prefetch, "timer": _as_timer,
+             "device": _as_device, "recycle_buffers": lambda loader, value: bool(value)}
+"""mmfeed's own keywords that may be set after construction too, each checked as the constructor checks it."""
+_REBUILT = _TORCH_SETTINGS | {"timer", "worker_mode", "recycle_buffers"}
+"""Settings whose change rebuilds the torch loader that does the loading, at the next ``iter(loader)``."""
 
-
-def _start_torch_iterator(loader: TorchDataLoader) -> Iterator[Any]:
-    """``iter(loader)``; when that forks new worker processes, the garbage of this process is collected first.
-    A forked worker inherits every unreachable object; its own collector would then tear down, say, a video
-    decoder built here, which can wait forever on threads that exist only in this process. Collected here, such
-    objects go where they were made."""
-    if loader.num_workers > 0 and (not loader.persistent_workers or getattr(loader, "_iterator", None) is None):
-        gc.collect()
-    return iter(loader)
-
-
-class _Chain:
-    """Epoch after epoch of batches from one torch iterator (persistent workers), through the loader's recycling
-    and prefetcher: the stream runs on across epoch ends. ``pass_`` is the epoch (pass of the chained index) the
-    loop is in, ``taken`` the batches of it handed out so far. Holds no reference to the loader."""
-
-    def __init__(self, loader: DataLoader) -> None:
-        source = _start_torch_iterator(loader._loader)  # torch's persistent iterator, started or reset
-        self.lengths = loader._chained_index.lengths  # the list of the index pass torch now runs
-        if loader._recycler is not None:
-            source = _recycle(source, loader._recycler)
-        self.prefetcher = _prefetcher(loader, source)
-        self.source: Iterator[Any] = self.prefetcher if self.prefetcher is not None else source
-        self.pass_, self.taken, self.closed = 0, 0, False
-
-    def length(self, k: int) -> int | None:
-        """Batches of pass ``k``; None while that pass has not begun."""
-        return self.lengths[k] if k < len(self.lengths) else None
-
-    def complete(self) -> bool:
-        """Every batch of the loop's epoch is handed out: the stream's next batch is the next epoch's first."""
-        n = self.length(self.pass_)
-        return n is not None and self.taken >= n
-
-    def close(self) -> None:
-        self.closed = True
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-        self.source = iter(())
-
-
-class _LoaderIter:
-    """One epoch of an mmfeed DataLoader: torch's iterator, optionally through the prefetcher; counts batches.
-    With ``chain``, the epoch is the chain's current pass: exactly its batches, then StopIteration, leaving the
-    chain (torch's iterator and the prefetcher) running into the next epoch."""
-
-    def __init__(self, loader: DataLoader, source: Iterator[Any] | None = None, chain: _Chain | None = None) -> None:
-        self._loader = loader
-        self._states: collections.deque[Any] | None = None
-        self._prefetcher: DevicePrefetcher | None = None
-        self._chain = chain
-        self._finished = False
-        if chain is not None:
-            self._pass = chain.pass_
-            self._source: Iterator[Any] = iter(())
-            return
-        assert source is not None
-        if loader._recycler is not None:
-            source = _recycle(source, loader._recycler)
-        if loader._tap_dataset_state:
-            self._states = collections.deque()
-            source = self._tap(source)
-        self._prefetcher = _prefetcher(loader, source)
-        self._source = self._prefetcher if self._prefetcher is not None else source
-
-    def _tap(self, source: Iterator[Any]) -> Iterator[Any]:
-        dataset = self._loader.dataset
-        for item in source:
-            self._states.append(copy.deepcopy(dataset.state_dict()))
-            yield item
-
-    def __iter__(self) -> _LoaderIter:
-        return self
-
-    def __next__(self) -> Any:
-        if self._chain is not None:
-            return self._next_chained(self._chain)
-        try:
-            batch = next(self._source)
-        except StopIteration:
-            self._source = iter(())  # let torch's iterator (and its workers) go now
-            if self._loader._is_active(self):
-                self._loader._epoch_ended()
-            raise
-        if self._loader._is_active(self):
-            self._loader._yielded += 1
-            self._loader._count_errors(batch)
-            if self._states is not None:
-                self._loader._dataset_state = self._states.popleft()
-        return batch
-
-    def _next_chained(self, chain: _Chain) -> Any:
-        loader = self._loader
-        if self._finished or chain.closed or chain.pass_ != self._pass:  # over, or left for a newer iterator
-            raise StopIteration
-        if chain.complete():
-            self._finished = True
-            if loader.timer is not None:  # as a prefetcher that runs out: the last step ends as it asks for more
-                loader.timer.request()
-                loader.timer.exhausted()
-            if loader._is_active(self):
-                loader._epoch_ended()
-            raise StopIteration
-        try:
-            batch = next(chain.source)
-        except BaseException as exc:  # an error, or the end after a pass of no items (this epoch had none)
-            self._finished, active = True, loader._is_active(self)
-            loader._drop_chain(chain)  # the next iter(loader) starts afresh
-            if active and isinstance(exc, StopIteration):
-                loader._epoch_ended()
-            raise
-        chain.taken += 1
-        if loader._is_active(self):
-            loader._yielded += 1
-            loader._count_errors(batch)
-        return batch
-
-    def __len__(self) -> int:
-        n = self._chain.length(self._pass) if self._chain is not None else None
-        return n if n is not None else len(self._loader)
-
-    def __del__(self) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop the prefetch thread, if any, and let torch's iterator (and its workers) go. A chained epoch left
-        before its end drops the chain; one handed out to its end leaves it running into the next epoch."""
-        chain = getattr(self, "_chain", None)
-        if chain is not None:
-            if not self._finished and chain.pass_ == self._pass and not chain.closed and not chain.complete():
-                self._loader._drop_chain(chain)
-            self._finished = True
-            return
-        prefetcher = getattr(self, "_prefetcher", None)
-        if prefetcher is not None:
-            prefetcher.close()
-        self._source = iter(())
 
 
 def _is_planned(dataset: Any) -> bool:
@@ -309,9 +155,10 @@ def _packed_dataset(source: Any, packing: Any) -> PlannedDataset:
     return packing.dataset(source, rank=where.rank, world_size=where.world_size)
 
 
-class DataLoader:
+class DataLoader(TorchDataLoader[_T_co]):
     """torch.utils.data.DataLoader with the same arguments, plus ``device``, ``prefetch``, ``timer`` and
-    ``packing``.
+    ``packing``: a subclass of it (``isinstance(loader, torch.utils.data.DataLoader)``, ``DataLoader[T]``) that has
+    every attribute torch's has, set as torch sets them, and lets a torch loader it holds do the loading.
 
     ``packing=Packing(layout=..., window=..., plan=PlanConfig(capacity=8192, rows_per_batch=4))`` over an episode
     source (or a path, or a list of them for a mixture, see :func:`~mmfeed.loaders.open.open_dataset`) plans the
@@ -321,8 +168,13 @@ class DataLoader:
     ``persistent_workers=True`` its epochs chain: the next epoch's first batches load while the loop finishes this
     one (see the module docstring; ``chain_epochs = False`` on the loader or a subclass drains them as torch does).
 
-    See the module docstring for resume and timing. Attributes not set here (``pin_memory``, ``timeout``,
-    ``prefetch_factor``, ...) read through to the torch loader that does the loading.
+    Setting attributes after construction behaves as torch's: ``batch_size``, ``batch_sampler``, ``sampler``,
+    ``drop_last``, ``dataset`` and ``persistent_workers`` raise a ValueError; the rest (``num_workers``,
+    ``collate_fn``, ``pin_memory``, ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``generator``,
+    ``prefetch_factor``, ``pin_memory_device``, ``in_order``, and mmfeed's ``device``, ``prefetch``, ``timer``,
+    ``worker_mode``, ``recycle_buffers``) take effect at the next ``iter(loader)``, which then builds the torch loader
+    that does the loading afresh (with persistent workers, new workers start; torch's own keeps the ones it has).
+    See the module docstring for resume and timing.
     """
 
     chain_epochs = True
@@ -335,8 +187,8 @@ class DataLoader:
                  in_order: bool = True, device: Any = None, prefetch: int = 2,
                  timer: StepTimer | bool | None = None, packing: Any = None, recycle_buffers: bool = True,
                  worker_mode: str = "process") -> None:
-        if worker_mode not in WORKER_MODES:
-            raise ValueError(f"worker_mode must be one of {list(WORKER_MODES)}, got {worker_mode!r}")
+        object.__setattr__(self, "_building", True)  # until the end: attributes are set here, not by a user
+        worker_mode = _check_worker_mode(self, worker_mode)
         if packing is not None:
             dataset = _packed_dataset(dataset, packing)
         if _is_planned(dataset):
@@ -353,79 +205,92 @@ class DataLoader:
         if not in_order and "in_order" not in _TORCH_PARAMS:
             raise TypeError("in_order=False needs torch >= 2.6; upgrade torch or leave in_order=True")
         args = {k: v for k, v in args.items() if k in _TORCH_PARAMS}
-        # torch validates the arguments and fills in the defaults (no RNG is drawn and no worker starts here)
+        # torch validates the arguments and sets its attributes as for a loader of its own (no RNG is drawn and no
+        # worker starts here)
         with warnings.catch_warnings():
             if worker_mode == "thread":  # threads are no processes: torch's advice on process counts is moot
                 warnings.filterwarnings("ignore", message="This DataLoader will create")
-            spec = TorchDataLoader(**args)
-        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-            raise ValueError(f"prefetch must be an int >= 0 (batches ahead on the device), got {prefetch!r}")
-        if timer is True:
-            timer = StepTimer(num_workers=num_workers)
-        elif timer is False:
-            timer = None
-        elif timer is not None and not isinstance(timer, StepTimer):
-            raise TypeError(f"timer must be None, True or a StepTimer, got {type(timer).__name__}")
-        if timer is not None and timer.num_workers is None:
-            timer.num_workers = num_workers
-        self.dataset = dataset
-        self.num_workers = num_workers
-        self.generator = generator
-        self.device = None if device is None else _resolve_device(device)
-        self.prefetch = prefetch
-        self.timer = timer
-        self.batch_size = spec.batch_size
-        self.drop_last = spec.drop_last
-        self.collate_fn = spec.collate_fn
-        self.sampler, self.batch_sampler = spec.sampler, spec.batch_sampler  # _make_order may replace them
+            super().__init__(**args)
+        self.prefetch = _check_prefetch(self, prefetch)
+        self.timer = _as_timer(self, timer)
+        self.device = _as_device(self, device)
+        self.worker_mode, self.recycle_buffers = worker_mode, bool(recycle_buffers)
         self._iterable = isinstance(dataset, IterableDataset)
         self._index: ResumableIndex | None = None
-        torch_args = {**args, **self._make_order(spec, args)}
-        if timer is not None:
-            torch_args["collate_fn"] = TimedCollate(spec.collate_fn)
-        self.worker_mode = worker_mode
-        threads = worker_mode == "thread" and num_workers > 0
-        if threads:
-            if self._iterable:
-                raise ValueError("worker_mode='thread' loads map-style datasets (an iterable dataset's copies in "
-                                 "threads would share one iterator); use worker processes")
-            # torch's loader only samples and collates here: the threads call it in this process
-            self._threads = {"worker_init_fn": worker_init_fn, "pin_memory": pin_memory, "timeout": timeout,
-                             "depth": num_workers * (spec.prefetch_factor or 2)}
-            torch_args.update(num_workers=0, prefetch_factor=None, persistent_workers=False, worker_init_fn=None,
-                              multiprocessing_context=None, pin_memory=False, timeout=0)
-        else:
-            self._threads = None
-        self._recycler: ReleaseTracker | None = None
-        if recycle_buffers and _is_planned(dataset) and num_workers > 0 and not pin_memory and not threads:
-            per_key = (spec.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
-            torch_args["worker_init_fn"] = _WorkerInit(per_key, worker_init_fn)
-            self._recycler = ReleaseTracker(stale_after=8 * num_workers * per_key)
-        elif num_workers > 0 and not threads:
-            torch_args["worker_init_fn"] = _WorkerInit(None, worker_init_fn)
-        # epochs chain (one torch iterator for all of them): planned datasets with persistent workers, in order
+        self._args = args  # what the torch loader that does the loading is built from, with the settings below
+        self._order = self._make_order(self, args)
         self._plan_sampler = self.sampler if isinstance(self.sampler, PlanSampler) else None
-        self._chained_index: ChainedIndex | None = None
-        if (self._plan_sampler is not None and num_workers > 0 and persistent_workers and in_order and not threads
-                and self._index is not None and self._index.target is self._plan_sampler
-                and torch_args.get("sampler") is self._index):
-            self._chained_index = torch_args["sampler"] = ChainedIndex(self._index)
-        self._chain: _Chain | None = None
-        self._loader = TorchDataLoader(**torch_args)
-        self._tap_dataset_state = (self._iterable and num_workers == 0
-                                   and callable(getattr(dataset, "state_dict", None)))
+        self._chain: Chain | None = None
         self._epoch = -1          # index of the current epoch; -1 before the first
         self._yielded = 0         # batches of the current epoch handed to the loop
         self._done = True         # the current epoch ran out (or none started)
         self._pending: dict[str, Any] | None = None  # a loaded state to continue from at the next iter()
         self._dataset_state: Any = None
-        self._active: weakref.ref[_LoaderIter] | None = None  # weak: dropping the iterator frees its workers
+        self._active: weakref.ref[LoaderIter] | None = None  # weak: dropping the iterator frees its workers
         # samples skipped under an ErrorPolicy of "skip"/"warn": how many, and (source, episode, reason) of each
         self.stats: dict[str, Any] = {"skipped_samples": 0, "errors": []}
+        self._build()
+        self._building = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """As torch's: ValueError for the attributes that fix the batches; a setting the loading reads takes
+        effect at the next ``iter(loader)`` (see the class docstring)."""
+        if self.__dict__.get("_building", True):
+            object.__setattr__(self, name, value)
+            return
+        check = _SETTINGS.get(name)
+        if check is not None:
+            value = check(self, value)
+        super().__setattr__(name, value)  # torch's refuses batch_size, batch_sampler, sampler, drop_last, ...
+        if name in _REBUILT:
+            object.__setattr__(self, "_stale", True)
+
+    def _build(self) -> None:
+        """Build the torch loader that does the loading (``self._loader``) from the arguments and the current
+        settings: the order (:meth:`_make_order`), worker processes or threads, the recycled buffers, the worker
+        start-up, the timed collate function and the chain of epochs."""
+        workers = self.num_workers
+        threads = self.worker_mode == "thread" and workers > 0
+        if threads and self._iterable:
+            raise ValueError("worker_mode='thread' loads map-style datasets (an iterable dataset's copies in "
+                             "threads would share one iterator); use worker processes")
+        args = {**self._args, **{k: getattr(self, k) for k in _TORCH_SETTINGS if k in self._args}, **self._order}
+        if workers == 0:  # as torch's own iterator does with these when there are no workers
+            args.update(prefetch_factor=None, persistent_workers=False, multiprocessing_context=None)
+        if self.timer is not None:
+            args["collate_fn"] = TimedCollate(self.collate_fn)
+        depth = workers * (self.prefetch_factor or 2)
+        self._threads = None
+        if threads:  # torch's loader only samples and collates here: the threads call it in this process
+            self._threads = {"worker_init_fn": self.worker_init_fn, "pin_memory": self.pin_memory,
+                             "timeout": self.timeout, "depth": depth}
+            args.update(num_workers=0, prefetch_factor=None, persistent_workers=False, worker_init_fn=None,
+                        multiprocessing_context=None, pin_memory=False, timeout=0)
+        self._recycler: ReleaseTracker | None = None
+        if self.recycle_buffers and _is_planned(self.dataset) and workers > 0 and not self.pin_memory \
+                and not threads:
+            per_key = (self.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
+            args["worker_init_fn"] = WorkerInit(per_key, self.worker_init_fn)
+            self._recycler = ReleaseTracker(stale_after=8 * workers * per_key)
+        elif workers > 0 and not threads:
+            args["worker_init_fn"] = WorkerInit(None, self.worker_init_fn)
+        # epochs chain (one torch iterator for all of them): planned datasets with persistent workers, in order
+        self._chained_index: ChainedIndex | None = None
+        if (self._plan_sampler is not None and args["persistent_workers"] and getattr(self, "in_order", True)
+                and not threads and self._index is not None and self._index.target is self._plan_sampler
+                and args.get("sampler") is self._index):
+            self._chained_index = args["sampler"] = ChainedIndex(self._index)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This DataLoader will create")  # said when this one was made
+            self._loader = TorchDataLoader(**args)
+        self._tap_dataset_state = (self._iterable and workers == 0
+                                   and callable(getattr(self.dataset, "state_dict", None)))
+        self._stale = False
 
     # -- the extension point ---------------------------------------------------------------------------------
     def _make_order(self, spec: TorchDataLoader, args: dict[str, Any]) -> dict[str, Any]:
-        """Turn the arguments into the sampling arguments of the torch loader that does the loading.
+        """Turn the arguments into the sampling arguments of the torch loader that does the loading (``spec``:
+        torch's reading of them, this loader as torch's ``__init__`` left it).
 
         This is the one place that decides which indices each batch holds. Map-style datasets get a
         :class:`ResumableIndex` around the batch sampler (or the sampler, without auto-batching), so that resume
@@ -452,10 +317,10 @@ class DataLoader:
         return out
 
     # -- iteration -------------------------------------------------------------------------------------------
-    def __iter__(self) -> _LoaderIter:
+    def __iter__(self) -> LoaderIter:
         chain = self._chain
-        if chain is not None and self._pending is None and self.chain_epochs and not chain.closed \
-                and chain.complete() and chain.length(chain.pass_):
+        if chain is not None and self._pending is None and self.chain_epochs and not self._stale \
+                and not chain.closed and chain.complete() and chain.length(chain.pass_):
             # the loop handed out the whole of the chain's epoch: the next one is already in flight
             self._index.epoch_state = self._state_after_epoch()
             self._epoch, self._yielded = self._epoch + 1, 0
@@ -466,7 +331,7 @@ class DataLoader:
         if self.timer is not None:
             self.timer.begin_epoch()
         if chain is not None:
-            it = _LoaderIter(self, chain=chain)
+            it = LoaderIter(self, chain=chain)
         else:
             if self._recycler is not None and not self._loader.persistent_workers:
                 self._recycler.clear()  # new workers, new pools
@@ -474,17 +339,19 @@ class DataLoader:
                 opts = dict(self._threads)
                 source = ThreadedBatches(self._loader, self.num_workers, opts.pop("depth"), **opts)
             else:
-                source = _start_torch_iterator(self._loader)
-            it = _LoaderIter(self, source)
+                source = start_torch_iterator(self._loader)
+            it = LoaderIter(self, source)
         self._active = weakref.ref(it)
         return it
 
-    def _start(self) -> _Chain | None:
+    def _start(self) -> Chain | None:
         """Begin the next epoch (or the loaded one) afresh; the chain that runs it, when epochs chain."""
         active = self._active() if self._active is not None else None
         if active is not None:
             active.close()
         self._drop_chain()
+        if self._stale:  # settings changed since the torch loader was built
+            self._build()
         pending, self._pending = self._pending, None
         skip = 0
         if pending is not None:
@@ -506,7 +373,7 @@ class DataLoader:
             return None
         self._chained_index.first = max(len(self._plan_sampler) - skip, 0)
         len(self.dataset)  # the plan state_dict() counts, made now: later, other threads plan other epochs
-        self._chain = _Chain(self)
+        self._chain = Chain(self)
         return self._chain
 
     def _state_after_epoch(self) -> Any:
@@ -516,7 +383,7 @@ class DataLoader:
             return copy.deepcopy(state)
         return self._plan_sampler.state_at(int(state["epoch"]) + 1)
 
-    def _drop_chain(self, chain: _Chain | None = None) -> None:
+    def _drop_chain(self, chain: Chain | None = None) -> None:
         """Close the chain (or only ``chain``) and put the plan sampler, ahead of the loop, where the loop's epoch
         leaves it."""
         current = self._chain
@@ -539,7 +406,7 @@ class DataLoader:
             self.stats["skipped_samples"] += len(errors)
             self.stats["errors"].extend(errors)
 
-    def _is_active(self, it: _LoaderIter) -> bool:
+    def _is_active(self, it: LoaderIter) -> bool:
         return self._active is not None and self._active() is it
 
     def _epoch_ended(self) -> None:
@@ -615,7 +482,8 @@ class DataLoader:
             # that later epochs (and torch's worker seeds) draw from it as they would have
             if self._index.target.generator is None:
                 self._index.target.generator = torch.Generator()
-            self._loader.generator = self._index.target.generator
+            object.__setattr__(self, "generator", self._index.target.generator)  # the loader's, as torch's would be
+            self._loader.generator = self.generator
         if state["done"]:  # the epoch ran out: the next iter() starts a fresh epoch
             self._epoch, self._yielded, self._done, self._pending = state["epoch"], state["batches"], True, None
             if self._index is not None:

@@ -1,0 +1,174 @@
+"""One epoch of an mmfeed DataLoader, as its loop sees it: :class:`LoaderIter`, what ``iter(loader)`` returns,
+over torch's iterator (or a :class:`Chain` of epochs from one persistent torch iterator), through the loader's
+buffer recycling and prefetcher, counting the batches it hands out so that the loader can say where it is."""
+
+from __future__ import annotations
+
+import collections
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from mmfeed.loaders.loop.prefetch import DevicePrefetcher
+from mmfeed.loaders.loop.shm import ReleaseTracker
+from mmfeed.loaders.loop.workers import start_torch_iterator
+
+if TYPE_CHECKING:
+    from mmfeed.loaders.loop.dataloader import DataLoader
+
+__all__ = ["Chain", "LoaderIter"]
+
+
+def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
+    for item in source:
+        tracker.watch(item)
+        yield item
+
+
+def _prefetcher(loader: DataLoader, source: Iterator[Any]) -> DevicePrefetcher | None:
+    """The prefetcher the loader's batches pass through: a thread ``prefetch`` ahead with ``device``, a
+    synchronous pass-through for timing (and TimedBatch unwrapping) with only a timer, else none."""
+    if loader.device is not None:
+        return DevicePrefetcher(source, loader.device, depth=loader.prefetch, timer=loader.timer)
+    if loader.timer is not None:
+        return DevicePrefetcher(source, "cpu", depth=0, timer=loader.timer)
+    return None
+
+
+class Chain:
+    """Epoch after epoch of batches from one torch iterator (persistent workers), through the loader's recycling
+    and prefetcher: the stream runs on across epoch ends. ``pass_`` is the epoch (pass of the chained index) the
+    loop is in, ``taken`` the batches of it handed out so far. Holds no reference to the loader."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.torch_iter = source = start_torch_iterator(loader._loader)  # torch's persistent iterator, started or reset
+        self.lengths = loader._chained_index.lengths  # the list of the index pass torch now runs
+        if loader._recycler is not None:
+            source = _recycle(source, loader._recycler)
+        self.prefetcher = _prefetcher(loader, source)
+        self.source: Iterator[Any] = self.prefetcher if self.prefetcher is not None else source
+        self.pass_, self.taken, self.closed = 0, 0, False
+
+    def length(self, k: int) -> int | None:
+        """Batches of pass ``k``; None while that pass has not begun."""
+        return self.lengths[k] if k < len(self.lengths) else None
+
+    def complete(self) -> bool:
+        """Every batch of the loop's epoch is handed out: the stream's next batch is the next epoch's first."""
+        n = self.length(self.pass_)
+        return n is not None and self.taken >= n
+
+    def close(self) -> None:
+        self.closed = True
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        self.source, self.torch_iter = iter(()), None
+
+
+class LoaderIter:
+    """One epoch of an mmfeed DataLoader: torch's iterator, optionally through the prefetcher; counts batches.
+    With ``chain``, the epoch is the chain's current pass: exactly its batches, then StopIteration, leaving the
+    chain (torch's iterator and the prefetcher) running into the next epoch."""
+
+    def __init__(self, loader: DataLoader, source: Iterator[Any] | None = None, chain: Chain | None = None) -> None:
+        self._loader = loader
+        self._states: collections.deque[Any] | None = None
+        self._prefetcher: DevicePrefetcher | None = None
+        self._chain = chain
+        self._finished = False
+        # the iterator torch's loader made (or the threads' batches): what it has can be read through this one
+        self._torch_iter = chain.torch_iter if chain is not None else source
+        if chain is not None:
+            self._pass = chain.pass_
+            self._source: Iterator[Any] = iter(())
+            return
+        assert source is not None
+        if loader._recycler is not None:
+            source = _recycle(source, loader._recycler)
+        if loader._tap_dataset_state:
+            self._states = collections.deque()
+            source = self._tap(source)
+        self._prefetcher = _prefetcher(loader, source)
+        self._source = self._prefetcher if self._prefetcher is not None else source
+
+    def _tap(self, source: Iterator[Any]) -> Iterator[Any]:
+        dataset = self._loader.dataset
+        for item in source:
+            self._states.append(copy.deepcopy(dataset.state_dict()))
+            yield item
+
+    def __iter__(self) -> LoaderIter:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        """What the iterator of torch's loader has (``_workers``, ``_shutdown_workers``, ...), for code that reaches
+        into torch's iterator; until this iterator is closed."""
+        inner = self.__dict__.get("_torch_iter")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(inner, name)
+
+    def __next__(self) -> Any:
+        if self._chain is not None:
+            return self._next_chained(self._chain)
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            self._source = iter(())  # let torch's iterator (and its workers) go now
+            if self._loader._is_active(self):
+                self._loader._epoch_ended()
+            raise
+        if self._loader._is_active(self):
+            self._loader._yielded += 1
+            self._loader._count_errors(batch)
+            if self._states is not None:
+                self._loader._dataset_state = self._states.popleft()
+        return batch
+
+    def _next_chained(self, chain: Chain) -> Any:
+        loader = self._loader
+        if self._finished or chain.closed or chain.pass_ != self._pass:  # over, or left for a newer iterator
+            raise StopIteration
+        if chain.complete():
+            self._finished = True
+            if loader.timer is not None:  # as a prefetcher that runs out: the last step ends as it asks for more
+                loader.timer.request()
+                loader.timer.exhausted()
+            if loader._is_active(self):
+                loader._epoch_ended()
+            raise StopIteration
+        try:
+            batch = next(chain.source)
+        except BaseException as exc:  # an error, or the end after a pass of no items (this epoch had none)
+            self._finished, active = True, loader._is_active(self)
+            loader._drop_chain(chain)  # the next iter(loader) starts afresh
+            if active and isinstance(exc, StopIteration):
+                loader._epoch_ended()
+            raise
+        chain.taken += 1
+        if loader._is_active(self):
+            loader._yielded += 1
+            loader._count_errors(batch)
+        return batch
+
+    def __len__(self) -> int:
+        n = self._chain.length(self._pass) if self._chain is not None else None
+        return n if n is not None else len(self._loader)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the prefetch thread, if any, and let torch's iterator (and its workers) go. A chained epoch left
+        before its end drops the chain; one handed out to its end leaves it running into the next epoch."""
+        self.__dict__["_torch_iter"] = None
+        chain = self.__dict__.get("_chain")
+        if chain is not None:
+            if not self._finished and chain.pass_ == self._pass and not chain.closed and not chain.complete():
+                self._loader._drop_chain(chain)
+            self._finished = True
+            return
+        prefetcher = self.__dict__.get("_prefetcher")
+        if prefetcher is not None:
+            prefetcher.close()
+        self._source = iter(())
