@@ -86,7 +86,7 @@ def test_chained_epochs_yield_the_batches_of_the_plan_with_the_next_epoch_in_fli
         for i, batch in enumerate(loader):
             got.append(signature(batch))
             if i == len(want) - 1:  # the last batch of the epoch: the next epoch's pass has begun
-                ahead.append(loader._chain.length(loader._chain.pass_ + 1))
+                ahead.append(loader._chain.length(loader._chain.pass_of(loader.cursor) + 1))
             del batch
         assert [g[0] for g in got] == want and ahead == [plan.num_steps(e + 1)]
         assert same(got, [signature(b) for b in unchained])  # every payload, bit for bit

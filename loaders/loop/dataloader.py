@@ -74,7 +74,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from mmfeed.loaders.clock import TimedCollate
 from mmfeed.loaders.loop.epoch_iter import Chain, LoaderIter
 from mmfeed.loaders.loop.prefetch import _resolve_device
-from mmfeed.loaders.loop.resume import ChainedIndex, ResumableIndex, ShuffleSampler
+from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor, ResumableIndex, ShuffleSampler
 from mmfeed.loaders.loop.shm import ReleaseTracker
 from mmfeed.loaders.loop.threads import ThreadedBatches
 from mmfeed.loaders.loop.workers import WorkerInit, start_torch_iterator
@@ -216,16 +216,12 @@ class DataLoader(TorchDataLoader[_T_co]):
         self.device = _as_device(self, device)
         self.worker_mode, self.recycle_buffers = worker_mode, bool(recycle_buffers)
         self._iterable = isinstance(dataset, IterableDataset)
+        self.cursor = EpochCursor()  # where the loop stands: epoch, batches handed out, a loaded state, ...
         self._index: ResumableIndex | None = None
         self._args = args  # what the torch loader that does the loading is built from, with the settings below
         self._order = self._make_order(self, args)
         self._plan_sampler = self.sampler if isinstance(self.sampler, PlanSampler) else None
         self._chain: Chain | None = None
-        self._epoch = -1          # index of the current epoch; -1 before the first
-        self._yielded = 0         # batches of the current epoch handed to the loop
-        self._done = True         # the current epoch ran out (or none started)
-        self._pending: dict[str, Any] | None = None  # a loaded state to continue from at the next iter()
-        self._dataset_state: Any = None
         self._active: weakref.ref[LoaderIter] | None = None  # weak: dropping the iterator frees its workers
         # samples skipped under an ErrorPolicy of "skip"/"warn": how many, and (source, episode, reason) of each
         self.stats: dict[str, Any] = {"skipped_samples": 0, "errors": []}
@@ -309,25 +305,23 @@ class DataLoader(TorchDataLoader[_T_co]):
         if spec.batch_sampler is not None:  # auto-collation
             inner = user_batches if user_batches is not None else BatchSampler(base, spec.batch_size, spec.drop_last)
             self.batch_sampler = inner
-            self._index = ResumableIndex(inner, None if user_batches is not None else spec.batch_size)
+            self._index = ResumableIndex(inner, None if user_batches is not None else spec.batch_size, self.cursor)
             out.update(batch_size=1, batch_sampler=self._index)
         else:
-            self._index = ResumableIndex(base, 1)
+            self._index = ResumableIndex(base, 1, self.cursor)
             out.update(batch_size=None, batch_sampler=None, sampler=self._index)
         return out
 
     # -- iteration -------------------------------------------------------------------------------------------
     def __iter__(self) -> LoaderIter:
-        chain = self._chain
-        if chain is not None and self._pending is None and self.chain_epochs and not self._stale \
-                and not chain.closed and chain.complete() and chain.length(chain.pass_):
+        chain, cursor = self._chain, self.cursor
+        if chain is not None and cursor.pending is None and self.chain_epochs and not self._stale \
+                and not chain.closed and chain.complete(cursor) and chain.length(chain.pass_of(cursor)):
             # the loop handed out the whole of the chain's epoch: the next one is already in flight
-            self._index.epoch_state = self._state_after_epoch()
-            self._epoch, self._yielded = self._epoch + 1, 0
-            chain.pass_, chain.taken = chain.pass_ + 1, 0
+            cursor.order = self._state_after_epoch()
+            cursor.begin(cursor.epoch + 1)
         else:
             chain = self._start()
-        self._done = False
         if self.timer is not None:
             self.timer.begin_epoch()
         if chain is not None:
@@ -352,36 +346,36 @@ class DataLoader(TorchDataLoader[_T_co]):
         self._drop_chain()
         if self._stale:  # settings changed since the torch loader was built
             self._build()
-        pending, self._pending = self._pending, None
-        skip = 0
+        cursor = self.cursor
+        pending, cursor.pending = cursor.pending, None
         if pending is not None:
-            self._epoch, self._yielded = pending["epoch"], pending["batches"]
-            skip = pending["batches"]
+            cursor.begin(pending["epoch"], pending["batches"])
             if self._index is not None:
-                self._index.begin_epoch(pending["order"], skip)
+                self._index.begin(pending["order"], pending["batches"])
         else:
-            self._epoch, self._yielded = self._epoch + 1, 0
+            cursor.begin(cursor.epoch + 1)
             if self._index is not None:
-                self._index.begin_epoch()
+                self._index.begin()
                 if self._plan_sampler is not None and self._index.target is self._plan_sampler:
                     # where this epoch's pass starts, not where an unfinished earlier pass stopped
-                    self._index.epoch_state = self._plan_sampler.next_state()
+                    sampler = self._plan_sampler
+                    cursor.order = sampler.state_of(sampler.epoch, sampler.start, sampler.done)
         if self._chained_index is None:
             return None
         self._chained_index.chain = bool(self.chain_epochs)
         if not self.chain_epochs:
             return None
-        self._chained_index.first = max(len(self._plan_sampler) - skip, 0)
+        self._chained_index.first = max(len(self._plan_sampler) - cursor.batches, 0)  # what the resumed epoch has left
         len(self.dataset)  # the plan state_dict() counts, made now: later, other threads plan other epochs
         self._chain = Chain(self)
         return self._chain
 
     def _state_after_epoch(self) -> Any:
         """The plan sampler's state once the loop's epoch is over (what its pass leaves, unchained)."""
-        state = self._index.epoch_state
-        if state is None or self._done:  # an ended epoch's state already is what it left
+        state = self.cursor.order
+        if state is None or self.cursor.done:  # an ended epoch's state already is what it left
             return copy.deepcopy(state)
-        return self._plan_sampler.state_at(int(state["epoch"]) + 1)
+        return self._plan_sampler.state_of(int(state["epoch"]) + 1)
 
     def _drop_chain(self, chain: Chain | None = None) -> None:
         """Close the chain (or only ``chain``) and put the plan sampler, ahead of the loop, where the loop's epoch
@@ -411,10 +405,10 @@ class DataLoader(TorchDataLoader[_T_co]):
 
     def _epoch_ended(self) -> None:
         if self._chained_index is not None and self._chained_index.chain:  # the sampler ran ahead of the loop
-            self._index.epoch_state = self._state_after_epoch()
+            self.cursor.order = self._state_after_epoch()
         elif self._index is not None:
-            self._index.end_epoch()
-        self._done = True
+            self._index.ended()
+        self.cursor.end()
         if self._recycler is not None and not self._loader.persistent_workers:
             self._recycler.clear()  # the workers are gone: let their buffers go with them
 
@@ -429,10 +423,11 @@ class DataLoader(TorchDataLoader[_T_co]):
     # -- resume ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: epoch, batches handed out, and what fixed this epoch's order (see module doc)."""
-        if self._pending is not None:
-            return copy.deepcopy(self._pending)
-        state: dict[str, Any] = {"version": _STATE_VERSION, "epoch": self._epoch, "batches": self._yielded,
-                                 "done": self._done, "batch_size": self.batch_size, "drop_last": self.drop_last,
+        cursor = self.cursor
+        if cursor.pending is not None:
+            return copy.deepcopy(cursor.pending)
+        state: dict[str, Any] = {"version": _STATE_VERSION, "epoch": cursor.epoch, "batches": cursor.batches,
+                                 "done": cursor.done, "batch_size": self.batch_size, "drop_last": self.drop_last,
                                  "order": None}
         if self._iterable:
             if not callable(getattr(self.dataset, "state_dict", None)):
@@ -441,9 +436,9 @@ class DataLoader(TorchDataLoader[_T_co]):
             if self.num_workers > 0:
                 raise ValueError("cannot resume an iterable dataset with num_workers > 0: its copies live in the "
                                  "worker processes; use num_workers=0 or a map-style dataset")
-            if self._dataset_state is None:
-                self._dataset_state = copy.deepcopy(self.dataset.state_dict())
-            state["dataset"] = copy.deepcopy(self._dataset_state)
+            if cursor.dataset is None:
+                cursor.dataset = copy.deepcopy(self.dataset.state_dict())
+            state["dataset"] = copy.deepcopy(cursor.dataset)
             return state
         assert self._index is not None
         if self._index.kind == "none":
@@ -451,7 +446,7 @@ class DataLoader(TorchDataLoader[_T_co]):
                             "state_dict()/load_state_dict() (a deterministic sampler may return {}), or use "
                             "shuffle=True instead of passing a RandomSampler")
         state["dataset_len"] = len(self.dataset)
-        state["order"] = self._index.snapshot(in_progress=not self._done)
+        state["order"] = self._index.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -466,9 +461,10 @@ class DataLoader(TorchDataLoader[_T_co]):
             if state[key] != getattr(self, key):
                 raise ValueError(f"state was saved with {key}={state[key]!r} but this loader has "
                                  f"{key}={getattr(self, key)!r}; build the loader with the same batching arguments")
+        cursor = self.cursor
         if self._iterable:
             self.dataset.load_state_dict(copy.deepcopy(state["dataset"]))
-            self._dataset_state = copy.deepcopy(state["dataset"])
+            cursor.dataset = copy.deepcopy(state["dataset"])
         elif state.get("dataset_len") != len(self.dataset):
             raise ValueError(f"state was saved for a dataset of {state.get('dataset_len')} samples, this one has "
                              f"{len(self.dataset)}; resume with the same dataset")
@@ -485,8 +481,10 @@ class DataLoader(TorchDataLoader[_T_co]):
             object.__setattr__(self, "generator", self._index.target.generator)  # the loader's, as torch's would be
             self._loader.generator = self.generator
         if state["done"]:  # the epoch ran out: the next iter() starts a fresh epoch
-            self._epoch, self._yielded, self._done, self._pending = state["epoch"], state["batches"], True, None
+            cursor.begin(state["epoch"], state["batches"])
+            cursor.end()
+            cursor.pending = None
             if self._index is not None:
-                self._index.load_finished(order)
+                self._index.load_state_dict(order)
             return
-        self._pending = copy.deepcopy(state)
+        cursor.pending = copy.deepcopy(state)

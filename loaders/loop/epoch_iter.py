@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from mmfeed.loaders.loop.prefetch import DevicePrefetcher
+from mmfeed.loaders.loop.resume import EpochCursor
 from mmfeed.loaders.loop.shm import ReleaseTracker
 from mmfeed.loaders.loop.workers import start_torch_iterator
 
@@ -37,8 +38,9 @@ def _prefetcher(loader: DataLoader, source: Iterator[Any]) -> DevicePrefetcher |
 
 class Chain:
     """Epoch after epoch of batches from one torch iterator (persistent workers), through the loader's recycling
-    and prefetcher: the stream runs on across epoch ends. ``pass_`` is the epoch (pass of the chained index) the
-    loop is in, ``taken`` the batches of it handed out so far. Holds no reference to the loader."""
+    and prefetcher: the stream runs on across epoch ends. Pass ``k`` of the chained index is epoch
+    ``first_epoch + k`` (the first resumed after ``skipped`` batches); where the loop is, the loader's cursor says.
+    Holds no reference to the loader."""
 
     def __init__(self, loader: DataLoader) -> None:
         self.torch_iter = source = start_torch_iterator(loader._loader)  # torch's persistent iterator, started or reset
@@ -47,16 +49,22 @@ class Chain:
             source = _recycle(source, loader._recycler)
         self.prefetcher = _prefetcher(loader, source)
         self.source: Iterator[Any] = self.prefetcher if self.prefetcher is not None else source
-        self.pass_, self.taken, self.closed = 0, 0, False
+        self.first_epoch, self.skipped, self.closed = loader.cursor.epoch, loader.cursor.batches, False
+
+    def pass_of(self, cursor: EpochCursor) -> int:
+        """The pass of the chained index that runs the cursor's epoch."""
+        return cursor.epoch - self.first_epoch
 
     def length(self, k: int) -> int | None:
-        """Batches of pass ``k``; None while that pass has not begun."""
+        """Batches the chained index yields in pass ``k`` (the first pass: what its epoch had left); None while that
+        pass has not begun."""
         return self.lengths[k] if k < len(self.lengths) else None
 
-    def complete(self) -> bool:
-        """Every batch of the loop's epoch is handed out: the stream's next batch is the next epoch's first."""
-        n = self.length(self.pass_)
-        return n is not None and self.taken >= n
+    def complete(self, cursor: EpochCursor) -> bool:
+        """Every batch of the cursor's epoch is handed out: the stream's next batch is the next epoch's first."""
+        k = self.pass_of(cursor)
+        n = self.length(k)
+        return n is not None and cursor.batches - (self.skipped if k == 0 else 0) >= n
 
     def close(self) -> None:
         self.closed = True
@@ -78,8 +86,8 @@ class LoaderIter:
         self._finished = False
         # the iterator torch's loader made (or the threads' batches): what it has can be read through this one
         self._torch_iter = chain.torch_iter if chain is not None else source
+        self._epoch = loader.cursor.epoch  # the epoch this iterator hands out
         if chain is not None:
-            self._pass = chain.pass_
             self._source: Iterator[Any] = iter(())
             return
         assert source is not None
@@ -119,17 +127,17 @@ class LoaderIter:
                 self._loader._epoch_ended()
             raise
         if self._loader._is_active(self):
-            self._loader._yielded += 1
+            self._loader.cursor.handed_out()
             self._loader._count_errors(batch)
             if self._states is not None:
-                self._loader._dataset_state = self._states.popleft()
+                self._loader.cursor.dataset = self._states.popleft()
         return batch
 
     def _next_chained(self, chain: Chain) -> Any:
         loader = self._loader
-        if self._finished or chain.closed or chain.pass_ != self._pass:  # over, or left for a newer iterator
+        if self._finished or chain.closed or loader.cursor.epoch != self._epoch:  # over, or left for a newer one
             raise StopIteration
-        if chain.complete():
+        if chain.complete(loader.cursor):
             self._finished = True
             if loader.timer is not None:  # as a prefetcher that runs out: the last step ends as it asks for more
                 loader.timer.request()
@@ -145,14 +153,14 @@ class LoaderIter:
             if active and isinstance(exc, StopIteration):
                 loader._epoch_ended()
             raise
-        chain.taken += 1
         if loader._is_active(self):
-            loader._yielded += 1
+            loader.cursor.handed_out()
             loader._count_errors(batch)
         return batch
 
     def __len__(self) -> int:
-        n = self._chain.length(self._pass) if self._chain is not None else None
+        chain = self._chain
+        n = chain.length(self._epoch - chain.first_epoch) if chain is not None else None
         return n if n is not None else len(self._loader)
 
     def __del__(self) -> None:
@@ -164,7 +172,8 @@ class LoaderIter:
         self.__dict__["_torch_iter"] = None
         chain = self.__dict__.get("_chain")
         if chain is not None:
-            if not self._finished and chain.pass_ == self._pass and not chain.closed and not chain.complete():
+            cursor = self._loader.cursor
+            if not self._finished and cursor.epoch == self._epoch and not chain.closed and not chain.complete(cursor):
                 self._loader._drop_chain(chain)
             self._finished = True
             return

@@ -1,10 +1,16 @@
-"""What makes an mmfeed DataLoader's epoch order resumable: torch's shuffle, remembered, and the index sampler
-torch iterates, restartable from a saved order state with the first items left out.
+"""Where an mmfeed DataLoader stands in its epochs, and how it resumes from there.
 
-:class:`ShuffleSampler` draws from the same RNG in the same order as torch's RandomSampler, so a loader given only
-torch's arguments yields torch's batches; :class:`ResumableIndex` wraps whichever sampler or batch sampler the
-loader has and knows how that kind of order source resumes (see :func:`order_kind`); :class:`ChainedIndex` runs
-it pass after pass, for a loader whose epochs follow one another in one torch iterator.
+:class:`EpochCursor` is the one record of the loop's position: the epoch, the batches of it handed out, whether it
+ran out, what fixed its order, and a loaded state waiting for the next ``iter(loader)``; the loader, its chain of
+epochs (:mod:`mmfeed.loaders.loop.epoch_iter`) and its index read and move it, and the loader's ``state_dict()``
+is its dict form. What fixes an epoch's order comes from the index sampler torch iterates
+(:class:`ResumableIndex`), which wraps whichever sampler or batch sampler the loader has and knows how that kind
+of order source resumes (see :func:`order_kind`): our :class:`ShuffleSampler` draws from the same RNG in the same
+order as torch's RandomSampler (so a loader given only torch's arguments yields torch's batches) and remembers its
+seed; a sampler with ``state_dict()`` / ``load_state_dict()`` (a planned dataset's ``PlanSampler``) is asked for
+its state; a DistributedSampler for its epoch. :class:`ChainedIndex` runs the index pass after pass, for a loader
+whose epochs follow one another in one torch iterator. Everything resumes through ``state_dict()`` /
+``load_state_dict()``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,37 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
-__all__ = ["ChainedIndex", "ResumableIndex", "ShuffleSampler", "order_kind", "order_target"]
+__all__ = ["ChainedIndex", "EpochCursor", "ResumableIndex", "ShuffleSampler", "order_kind", "order_target"]
+
+
+class EpochCursor:
+    """Where the loop stands in its loader's epochs.
+
+    epoch: the epoch the loop is in (-1 before the first); batches: the batches of it handed out (those a resumed
+    epoch skipped included); done: it ran out (or none began); order: what fixed its order, the index's state at
+    its start (:meth:`ResumableIndex.state_dict`); dataset: an iterable dataset's own state after the last batch
+    handed out; pending: a loaded state that the next ``iter(loader)`` continues from.
+    """
+
+    def __init__(self) -> None:
+        self.epoch, self.batches, self.done = -1, 0, True
+        self.order: Any = None
+        self.dataset: Any = None
+        self.pending: dict[str, Any] | None = None
+
+    def begin(self, epoch: int, batches: int = 0) -> None:
+        """The loop enters ``epoch`` with ``batches`` of it already handed out (a resumed epoch's)."""
+        self.epoch, self.batches, self.done = int(epoch), int(batches), False
+
+    def handed_out(self) -> None:
+        self.batches += 1
+
+    def end(self) -> None:
+        self.done = True
+
+    def __repr__(self) -> str:
+        return (f"EpochCursor(epoch={self.epoch}, batches={self.batches}, done={self.done}"
+                f"{', pending' if self.pending is not None else ''})")
 
 
 class ShuffleSampler(RandomSampler):
@@ -104,22 +140,23 @@ def order_target(source: Any) -> Any:
 class ResumableIndex:
     """The index sampler torch iterates: ``inner`` (a batch sampler or sampler), restartable from a saved order
     state with the first items left out. ``samples_per_item`` lets a skip go straight to our shuffle sampler
-    (each item is a batch of that many indices) instead of iterating the skipped items."""
+    (each item is a batch of that many indices) instead of iterating the skipped items. What fixed the current
+    epoch's order is kept in the loader's ``cursor`` (:class:`EpochCursor`)."""
 
-    def __init__(self, inner: Any, samples_per_item: int | None) -> None:
+    def __init__(self, inner: Any, samples_per_item: int | None, cursor: EpochCursor) -> None:
         self.inner = inner
         self.kind = order_kind(inner)
         self.target = order_target(inner)
         self.samples_per_item = samples_per_item if self.kind == "shuffle" else None
-        self.epoch_state: Any = None
+        self.cursor = cursor
         self._skip = 0
 
     def __len__(self) -> int:
         return len(self.inner)
 
-    def begin_epoch(self, order: dict[str, Any] | None = None, skip: int = 0) -> None:
-        """Called by the loader at ``iter()``: restore ``order`` (if given), note what fixes this epoch's order,
-        and arrange for the first ``skip`` items to be left out."""
+    def begin(self, order: dict[str, Any] | None = None, skip: int = 0) -> None:
+        """At ``iter(loader)``: restore ``order`` (a loaded state's, if given), note what fixes this epoch's order
+        in the cursor, and arrange for the first ``skip`` items to be left out."""
         state = None if order is None else order.get("state")
         if self.kind == "shuffle":
             self.target.epoch_seed = None  # drawn lazily, at the first index, exactly when torch draws it
@@ -130,29 +167,26 @@ class ResumableIndex:
         elif self.kind == "stateful":
             if state is not None:
                 self.target.load_state_dict(copy.deepcopy(state))
-            self.epoch_state = copy.deepcopy(self.target.state_dict())
+            self.cursor.order = copy.deepcopy(self.target.state_dict())
         elif self.kind == "epoch":
             if state is not None:
                 self.target.set_epoch(state)
-            self.epoch_state = self.target.epoch
+            self.cursor.order = self.target.epoch
         self._skip = skip
 
-    def snapshot(self, in_progress: bool) -> dict[str, Any]:
-        """What fixes the current epoch's order (``in_progress``: an epoch has started and not run out)."""
+    def state_dict(self) -> dict[str, Any]:
+        """What fixes the current epoch's order (a shuffle's seed, drawn now if the epoch began and its sampler has
+        not drawn it yet)."""
         if self.kind == "shuffle":
             seed = self.target.epoch_seed
-            if seed is None and in_progress:
+            if seed is None and not self.cursor.done:
                 seed = self.target.draw_early()
             return {"kind": "shuffle", "state": seed.clone() if isinstance(seed, torch.Tensor) else seed}
-        return {"kind": self.kind, "state": copy.deepcopy(self.epoch_state)}
+        return {"kind": self.kind, "state": copy.deepcopy(self.cursor.order)}
 
-    def end_epoch(self) -> None:
-        """The epoch ran out: a stateful source's state now is where the next epoch starts."""
-        if self.kind == "stateful":
-            self.epoch_state = copy.deepcopy(self.target.state_dict())
-
-    def load_finished(self, order: dict[str, Any]) -> None:
-        """A loaded state whose epoch ran out: leave the order source as that finished epoch left it."""
+    def load_state_dict(self, order: dict[str, Any]) -> None:
+        """A loaded state whose epoch ran out: leave the order source as that finished epoch left it (an epoch in
+        progress is restored by :meth:`begin` at the next ``iter(loader)``)."""
         state = order.get("state")
         if self.kind == "shuffle" and state is not None:
             self.target.epoch_seed = state
@@ -160,10 +194,15 @@ class ResumableIndex:
                 self.target.fast_forward(state)
         elif self.kind == "stateful" and state is not None:
             self.target.load_state_dict(copy.deepcopy(state))
-            self.epoch_state = copy.deepcopy(state)
+            self.cursor.order = copy.deepcopy(state)
         elif self.kind == "epoch" and state is not None:
             self.target.set_epoch(state)
-            self.epoch_state = state
+            self.cursor.order = state
+
+    def ended(self) -> None:
+        """The epoch ran out: a stateful source's state now is where the next epoch starts."""
+        if self.kind == "stateful":
+            self.cursor.order = copy.deepcopy(self.target.state_dict())
 
     def __iter__(self) -> Iterator[Any]:
         skip, self._skip = self._skip, 0
@@ -176,9 +215,9 @@ class ChainedIndex:
     the chain begins with, its skip included, then pass after pass of the sampler inside it (a PlanSampler runs
     the next epoch at each pass), ending after a pass of no items, so that epochs of no steps never spin.
 
-    Each ``iter()`` starts ``lengths``, the items of each pass begun: ``first`` (the loader sets it) for the first
-    pass, then each later one's, appended (by the thread that drives torch's iterator) before its first item.
-    ``chain = False``: one pass, as ``index`` alone.
+    Each ``iter()`` starts ``lengths``, the batches each pass's epoch has: ``first`` (the loader sets it) for the
+    first pass, then each later one's, appended (by the thread that drives torch's iterator) before its first
+    item. ``chain = False``: one pass, as ``index`` alone.
     """
 
     def __init__(self, index: ResumableIndex) -> None:

@@ -212,36 +212,34 @@ class PlanSampler(torch.utils.data.Sampler):
     """Yields ``(epoch, step)`` for every step of one epoch of a planned dataset, from ``start`` on.
 
     Each pass runs the next epoch (the first pass runs ``epoch``), so successive ``iter(loader)`` calls walk
-    through epochs 0, 1, 2, ... with fresh plans. ``state_dict()`` is where the sampler stands: ``{"epoch",
-    "plan_version"}`` plus ``"start"`` (the next step, mid-epoch), ``"world_size"`` and ``"seed"`` of the plan and
-    ``"done"``, the earlier ``[world_size, steps]`` segments of an elastically resumed epoch (each left out at its
-    default: step 0, world size 1, seed 0, no segments). In such an epoch the items are ``(epoch, step, done)``.
-    ``mmfeed.DataLoader`` saves :meth:`next_state` at the start of each epoch and counts the batches handed out
-    itself (when its epochs chain, this sampler runs ahead of the loop into the next epoch).
+    through epochs 0, 1, 2, ... with fresh plans. ``state_dict()`` is where the sampler stands (:meth:`state_of`
+    its position: ``{"epoch", "plan_version"}`` plus ``"start"`` (the next step, mid-epoch), ``"world_size"`` and
+    ``"seed"`` of the plan and ``"done"``, the earlier ``[world_size, steps]`` segments of an elastically resumed
+    epoch, each left out at its default: step 0, world size 1, seed 0, no segments). In such an epoch the items are
+    ``(epoch, step, done)``. ``mmfeed.DataLoader`` keeps the state the loop's epoch began from in its cursor and
+    counts the batches handed out itself (when its epochs chain, this sampler runs ahead of the loop into the next
+    epoch).
     """
 
     def __init__(self, dataset: PlannedDataset, *, epoch: int = 0, start: int = 0) -> None:
         self.dataset, self.epoch, self.start = dataset, int(epoch), int(start)
         self.done: tuple[tuple[int, int], ...] = ()
-        self._cursor: tuple[int, int, tuple] | None = None  # (epoch, next step, done) while a pass runs
+        self._running: tuple[int, int, tuple] | None = None  # (epoch, next step, done) while a pass runs
 
     def set_epoch(self, epoch: int, start: int = 0, done: tuple[tuple[int, int], ...] = ()) -> None:
+        """The next pass runs ``epoch`` from step ``start``, after the segments ``done``."""
         self.epoch, self.start = int(epoch), int(start)
         self.done = tuple((int(w), int(k)) for w, k in done)
-        self._cursor = None
+        self._running = None
 
     def state_dict(self) -> dict:
-        """Where the sampler stands: inside a pass, the step after the last one it yielded; else
-        :meth:`next_state`."""
-        if self._cursor is not None:
-            return self.state_at(*self._cursor)
-        return self.next_state()
+        """Where the sampler stands: inside a pass, the step after the last one it yielded; else where its next
+        pass starts."""
+        if self._running is not None:
+            return self.state_of(*self._running)
+        return self.state_of(self.epoch, self.start, self.done)
 
-    def next_state(self) -> dict:
-        """The state the next pass starts from, whatever a pass in progress (or one left unfinished) holds."""
-        return self.state_at(self.epoch, self.start, self.done)
-
-    def state_at(self, epoch: int, start: int = 0, done: tuple[tuple[int, int], ...] = ()) -> dict:
+    def state_of(self, epoch: int, start: int = 0, done: tuple[tuple[int, int], ...] = ()) -> dict:
         """The state of this sampler standing at step ``start`` of ``epoch`` after the segments ``done``."""
         state: dict[str, Any] = {"epoch": int(epoch), "plan_version": PLAN_VERSION}
         if start:
@@ -276,6 +274,6 @@ class PlanSampler(torch.utils.data.Sampler):
         epoch, start, done, total = self.epoch, self.start, self.done, self._steps()
         self.epoch, self.start, self.done = epoch + 1, 0, ()
         for step in range(start, total):
-            self._cursor = (epoch, step + 1, done) if step + 1 < total else None
+            self._running = (epoch, step + 1, done) if step + 1 < total else None
             yield (epoch, step, done) if done else (epoch, step)
-        self._cursor = None
+        self._running = None
