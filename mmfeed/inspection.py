@@ -127,7 +127,8 @@ def inspect_dataset(path: Any, packing: Packing, *, world_size: int = 1, backend
     tasks = collections.Counter(source.task(e) for e in range(len(lengths)))
     planned = packing.dataset(source, world_size=world_size)
     tokens = planned.items.table.tokens
-    plan = planned.plan(0)
+    epoch_plan = planned.planned(0)
+    plan = epoch_plan.plan
     capacity = packing.plan.capacity
     packed = _plan_figures(plan, tokens, capacity)
     fits = tokens[tokens <= capacity]
@@ -147,7 +148,8 @@ def inspect_dataset(path: Any, packing: Packing, *, world_size: int = 1, backend
         "forecast": {"mode": "windows" if window is not None else f"chunks of <= {packing.max_length} steps",
                      "features": planned.items.features, "capacity": capacity,
                      "rows_per_batch": packing.plan.rows_per_batch, "world_size": world_size,
-                     "sample_tokens": _stats(tokens), "packed": packed, "padded": padded},
+                     "sample_tokens": _stats(tokens), "packed": packed, "padded": padded,
+                     "planner": epoch_plan.planner, "planner_reason": epoch_plan.reason},
     }
 
 
@@ -206,6 +208,7 @@ def format_inspection(info: dict[str, Any]) -> str:
                f"per batch {f['rows_per_batch']}, ranks {f['world_size']}; sample price {st['min']}-{st['max']} "
                f"tokens (median {st['median']:g})")
     p, q = f["packed"], f["padded"]
+    out.append(f"  planner: {f['planner']} ({f['planner_reason']})")
     out.append(f"  packed (mmfeed):       efficiency {p['efficiency']:.1%}, {p['rows']} rows, {p['steps']} steps per "
                f"rank, {p['samples']} samples, {p['tokens']:,} tokens in {p['token_slots']:,} slots")
     out.append(f"  pad-to-longest (torch, batch {q['batch_size']}): efficiency {q['efficiency']:.1%}, "

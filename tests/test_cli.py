@@ -222,6 +222,9 @@ def test_inspect_forecast_is_the_plan_the_loader_would_make(shards, tmp_path):
     assert packed["samples"] + packed["dropped_samples"] == len(items.table)
     assert packed["tokens"] == pytest.approx(packed["token_slots"] * plan.efficiency, rel=1e-6)
     assert 0 < info["forecast"]["padded"]["efficiency"] <= 1
+    chosen = packing.dataset(source).planned(0)  # which planner the loader runs, and why, said by inspect
+    assert (info["forecast"]["planner"], info["forecast"]["planner_reason"]) == (chosen.planner, chosen.reason)
+    assert f"planner: {chosen.planner} ({chosen.reason})" in out.stdout
 
 
 def _assert_figures(node: dict, where: str) -> None:
