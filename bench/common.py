@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-
 __all__ = ["cache_dir", "child_pids", "consecutive_views", "cpu_seconds", "environment", "median_time",
            "spread", "table"]
 

@@ -31,13 +31,13 @@ import torch
 from mmfeed.bench.common import cache_dir
 from mmfeed.codecs._pyav import decode_totals
 from mmfeed.codecs.video import read_frames
-from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.planned.items import EpisodeItems
-from mmfeed.loaders.planned.collate import SampleRead
-from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
-from mmfeed.loaders.clock import stage
-from mmfeed.packing.samples import SampleTable
 from mmfeed.inspection import robot_window
+from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders.clock import stage
+from mmfeed.loaders.planned.collate import SampleRead
+from mmfeed.loaders.planned.items import EpisodeItems
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
+from mmfeed.packing.samples import SampleTable
 from mmfeed.testing.synth_dataset import VARIED_TASKS, SyntheticDataset, write_synthetic
 from mmfeed.testing.synth_episodes import IMAGE_PREFIX
 

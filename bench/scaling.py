@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 
 from mmfeed._parsing import positive as _positive  # the one parser of "a number >= minimum" for every command line
-from mmfeed.packing.plan import PlanConfig, plan_epoch
 from mmfeed.packing import row_costs
 from mmfeed.packing.balance import step_balance
+from mmfeed.packing.plan import PlanConfig, plan_epoch
 
 __all__ = ["COLUMNS", "JOB_DEFAULTS", "QUICK", "RANKS", "default_world_sizes", "episode_tokens", "format_curve",
            "format_table", "main", "measure", "plot", "simulate"]

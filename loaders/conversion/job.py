@@ -171,9 +171,8 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
 def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size_mb, workers, engine, errors,
            max_retries) -> tuple[Job, dict[str, Any]]:
     """The job and its shard plan settings, every argument validated before anything is read or written."""
-    from mmfeed.loaders.conversion.readers import source_kind
-
     from mmfeed.codecs.encode import encoder_name
+    from mmfeed.loaders.conversion.readers import source_kind
 
     if codec != "copy":
         encoder_name(codec)

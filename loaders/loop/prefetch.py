@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from mmfeed.loaders.observe.flops import useful_fraction
 from mmfeed.loaders.clock import TimedBatch
+from mmfeed.loaders.observe.flops import useful_fraction
 from mmfeed.loaders.observe.timing import StepTimer
 
 __all__ = ["DevicePrefetcher", "move_to", "pin", "walk_tensors"]

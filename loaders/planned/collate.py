@@ -38,8 +38,17 @@ from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.loop.shm import pooled_buffer
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
-from mmfeed.loaders.planned.steps import (batch_layout, check_finite, pad_static, packed, read_under_policy,
-                                          sample_generator, samples_of, transform_each, without_failures)
+from mmfeed.loaders.planned.steps import (
+    batch_layout,
+    check_finite,
+    packed,
+    pad_static,
+    read_under_policy,
+    sample_generator,
+    samples_of,
+    transform_each,
+    without_failures,
+)
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES

@@ -59,8 +59,8 @@ class Packing:
 
     def dataset(self, source: Any, *, rank: int = 0, world_size: int = 1):
         """The planned dataset of ``source`` for one rank (:class:`~mmfeed.loaders.planned.dataset.PlannedDataset`)."""
-        from mmfeed.loaders.planned.items import EpisodeItems
         from mmfeed.loaders.planned.dataset import PlannedDataset
+        from mmfeed.loaders.planned.items import EpisodeItems
 
         items = EpisodeItems(source, layout=self.layout, window=self.window, stride=self.stride,
                              max_length=self.max_length, capacity=self.plan.capacity or None,

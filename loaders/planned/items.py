@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from mmfeed.codecs.text import ByteTokenizer
-from mmfeed.loaders.planned.records import RecordItems
 from mmfeed.loaders.planned.collate import SampleRead
-from mmfeed.loaders.sources.requests import chunk_requests, window_requests
+from mmfeed.loaders.planned.records import RecordItems
 from mmfeed.loaders.sources.base import EpisodeSource
+from mmfeed.loaders.sources.requests import chunk_requests, window_requests
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.samples import LONG_EPISODES, EpisodeIndex, SampleTable

@@ -9,13 +9,11 @@ steps every frame the clock implies there (:func:`chunk_requests`); both say whi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from mmfeed.packing.windows import WindowSpec, chunk_frames, clamp_to_stream, window_indices
 
