@@ -1,12 +1,14 @@
-"""mmfeed.loaders: I/O and processes -- sources, the planned dataset, workers, collation, DataLoader, prefetch, timing.
+"""mmfeed.loaders: I/O and processes, in rooms: sources, the planned path, the loop, streaming, conversion,
+observation.
 
 The path of a batch: a source (:mod:`mmfeed.loaders.sources`: webdataset shards, LeRobot v3 directories, arrays in
 memory, a mixture of them) lists its episodes with every feature under its own name; the planned dataset
-(:mod:`mmfeed.loaders.planned.dataset`) plans an epoch over its items (:mod:`mmfeed.loaders.planned.items`: windows, whole-episode
-chunks, records) from the index alone; workers read and decode exactly the frames of their planned batches and
-collate them (:mod:`mmfeed.loaders.planned.collate`); :class:`DataLoader` hands them out, prefetched to the device and
-timed. Everything decided from the index alone lives in :mod:`mmfeed.packing`; the window, layout and plan types
-are re-exported here because they are what a loader is configured with::
+(:mod:`mmfeed.loaders.planned`) plans an epoch from its items' sample table (:mod:`mmfeed.packing.samples`,
+:func:`mmfeed.packing.epoch.plan_for`) and, for one step, reads and collates exactly the frames of the step's
+samples; :class:`DataLoader` (:mod:`mmfeed.loaders.loop`) hands the batches out, prefetched to the device, timed
+(:mod:`mmfeed.loaders.observe`) and resumable. Everything decided from the index alone lives in
+:mod:`mmfeed.packing`; the window, layout and plan types are re-exported here because they are what a loader is
+configured with::
 
     from mmfeed import DataLoader
     from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
