@@ -38,6 +38,7 @@ _EXPORTS = {
     "Packing": "mmfeed.loaders.planned.config",
     "PlanConfig": "mmfeed.packing.plan",
     "PlannedDataset": "mmfeed.loaders.planned.dataset",
+    "ReadOptions": "mmfeed.loaders.sources.options",
     "SampleError": "mmfeed.loaders.sources.errors",
     "ShardWriter": "mmfeed.loaders.conversion.writer",
     "StepTimer": "mmfeed.loaders.observe.timing",
