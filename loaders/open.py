@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.loaders.sources.lerobot import LeRobotSource, is_lerobot_dir
 from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.sources.renamed import RenamedSource
 from mmfeed.loaders.sources.webdataset import WebDatasetSource
 
 __all__ = ["open_dataset"]
 
 
-def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
+def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
+                 embodiments: Sequence[str] | Mapping[str, str] | None = None, rename: Any = None,
+                 absent: str | None = None, **kwargs: Any) -> EpisodeSource:
     """Open webdataset shards (a directory, brace pattern, glob, URL or index file), a LeRobot v3 directory, or a
     list of them.
 
     A list of tar shards is one dataset; a list of datasets (directories, index files, or sources already open)
     is a mixture of them (:class:`~mmfeed.loaders.sources.concat.ConcatSource`; ``Packing(weights=...)`` weighs
-    it). Keyword arguments are the fields of one :class:`~mmfeed.loaders.sources.options.ReadOptions`, handed to
+    it), and a dict ``{name: path}`` names its datasets. Keyword arguments are the fields of one
+    :class:`~mmfeed.loaders.sources.options.ReadOptions`, handed to
     every dataset: ``backend="pyav"``, ``frame_size=(H, W)`` (or
     ``{feature: (H, W)}``) to resize frames inside the decoder, ``frame_format="yuv420"`` to deliver frames as
     I420 planes ``[H * 3 // 2, W]`` (half the bytes of RGB, no colour conversion in the workers; convert them on
@@ -37,11 +41,58 @@ def open_dataset(path: Any, **kwargs: Any) -> EpisodeSource:
         ds.features["observation.state"]                  # doctest: +SKIP
         Feature(kind='array', dtype='float32', shape=(14,), fps=50.0)
         mix = open_dataset(["shards/", "lerobot/"], frame_size=(224, 224), cache_episodes=4)  # doctest: +SKIP
+
+    A mixture of robots (see :mod:`~mmfeed.loaders.sources.concat`) takes ``pad_to={feature: width}`` (array
+    features padded with zeros in their last dimension; samples carry ``<feature>_dim_mask``), ``embodiments``
+    (one name per dataset: datasets of one robot share stats), ``rename`` (``{name: new name}`` for every dataset
+    that has the feature, a list of such dicts, one per dataset, or ``{dataset name: {name: new name}}``) and
+    ``absent`` ("zeros": a feature a dataset lacks, asked for by a window, comes as zeros flagged in
+    ``<feature>_is_pad``; "skip": not at all). ``absent`` defaults to "zeros" when any of the other three is
+    given, else "skip"; given any of them, even one dataset opens as a mixture::
+
+        mix = open_dataset({"franka": arm, "aloha": bimanual}, pad_to={"action": 32})   # doctest: +SKIP
     """
     options = ReadOptions.of(**kwargs)
-    resolved = _resolve(path)
+    names = None
+    if isinstance(path, Mapping):
+        if not path:
+            raise ValueError("open_dataset got an empty dict; give {name: path} of each dataset")
+        names = [str(k) for k in path]
+        resolved = [_resolve(p) for p in path.values()]
+    else:
+        resolved = _resolve(path)
     _check_options(options, _formats_in(resolved))
-    return _open(resolved, options)
+    crossed = pad_to is not None or embodiments is not None or rename is not None
+    if not crossed and absent is None and names is None:
+        return _open(resolved, options)
+    datasets = [_open(item, options) for item in resolved] if isinstance(resolved, list) else [_open(resolved, options)]
+    names = names or [d.name for d in datasets]
+    datasets = [RenamedSource(d, m) if m else d for d, m in zip(datasets, _renames(rename, names, datasets))]
+    absent = absent if absent is not None else ("zeros" if crossed else "skip")
+    if len(datasets) == 1 and not crossed and absent == "skip":
+        return datasets[0]
+    return ConcatSource(datasets, names=names, pad_to=pad_to, embodiments=embodiments, absent=absent)
+
+
+def _renames(rename: Any, names: list[str], datasets: list[EpisodeSource]) -> list[dict[str, str]]:
+    """Each dataset's ``{name: new name}`` from ``rename`` in any of its forms (see :func:`open_dataset`)."""
+    if rename is None:
+        return [{} for _ in datasets]
+    if isinstance(rename, Mapping) and all(isinstance(v, str) for v in rename.values()):
+        return [{k: v for k, v in rename.items() if k in d.features} for d in datasets]
+    if isinstance(rename, Mapping):
+        unknown = sorted(set(rename) - set(names))
+        if unknown:
+            raise ValueError(f"rename names datasets {unknown}; the datasets are {names} (give rename={{name: "
+                             "new name}} for all of them, or one dict per dataset)")
+        return [dict(rename.get(n) or {}) for n in names]
+    if isinstance(rename, Sequence) and not isinstance(rename, (str, bytes)):
+        if len(rename) != len(datasets):
+            raise ValueError(f"rename gives {len(rename)} dicts for {len(datasets)} datasets; give one per dataset "
+                             "(an empty one where nothing is renamed)")
+        return [dict(m or {}) for m in rename]
+    raise TypeError(f"rename takes {{name: new name}}, a list of such dicts or {{dataset: {{name: new name}}}}; got "
+                    f"{type(rename).__name__}")
 
 
 FORMATS: tuple[type[EpisodeSource], ...] = (WebDatasetSource, LeRobotSource)

@@ -4,7 +4,8 @@
 DataLoader; ``mmfeed bench packing`` (and ``stall``, ``decode``, ``loader``, ``scaling``) run the focused
 benchmarks, each with its own ``--help``; ``mmfeed compare``
 finds regressions between two ``--json`` reports; ``mmfeed synth``, ``mmfeed index`` and ``mmfeed inspect`` make,
-index and survey datasets.
+index and survey datasets; ``mmfeed convert`` converts them and ``mmfeed stats`` computes their statistics (per
+dataset and per embodiment, with quantiles) from the arrays alone.
 
 Exit status: 0 success; 1 ``compare`` found a regression; 2 bad arguments or an input that cannot be used (a
 missing path, a file that is not a report, settings that cannot work), always with one line
@@ -371,10 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_inspect)
 
     import mmfeed.loaders.conversion.job as conversion
+    import mmfeed.loaders.conversion.statistics as statistics
 
     p = sub.add_parser("convert", help=conversion.HELP, description=conversion.DESCRIPTION, epilog=EPILOG)
     conversion.add_arguments(p)
     p.set_defaults(func=conversion.run)
+
+    p = sub.add_parser("stats", help=statistics.HELP, description=statistics.DESCRIPTION, epilog=EPILOG)
+    statistics.add_arguments(p)
+    p.set_defaults(func=statistics.run)
     return parser
 
 

@@ -20,6 +20,8 @@ from mmfeed.packing.bins import ALGORITHMS, PackPlan, pack
 from mmfeed.packing.bounds import lower_bound
 from mmfeed.packing.bucketing import OVERSIZE_POLICIES, bucket_batches, bucket_boundaries
 from mmfeed.packing.classes import ClassPlan, PriceClasses, class_remainder, pack_classes
+from mmfeed.packing.filters import kept_segments
+from mmfeed.packing.mixture import SizeWeights
 from mmfeed.packing.online import OnlinePacker, pack_stream
 from mmfeed.packing.plan import MODES, Plan, PlanConfig, consumed_samples, plan_epoch, plan_remainder, worker_steps
 from mmfeed.packing.shuffle import index_shuffle
@@ -42,6 +44,7 @@ __all__ = sorted(
         "PriceClasses",
         "REMAINDER_POLICIES",
         "RankPlan",
+        "SizeWeights",
         "UniformPlan",
         "balance",
         "bucket_batches",
@@ -49,6 +52,7 @@ __all__ = sorted(
         "class_remainder",
         "consumed_samples",
         "index_shuffle",
+        "kept_segments",
         "lower_bound",
         "pack",
         "pack_classes",

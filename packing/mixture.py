@@ -15,9 +15,52 @@ used again, however the weights divide the epochs; a pure function of ``(seed, e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
 import numpy as np
 
-__all__ = ["mix_counts", "weighted_draw"]
+__all__ = ["SizeWeights", "Weights", "mix_counts", "mixture_weights", "weighted_draw"]
+
+
+@dataclass(frozen=True)
+class SizeWeights:
+    """Each dataset's weight is its size (samples) to the power ``alpha``: 1 is in proportion to size (every
+    sample once), 0 an equal share for every dataset, between them a tempered mixture (large datasets drawn less
+    than their size, small ones more, as Octo and openpi temper theirs). The string ``"size"`` means
+    ``SizeWeights(1.0)``.
+
+        >>> mixture_weights(SizeWeights(0.5), np.array([100, 25])).tolist()
+        [10.0, 5.0]
+    """
+
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool)
+                and np.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"SizeWeights alpha must be a finite number >= 0, got {self.alpha!r}")
+
+
+Weights = Union[Sequence[float], SizeWeights, str, None]
+"""A mixture's weights: one per dataset, ``"size"``, :class:`SizeWeights` or None (every sample once)."""
+
+
+def mixture_weights(weights: Weights, sizes: np.ndarray) -> np.ndarray | None:
+    """The float64 weight of each dataset of ``sizes`` (samples per dataset), or None where the weights are in
+    proportion to size: that epoch is every sample once, planned without a draw."""
+    if weights is None:
+        return None
+    if isinstance(weights, str):
+        if weights != "size":
+            raise ValueError(f"weights must be one number per dataset, 'size' or SizeWeights(alpha), got {weights!r}")
+        weights = SizeWeights(1.0)
+    if isinstance(weights, SizeWeights):
+        if weights.alpha == 1.0:
+            return None
+        return np.asarray(sizes, dtype=np.float64) ** float(weights.alpha) * (np.asarray(sizes) > 0)
+    return np.asarray(weights, dtype=np.float64)
 
 
 def mix_counts(weights: np.ndarray, total: int) -> np.ndarray:

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmfeed.packing.classes import PriceClasses
+from mmfeed.packing.filters import Ranges
 from mmfeed.packing.layout import TokenLayout
-from mmfeed.packing.mixture import weighted_draw
+from mmfeed.packing.mixture import Weights, mixture_weights, weighted_draw
 from mmfeed.packing.windows import WindowSpec, chunk_frames, episode_chunks
 
 __all__ = ["LONG_EPISODES", "EpisodeIndex", "EpisodeWindows", "SampleTable"]
@@ -101,29 +102,48 @@ class EpisodeIndex:
 
 class EpisodeWindows:
     """The windows ``(episode, anchor step)`` taken every ``stride`` steps of every episode, episode-major, from
-    cumulative counts per episode: memory per episode, not per window."""
+    cumulative counts per episode: memory per episode, not per window.
 
-    def __init__(self, lengths: np.ndarray, stride: int) -> None:
+    segments: ``(episode, start, end)`` of the steps that may anchor a window (:mod:`mmfeed.packing.filters`,
+    sorted by episode then start, disjoint), each anchoring one every ``stride`` steps from its start; None:
+    every step of every episode (one segment per episode, ``[0, length)``), kept without per-segment arrays.
+    """
+
+    def __init__(self, lengths: np.ndarray, stride: int, segments: Ranges | None = None) -> None:
         if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 1:
             raise ValueError(f"stride must be an integer >= 1 (steps between anchors), got {stride!r}")
         self.stride = int(stride)
-        self.per_episode = (np.asarray(lengths, dtype=np.int64) + self.stride - 1) // self.stride
-        self.ends = np.cumsum(self.per_episode)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        self.segments = segments
+        if segments is None:
+            self.per_episode = (lengths + self.stride - 1) // self.stride
+            self.ends = np.cumsum(self.per_episode)
+            return
+        episode, start, end = segments
+        self._per_segment = (end - start + self.stride - 1) // self.stride
+        self.ends = np.cumsum(self._per_segment)
+        self.per_episode = np.bincount(episode, weights=self._per_segment, minlength=len(lengths)).astype(np.int64)
+        self._episode_ends = np.cumsum(self.per_episode)
 
     def __len__(self) -> int:
         return int(self.ends[-1]) if len(self.ends) else 0
 
     def locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``(episode, anchor step)`` of each sample id (what :func:`mmfeed.packing.windows.episode_windows`
-        gives at that id)."""
+        gives at that id, without segments)."""
         samples = np.asarray(samples, dtype=np.int64)
-        episode = np.searchsorted(self.ends, samples, side="right")
-        first = self.ends[episode] - self.per_episode[episode]
-        return episode.astype(np.int64), (samples - first) * self.stride
+        k = np.searchsorted(self.ends, samples, side="right")
+        if self.segments is None:
+            first = self.ends[k] - self.per_episode[k]
+            return k.astype(np.int64), (samples - first) * self.stride
+        episode, start, _ = self.segments
+        first = self.ends[k] - self._per_segment[k]
+        return episode[k], start[k] + (samples - first) * self.stride
 
     def of_episode(self, episode: int) -> np.ndarray:
-        """The sample ids of one episode's windows."""
-        return np.arange(self.ends[episode] - self.per_episode[episode], self.ends[episode], dtype=np.int64)
+        """The sample ids of one episode's windows (consecutive: the windows are episode-major)."""
+        ends = self.ends if self.segments is None else self._episode_ends
+        return np.arange(ends[episode] - self.per_episode[episode], ends[episode], dtype=np.int64)
 
 
 class SampleTable:
@@ -157,28 +177,35 @@ class SampleTable:
     # -- construction ----------------------------------------------------------------------------------------
     @classmethod
     def windows(cls, index: EpisodeIndex, layout: TokenLayout, window: WindowSpec, *, stride: int = 1,
-                weights: Sequence[float] | None = None) -> SampleTable:
+                weights: Weights = None, segments: Ranges | None = None) -> SampleTable:
         """One window every ``stride`` steps of every episode, stored per episode only; ``weights``: each
-        dataset's share of an epoch's samples in a mixture (None: every sample once)."""
+        dataset's share of an epoch's samples in a mixture (:func:`~mmfeed.packing.mixture.mixture_weights`;
+        None: every sample once); ``segments``: the runs of steps that may anchor a window
+        (:func:`~mmfeed.packing.filters.kept_segments`; None: every step)."""
         table = cls._new(index, layout, window, window.features)
-        table._windows = EpisodeWindows(index.lengths, stride)
+        table._windows = EpisodeWindows(index.lengths, stride, segments)
         table._set_draw(table._windows.per_episode, weights)
         return table
 
     @classmethod
     def chunks(cls, index: EpisodeIndex, layout: TokenLayout, features: Sequence[str], *,
                max_length: int | None = None, capacity: int | None = None, long_episodes: str = "split",
-               weights: Sequence[float] | None = None) -> SampleTable:
+               weights: Weights = None, segments: Ranges | None = None) -> SampleTable:
         """Every frame of ``features`` in runs of at most ``max_length`` steps (None: whole episodes), shortened
         until every chunk fits ``capacity`` tokens; chunks past an episode's first are kept ("split") or dropped
-        ("truncate"), counted in ``stats`` either way."""
+        ("truncate"), counted in ``stats`` either way. ``segments``: cut chunks from these runs of kept steps
+        (:func:`~mmfeed.packing.filters.kept_segments`) instead of whole episodes; ``weights`` as for windows."""
         if long_episodes not in LONG_EPISODES:
             raise ValueError(f"long_episodes must be one of {list(LONG_EPISODES)}, got {long_episodes!r}")
         table = cls._new(index, layout, None, features)
         lengths = index.lengths
-        longest = int(max_length or lengths.max(initial=1))
+        spans = lengths if segments is None else segments[2] - segments[1]
+        longest = int(max_length or spans.max(initial=1))
         while True:
-            episode, start, length = episode_chunks(lengths, max(longest, 1))
+            piece, start, length = episode_chunks(spans, max(longest, 1))
+            episode = piece if segments is None else segments[0][piece]
+            if segments is not None:
+                start = start + segments[1][piece]
             table._set_columns(episode, start, length)
             tokens = table._tokens
             if capacity is None or not len(tokens) or tokens.max() <= capacity:
@@ -188,9 +215,9 @@ class SampleTable:
                                  f"({int(tokens.max())} tokens with its text); raise the capacity or shrink the layout")
             # Shrink in proportion to the overshoot, at least one step a round.
             longest = max(1, min(longest - 1, int(longest * capacity / int(tokens.max()))))
-        table.stats["split_episodes"] = int(np.sum(np.bincount(episode, minlength=len(lengths)) > 1))
+        table.stats["split_episodes"] = int(np.sum(np.bincount(piece, minlength=len(spans)) > 1))
         if long_episodes == "truncate":
-            first = start == 0
+            first = start == (0 if segments is None else segments[1][piece])
             table.stats["truncated_steps"] = int(length[~first].sum())
             table.stats["split_episodes"] = 0
             table._episode, table._start, table._length = episode[first], start[first], length[first]
@@ -224,12 +251,17 @@ class SampleTable:
         self._task = self._tasks_at(episode, start)
         self._tokens = self._priced(episode, start, self._length, self._task)
 
-    def _set_draw(self, per_episode: np.ndarray, weights: Sequence[float] | None) -> None:
+    def _set_draw(self, per_episode: np.ndarray, weights: Weights) -> None:
         if weights is None:
             return
         dataset = self.index.dataset if self.index.dataset is not None else np.zeros(len(self.index), np.int64)
-        sizes = np.bincount(dataset, weights=per_episode, minlength=len(weights)).astype(np.int64)
-        self._draw = (sizes, np.asarray(weights, dtype=np.float64))
+        count = len(weights) if isinstance(weights, Sequence) and not isinstance(weights, str) else 0
+        sizes = np.bincount(dataset, weights=per_episode, minlength=max(count, int(dataset.max(initial=-1)) + 1))
+        sizes = sizes.astype(np.int64)
+        resolved = mixture_weights(weights, sizes)
+        if resolved is None:  # in proportion to size: every sample once, no draw
+            return
+        self._draw = (sizes, resolved)
         weighted_draw(sizes, self._draw[1], seed=0, epoch=0)  # validates the weights
 
     # -- columns ---------------------------------------------------------------------------------------------

@@ -568,3 +568,43 @@ def naive_planner(*, drawn: bool, mode: str, episode_block: int, uniform: int | 
     if uniform is not None and uniform <= capacity:
         return "uniform"
     return "classes" if has_runs and decreasing else "samples"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Frame filters (mmfeed.packing.filters) and windows / chunks of kept segments
+
+
+def naive_kept_steps(lengths: list[int], keep: list[tuple[int, int, int]], drop: list[tuple[int, int, int]]
+                     ) -> list[list[bool]]:
+    """Per episode, whether each step is kept: an episode named in ``keep`` keeps the steps its ranges cover,
+    another keeps them all; then every step a ``drop`` range covers goes."""
+    named = {e for e, _, _ in keep}
+    kept = [[e not in named for _ in range(n)] for e, n in enumerate(lengths)]
+    for e, a, b in keep:
+        for t in range(max(a, 0), min(b, lengths[e])):
+            kept[e][t] = True
+    for e, a, b in drop:
+        for t in range(max(a, 0), min(b, lengths[e])):
+            kept[e][t] = False
+    return kept
+
+
+def naive_segments(kept: list[list[bool]]) -> list[tuple[int, int, int]]:
+    """Maximal runs of kept steps ``(episode, start, end)``, in order."""
+    out = []
+    for e, steps in enumerate(kept):
+        t = 0
+        while t < len(steps):
+            if steps[t]:
+                start = t
+                while t < len(steps) and steps[t]:
+                    t += 1
+                out.append((e, start, t))
+            else:
+                t += 1
+    return out
+
+
+def naive_segment_windows(segments: list[tuple[int, int, int]], stride: int) -> list[tuple[int, int]]:
+    """``(episode, anchor)`` of every window: one every ``stride`` steps from each segment's start."""
+    return [(e, t) for e, a, b in segments for t in range(a, b, stride)]

@@ -1,6 +1,7 @@
 """Where :func:`mmfeed.loaders.convert` runs its shards: :func:`convert_shard` writes one shard (the unit
 of work, of retry and of resume), :func:`run_local` runs shards in this process or a pool of processes,
-:func:`run_ray` as Ray tasks with retries, and :class:`Progress` shows episodes, MB written, rate and ETA.
+:func:`run_ray` as Ray tasks with retries, and :class:`Progress` shows episodes, MB written, rate and ETA. The two
+engines run any job's unit of work (``work=``): ``mmfeed stats`` runs its own on them.
 
 Shard ``k`` holds the episodes the plan gave it, in plan order, and is written to ``.shard-k.tar.partial`` then
 renamed, so its bytes do not depend on where or when it ran, nor on what else ran beside it.
@@ -13,7 +14,7 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -92,12 +93,14 @@ def _where(reader: Any, item: Any) -> str:
         return f"{reader.job.src} ({type(err).__name__} describing it)"
 
 
-def run_local(job: Any, tasks: Iterable[tuple[int, list]], workers: int) -> Iterator[dict[str, Any]]:
+def run_local(job: Any, tasks: Iterable[tuple[int, list]], workers: int,
+              work: Callable[[Any, int, Any], Any] = convert_shard) -> Iterator[Any]:
     """Shard records as shards finish: in this process (``workers == 1``) or on a pool of ``workers`` spawned
-    processes, at most two shards per process in flight (generated episodes wait in the driver)."""
+    processes, at most two shards per process in flight (generated episodes wait in the driver). ``work(job, k,
+    items)`` is what a task runs (another job's unit of work, e.g. ``mmfeed stats``'s)."""
     if workers == 1:
         for k, items in tasks:
-            yield convert_shard(job, k, items)
+            yield work(job, k, items)
         return
     pending: dict[Any, int] = {}
     todo = iter(tasks)
@@ -105,7 +108,7 @@ def run_local(job: Any, tasks: Iterable[tuple[int, list]], workers: int) -> Iter
         try:
             while True:
                 for k, items in _take(todo, 2 * workers - len(pending)):
-                    pending[pool.submit(convert_shard, job, k, items)] = k
+                    pending[pool.submit(work, job, k, items)] = k
                 if not pending:
                     return
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -114,18 +117,19 @@ def run_local(job: Any, tasks: Iterable[tuple[int, list]], workers: int) -> Iter
                     try:
                         yield future.result()
                     except BrokenProcessPool as err:
-                        raise ConvertError(f"a worker process died while converting shard {k} (killed, or out of "
-                                           f"memory?): {err}") from err
+                        raise ConvertError(f"a worker process died while running {_unit(work)} {k} (killed, or "
+                                           f"out of memory?): {err}") from err
         finally:
             for future in pending:
                 future.cancel()
 
 
 def run_ray(job: Any, tasks: Iterable[tuple[int, list]], workers: int, address: str | None,
-            max_retries: int) -> Iterator[dict[str, Any]]:
+            max_retries: int, work: Callable[[Any, int, Any], Any] = convert_shard) -> Iterator[Any]:
     """Shard records as shards finish, each shard a Ray task (one CPU) retried up to ``max_retries`` times on
     any failure. Joins the cluster at ``address``, else a running one (``address="auto"``), else starts a local
-    one with ``workers`` CPUs (and stops it at the end). Workers write to ``job.dst``, which every node must see."""
+    one with ``workers`` CPUs (and stops it at the end). Workers write to ``job.dst``, which every node must see.
+    ``work`` as for :func:`run_local`."""
     try:
         import ray
     except ImportError as err:
@@ -140,7 +144,7 @@ def run_ray(job: Any, tasks: Iterable[tuple[int, list]], workers: int, address: 
                 ray.init(address="auto", logging_level=logging.WARNING)
             except ConnectionError:
                 ray.init(num_cpus=workers, **quiet)
-    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=True)(convert_shard)
+    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=True)(work)
     pending: dict[Any, int] = {}
     try:
         capacity = max(1, int(ray.cluster_resources().get("CPU", workers)))
@@ -156,12 +160,17 @@ def run_ray(job: Any, tasks: Iterable[tuple[int, list]], workers: int, address: 
                 yield ray.get(ready[0])
             except ray.exceptions.RayTaskError as err:
                 cause = getattr(err, "cause", None) or err
-                raise ConvertError(f"shard {k} failed {max_retries + 1} time(s) on Ray: {cause}") from cause
+                raise ConvertError(f"{_unit(work)} {k} failed {max_retries + 1} time(s) on Ray: {cause}") from cause
     finally:
         for ref in pending:
             ray.cancel(ref)
         if started:
             ray.shutdown()
+
+
+def _unit(work: Callable) -> str:
+    """What a task of ``work`` is called in a message: a shard of a conversion, else a task."""
+    return "shard" if work is convert_shard else "task"
 
 
 def _take(iterator: Iterator, n: int) -> list:

@@ -9,9 +9,10 @@ Each sample becomes one document; its pieces follow the token layout (:mod:`mmfe
 feature's payload is flat over the batch in the order its tokens appear: ``data[feature]`` ``[n, *shape]``
 (video frames stay uint8 ``[n, H, W, 3]``, or I420 planes ``[n, H * 3 // 2, W]`` from a source opened with
 ``frame_format="yuv420"``, all the way to the device), ``data["text"]`` int32 ``[n]`` and
-``data[f"{feature}_is_pad"]`` bool ``[n]`` beside each feature (LeRobot's convention for clamped times).
-``metadata`` holds per-document ``sample``, ``episode``, ``start_step``, ``start_time`` (seconds) and, for a
-mixture, ``dataset``.
+``data[f"{feature}_is_pad"]`` bool ``[n]`` beside each feature (LeRobot's convention for clamped times), and for a
+feature a mixture pads (``pad_to``) ``data[f"{feature}_dim_mask"]`` bool ``[n, width]``, one mask row per payload
+row. ``metadata`` holds per-document ``sample``, ``episode``, ``start_step``, ``start_time`` (seconds) and, for a
+mixture, ``dataset`` (and ``embodiment``, given embodiments).
 
 In a DataLoader worker the frames of a batch are decoded straight into one shared-memory buffer per feature
 (recycled between batches, :mod:`mmfeed.loaders.loop.shm`), so handing the batch to the training process copies
@@ -113,7 +114,7 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
     check_finite(reader, read, pads, floats, policy, errors, failures)
     if transform is not None:
-        read = transform_each(reader, read, transform, epoch, seed)
+        read = transform_each(reader, read, transform, epoch, seed, pads)
     if failures:
         rows, keep = without_failures(rows, samples, failures)
         samples = samples[keep]
@@ -123,6 +124,7 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     with stage("collate"):
         pieces: dict[str, list[np.ndarray]] = {}
         pad_pieces: dict[str, list[np.ndarray]] = {}
+        mask_pieces: dict[str, list[np.ndarray]] = {}
         segments, steps, doc_tokens = [], [], []
         for r, data, pad, (order, doc_segments, doc_steps) in zip(reads, read, pads, sample_plans):
             if len(r.text):
@@ -136,12 +138,17 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
                 pieces.setdefault(feature, []).append(values if positions is _IN_ORDER else values[positions])
                 pad_pieces.setdefault(feature, []).append(
                     pad[feature] if positions is _IN_ORDER else pad[feature][positions])
+                mask = source.dim_mask(r.request.episode, feature)
+                if mask is not None:  # one mask row per payload row of the feature
+                    mask_pieces.setdefault(feature, []).append(np.broadcast_to(mask, (len(pieces[feature][-1]),
+                                                                                      len(mask))))
             segments.append(doc_segments)
             steps.append(doc_steps)
             doc_tokens.append(r.layout.num_tokens)
         payload = {key: _concat(parts) for key, parts in pieces.items()}
         payload.update(direct)
         payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
+        payload.update({f"{key}_dim_mask": np.concatenate(parts) for key, parts in mask_pieces.items()})
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
         _add_absent(payload, source, features, read)
@@ -161,6 +168,9 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
         dataset_of = getattr(source, "dataset_of", None)
         if dataset_of is not None:
             metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))
+            embodiment_of = getattr(source, "embodiment_of_dataset", None)
+            if embodiment_of is not None:
+                metadata["embodiment"] = torch.from_numpy(embodiment_of[metadata["dataset"].numpy()])
         return packed(batch_lay, modalities, payload, metadata, failures, static_shapes, max_documents)
 
 
@@ -321,12 +331,18 @@ class _EpisodeReads:
         return f"{self.source.describe(self.requests[k].episode)} feature {key!r}: NaN or inf at frames {frames}"
 
     def sample(self, k: int, data: dict) -> dict:
-        """Each feature's frames as tensors, its ``_is_pad`` flags, ``task``, ``episode_index``, ``frame_index``."""
+        """Each feature's frames as tensors, its ``_is_pad`` flags, ``task``, ``episode_index``, ``frame_index``;
+        in a mixture ``dataset`` (and ``embodiment``) and each padded feature's ``_dim_mask``."""
         read = self.reads[k]
+        episode = int(read.request.episode)
         sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
         sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in read.pads.items()})
-        sample.update(task=self.source.tasks[read.task] if read.task >= 0 else "",
-                      episode_index=int(read.request.episode), frame_index=read.start)
+        for f in data:
+            mask = self.source.dim_mask(episode, f)
+            if mask is not None:
+                sample[f"{f}_dim_mask"] = torch.from_numpy(mask.copy())
+        sample.update(task=self.source.tasks[read.task] if read.task >= 0 else "", episode_index=episode,
+                      frame_index=read.start, **self.source.origin(episode))
         return sample
 
 
@@ -400,3 +416,5 @@ def _add_absent(payload: dict[str, Any], source: EpisodeSource, features: Sequen
             spec = source.features[key]
             payload[key] = example[:0] if example is not None else np.zeros((0, *spec.shape), np.dtype(spec.dtype))
             payload.setdefault(f"{key}_is_pad", np.zeros(0, bool))
+        if key in getattr(source, "padded", {}):
+            payload.setdefault(f"{key}_dim_mask", np.zeros((0, source.padded[key]), bool))

@@ -21,11 +21,13 @@ import numpy as np
 
 from mmfeed.codecs.text import ByteTokenizer
 from mmfeed.loaders.planned.collate import SampleRead
+from mmfeed.loaders.planned.filters import FrameFilter
 from mmfeed.loaders.planned.records import RecordItems
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.requests import chunk_requests, window_requests
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
+from mmfeed.packing.mixture import Weights
 from mmfeed.packing.samples import LONG_EPISODES, EpisodeIndex, SampleTable
 from mmfeed.packing.windows import WindowSpec
 
@@ -43,21 +45,25 @@ class EpisodeItems:
     capacity: the row size chunks must fit; long_episodes: chunks that do not fit are "split" into consecutive
         chunks that do (default) or cut after the first ("truncate"), counted in ``stats`` either way.
     tokenizer: ``encode(str) -> ids`` for task text (default UTF-8 bytes).
-    weights: for a source of several datasets, each one's share of an epoch's samples (None: every sample once).
+    weights: for a source of several datasets, each one's share of an epoch's samples (one number per dataset,
+        "size" or :class:`~mmfeed.packing.mixture.SizeWeights`; None: every sample once).
+    frame_filter: the steps that may anchor a window or be covered by a chunk
+        (:class:`~mmfeed.loaders.planned.filters.FrameFilter`; None: every step).
     """
 
     def __init__(self, source: EpisodeSource, *, layout: TokenLayout, window: WindowSpec | None = None,
                  stride: int = 1, max_length: int | None = None, capacity: int | None = None,
-                 long_episodes: str = "split", tokenizer: Any = None,
-                 weights: Sequence[float] | None = None) -> None:
+                 long_episodes: str = "split", tokenizer: Any = None, weights: Weights = None,
+                 frame_filter: FrameFilter | None = None) -> None:
         if long_episodes not in LONG_EPISODES:
             raise ValueError(f"long_episodes must be one of {list(LONG_EPISODES)}, got {long_episodes!r}")
         index = self._setup(source, layout, window, tokenizer)
+        segments = None if frame_filter is None else frame_filter.segments(source)
         if window is not None:
-            self.table = SampleTable.windows(index, layout, window, stride=stride, weights=weights)
+            self.table = SampleTable.windows(index, layout, window, stride=stride, weights=weights, segments=segments)
         else:
             self.table = SampleTable.chunks(index, layout, self.features, max_length=max_length, capacity=capacity,
-                                            long_episodes=long_episodes, weights=weights)
+                                            long_episodes=long_episodes, weights=weights, segments=segments)
 
     @classmethod
     def of_samples(cls, source: EpisodeSource, episode: np.ndarray, start: np.ndarray, length: np.ndarray | None,

@@ -110,10 +110,13 @@ def _finiteness(values: Any) -> Any:
     return None if finite is None or bool(finite.all()) else finite
 
 
-def transform_each(reader: Any, read: list, transform: Callable, epoch: int, seed: int) -> list:
+def transform_each(reader: Any, read: list, transform: Callable, epoch: int, seed: int,
+                   pads: list | None = None) -> list:
     """Run the user's transform on each sample read (``reader.sample``: tensors in, tensors out) with its own
     generator, from ``(seed, epoch, sample id)``. Each array comes back from its result with its first dimension
-    (frames, or a record's tokens) unchanged: tokens were planned before anything was read."""
+    (frames, or a record's tokens) unchanged: tokens were planned before anything was read. With ``pads`` (each
+    sample's ``is_pad`` flags by feature), a transform may flag more frames as padding (a camera it drops): the
+    ``<feature>_is_pad`` it returns, one flag a frame, replaces the sample's."""
     out = []
     for k, (s, data) in enumerate(zip(reader.samples, read)):
         if data is None:
@@ -137,6 +140,13 @@ def transform_each(reader: Any, read: list, transform: Callable, epoch: int, see
                                  f"from {len(before)} to {len(after)}; tokens are planned before reading, so counts "
                                  "must stay")
             new[key] = after
+            flags = result.get(f"{key}_is_pad")
+            if pads is not None and key in pads[k] and flags is not None:
+                flags = np.asarray(flags.numpy() if isinstance(flags, torch.Tensor) else flags, dtype=bool)
+                if flags.shape != pads[k][key].shape:
+                    raise ValueError(f"the transform returned {key}_is_pad of shape {list(flags.shape)} for sample "
+                                     f"{int(s)}; it holds one flag per frame, {list(pads[k][key].shape)}")
+                pads[k][key] = flags
         out.append(new)
     return out
 
@@ -178,6 +188,8 @@ def pad_static(payload: dict[str, Any], per_entry: dict[str, int], slots: int) -
         payload[key] = _grown(payload[key], extra, 0)
         if f"{key}_is_pad" in payload:
             payload[f"{key}_is_pad"] = _grown(payload[f"{key}_is_pad"], extra, 1)
+        if f"{key}_dim_mask" in payload:
+            payload[f"{key}_dim_mask"] = _grown(payload[f"{key}_dim_mask"], extra, 0)
 
 
 def _grown(values: Any, extra: int, fill: int) -> Any:

@@ -168,6 +168,22 @@ class EpisodeSource:
         self._check_feature(feature)
         return np.ones(len(self), dtype=bool)
 
+    def filled(self, feature: str) -> np.ndarray | None:
+        """bool ``[E]``: the episodes whose dataset lacks ``feature`` but delivers it as zeros, flagged in
+        ``<feature>_is_pad`` (a mixture opened with ``absent="zeros"``); None: every episode reads its own."""
+        self._check_feature(feature)
+        return None
+
+    def origin(self, episode: int) -> dict[str, int]:
+        """Where ``episode`` comes from in a mixture: ``{"dataset": index}`` (and ``"embodiment"``); ``{}`` for
+        a single dataset."""
+        return {}
+
+    def dim_mask(self, episode: int, feature: str) -> np.ndarray | None:
+        """bool ``[width]``: which elements of ``feature``'s last dimension are the episode's own data, for a
+        feature a mixture pads (``pad_to``); None for any other."""
+        return None
+
     def windows(self, spec):
         """The unpacked, LeRobotDataset-shaped view: one sample per step of every episode (see
         :class:`mmfeed.loaders.sources.windows.WindowsDataset`)."""
@@ -236,19 +252,3 @@ class EpisodeSource:
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 raise IndexError(f"{self.describe(e)} feature {feature!r}: frames {int(idx.min())}..{int(idx.max())} "
                                  f"asked, it has {n}")
-
-
-def check_features_agree(sources: Sequence[EpisodeSource]) -> None:
-    """Raise ValueError when one feature name has different kinds, dtypes or step shapes in two sources."""
-    seen: dict[str, tuple[Feature, str]] = {}
-    for source in sources:
-        for name, feature in source.features.items():
-            if name in seen:
-                other, where = seen[name]
-                if (other.kind, other.dtype, other.shape) != (feature.kind, feature.dtype, feature.shape):
-                    raise ValueError(f"feature {name!r} is {other.kind} {other.dtype} {list(other.shape)} in {where} but "
-                                     f"{feature.kind} {feature.dtype} {list(feature.shape)} in {source.name}; mixed "
-                                     "sources must agree on every feature they share")
-            else:
-                seen[name] = (feature, source.name)
-

@@ -55,16 +55,16 @@ class Sketch:
         x = np.asarray(values, dtype=np.float64)
         if math.prod(x.shape[1:]) != len(self.counts) or x.ndim == 0:
             raise ValueError(f"values of step shape {list(np.shape(values)[1:])} do not fit a sketch of {self.shape}")
-        x = x.reshape(len(x), len(self.counts))
-        dim = np.broadcast_to(np.arange(x.shape[1]), x.shape)
-        keep = ~np.isnan(x)
-        x, dim = x[keep], dim[keep]
+        d, width = self.counts.shape
+        x = x.reshape(len(x), d)
         magnitude = np.abs(x)
-        with np.errstate(divide="ignore"):
-            bucket = np.ceil(np.log(np.maximum(magnitude, MIN_MAGNITUDE)) / _LOG_GAMMA).astype(np.int64)
-        column = np.clip(bucket, _LO, _HI) - _LO + 1
-        column = np.where(magnitude < MIN_MAGNITUDE, 0, np.where(x > 0, column, -column)) + _N
-        np.add.at(self.counts, (dim, column), 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bucket = np.ceil(np.log(np.maximum(magnitude, MIN_MAGNITUDE)) / _LOG_GAMMA)
+        np.clip(bucket, _LO, _HI, out=bucket)
+        bucket -= _LO - 1
+        column = np.where(magnitude < MIN_MAGNITUDE, 0.0, np.copysign(bucket, x)) + _N
+        flat = (column + np.arange(d) * width)[~np.isnan(x)].astype(np.int64)  # one bincount for every element
+        self.counts += np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
 
     def merge(self, other: Sketch) -> None:
         """Add ``other``'s counts (same step shape) to this sketch."""

@@ -51,6 +51,9 @@ def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarra
             deltas, anchor_steps=anchors, fps=fps, length=lengths, rate=source.rates(feature)[episodes],
             frames=source.frames(feature)[episodes], tolerance_s=spec.tolerance_s)
         present[feature] = source.present(feature)[episodes]
+        filled = source.filled(feature)
+        if filled is not None:  # delivered as zeros: every frame is padding
+            pad[feature] = pad[feature] | filled[episodes][:, None]
     return [(EpisodeRequest(int(e), {f: v[k] for f, v in idx.items() if present[f][k]}),
              {f: v[k] for f, v in pad.items() if present[f][k]}) for k, e in enumerate(episodes)]
 
@@ -67,15 +70,19 @@ def chunk_requests(source: EpisodeSource, features: Sequence[str], episodes: np.
     for feature in features:
         rate = source.rates(feature)[episodes]
         first, count = chunk_frames(starts, starts + lengths, length=source.lengths[episodes], fps=fps, rate=rate)
-        spans[feature] = (first, count, rate, source.frames(feature)[episodes], source.present(feature)[episodes])
+        filled = source.filled(feature)
+        spans[feature] = (first, count, rate, source.frames(feature)[episodes], source.present(feature)[episodes],
+                          np.zeros(len(episodes), bool) if filled is None else filled[episodes])
     out = []
     for k, e in enumerate(episodes):
         indices, pads, times = {}, {}, {}
-        for feature, (first, count, rate, frames, present) in spans.items():
+        for feature, (first, count, rate, frames, present, filled) in spans.items():
             if not present[k]:
                 continue
             j = np.arange(first[k], first[k] + count[k], dtype=np.int64)
             indices[feature], pads[feature] = clamp_to_stream(j, frames[k])
+            if filled[k]:  # delivered as zeros: every frame is padding
+                pads[feature] = np.ones(len(j), bool)
             times[feature] = j / rate[k] - starts[k] / fps[k]
         out.append((EpisodeRequest(int(e), indices), pads, times))
     return out

@@ -31,7 +31,9 @@ class WindowsDataset(torch.utils.data.Dataset):
     the dataset (episodes back to back).
 
     Items: ``{feature: tensor [K, ...]`` (video uint8 ``[K, H, W, 3]``), ``f"{feature}_is_pad": bool [K]``,
-    ``"task": str`` (of the anchor step), ``"episode_index": int``, ``"frame_index": int}``.
+    ``"task": str`` (of the anchor step), ``"episode_index": int``, ``"frame_index": int}``; in a mixture also
+    ``"dataset": int`` (its index in the list; ``"embodiment"`` too, given embodiments) and, for a feature the
+    mixture pads (``pad_to``), ``f"{feature}_dim_mask": bool [width]``, True where the dataset's own elements are.
     """
 
     def __init__(self, source: EpisodeSource, spec: WindowSpec) -> None:
@@ -69,5 +71,9 @@ class WindowsDataset(torch.utils.data.Dataset):
             values = data[feature]
             out[feature] = torch.from_numpy(np.ascontiguousarray(values)) if values.dtype != object else values
             out[f"{feature}_is_pad"] = torch.from_numpy(pads[feature])
+            mask = self.source.dim_mask(episode, feature)
+            if mask is not None:
+                out[f"{feature}_dim_mask"] = torch.from_numpy(mask.copy())
         out.update(task=self.source.task(episode, anchor), episode_index=episode, frame_index=anchor)
+        out.update(self.source.origin(episode))
         return out
