@@ -81,6 +81,7 @@ def test_planned_dataset_set_epoch_names_the_epoch_a_plain_index_reads():
     with pytest.raises(ValueError, match="epoch must be an int >= 0"):
         dataset.set_epoch(-1)
 
+
 def test_the_loader_kept_out_of_prepare_resumes_through_save_state(tmp_path):
     acc, _, _ = prepared_accelerator()
     loader = packed(device=acc.device)
