@@ -2,9 +2,10 @@
 not installed).
 
 ``Accelerator.prepare`` takes any ``torch.utils.data.DataLoader``, so it takes mmfeed's, and rebuilds it as its own
-``DataLoaderShard`` from the loader's dataset, sampler and torch settings: the first epoch's batches survive
-(PackedBatch included), mmfeed's additions do not (device prefetch, the timer, ``state_dict()``, and the planned
-epochs: every epoch of the rebuilt loader replays the plan of the first). The way that keeps the loader whole, as
+``DataLoaderShard`` from the loader's dataset and torch settings. The planned epochs survive: the rebuilt loader
+indexes the dataset ``0..len-1`` and calls its ``set_epoch`` before each epoch, so each epoch runs its own plan
+(PackedBatch included). The loader's own additions do not (device prefetch, the timer, ``state_dict()``: the
+object is Accelerate's). The way that keeps the loader whole, as
 the README says: leave it out of ``prepare``, give it ``device=accelerator.device``, and
 ``accelerator.register_for_checkpointing(loader)``, so that ``save_state`` / ``load_state`` carry its exact
 mid-epoch position. Lightning's ``Trainer`` (one device) iterates the loader it is given, whole: the epochs of the
@@ -52,11 +53,33 @@ def test_prepare_takes_the_loader_and_rebuilds_it_as_accelerates_own():
     assert isinstance(rebuilt, torch.utils.data.DataLoader) and not isinstance(rebuilt, DataLoader)
     assert [b.tolist() for b in rebuilt] == reference
 
+
+@pytest.mark.parametrize("workers", [{}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": True}])
+def test_prepared_planned_loader_runs_each_epochs_own_plan(workers):
+    """Accelerate's rebuilt loader indexes the dataset 0..len-1 and calls its set_epoch before each epoch: each
+    epoch is mmfeed's plan of that epoch (PackedBatch included), workers (persistent ones too) following."""
+    acc = accelerate().Accelerator(cpu=True)
     ours = packed()
-    shard = acc.prepare(packed())
-    first = list(shard)
-    assert all(isinstance(b, PackedBatch) for b in first) and texts(first) == texts(ours)
-    assert texts(shard) == texts(first) != texts(ours)  # mmfeed's next epoch is a new plan; the rebuilt loader's not
+    expected = [texts(ours) for _ in range(3)]
+    assert expected[0] != expected[1] != expected[2]  # the plans differ from epoch to epoch
+    shard = acc.prepare(packed(**workers))
+    got = []
+    for _ in range(3):
+        batches = list(shard)
+        assert all(isinstance(b, PackedBatch) for b in batches)
+        got.append(texts(batches))
+    assert got == expected
+
+
+def test_planned_dataset_set_epoch_names_the_epoch_a_plain_index_reads():
+    dataset = packed().dataset
+    first = [dataset[i].data["text"].tolist() for i in range(len(dataset))]
+    dataset.set_epoch(2)
+    assert dataset.epoch == 2 and len(dataset) == dataset.num_steps(2)
+    assert [dataset[i].data["text"].tolist() for i in range(len(dataset))] == \
+        [dataset[(2, i)].data["text"].tolist() for i in range(dataset.num_steps(2))] != first
+    with pytest.raises(ValueError, match="epoch must be an int >= 0"):
+        dataset.set_epoch(-1)
 
 
 def test_the_loader_kept_out_of_prepare_resumes_through_save_state(tmp_path):

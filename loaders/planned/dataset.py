@@ -76,6 +76,9 @@ class PlannedDataset(torch.utils.data.Dataset):
         self._plan_lock = threading.Lock()
         self._num_steps: dict[Any, int] = {}
         self._max_documents = None
+        # The epoch a plain index reads, in shared memory so that set_epoch reaches the DataLoader's workers,
+        # persistent ones included, which hold copies of this dataset made when they started.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         if self.config.capacity and len(items):
             cheapest = items.table.min_price
             self._max_documents = self.config.rows_per_batch * max(self.config.capacity // cheapest, 1)
@@ -144,14 +147,29 @@ class PlannedDataset(torch.utils.data.Dataset):
                              + (f" after the segments {list(done)}" if done else ""))
         return planned.samples(planned.plan.batch_rows(self.rank, int(step)))
 
+    @property
+    def epoch(self) -> int:
+        """The epoch a plain index reads (see :meth:`set_epoch`)."""
+        return int(self._epoch[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """From now on ``dataset[i]`` is step ``i`` of epoch ``epoch``'s plan and ``len(dataset)`` that epoch's
+        steps, in this process and in the DataLoader's workers. mmfeed's DataLoader names the epoch in every index
+        (its :class:`PlanSampler`); this is for loaders that index ``0..len-1`` and call ``set_epoch`` between
+        epochs, as the loader Hugging Face Accelerate's ``prepare`` rebuilds from mmfeed's does, so that each of
+        its epochs runs its own plan instead of replaying the first."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self._epoch[0] = int(epoch)
+
     def __len__(self) -> int:
-        return self.num_steps(0)
+        return self.num_steps(self.epoch)
 
     def __getitem__(self, key: tuple[int, int] | tuple[int, int, tuple] | int) -> PackedBatch:
         if isinstance(key, tuple):
             epoch, step, done = key if len(key) == 3 else (*key, ())
         else:
-            epoch, step, done = 0, key, ()
+            epoch, step, done = self.epoch, key, ()
         rows = self.batch_samples(int(epoch), int(step), done)
         plan = self.plan(int(epoch), done)
         num_rows = plan.max_rows if self.static_shapes else None

@@ -1,22 +1,22 @@
 """PyTorch's own DataLoader test suite, run against ``mmfeed.DataLoader``.
 
-The suite is torch's ``test/test_dataloader.py`` (repository pytorch/pytorch, BSD-3-Clause licence; use the
-version of the torch installed, tag ``v2.13.0`` for torch 2.13.0), read from the file ``MMFEED_TORCH_SUITE`` names:
-it is not kept in this repository, and without it this module is skipped, saying so. It runs unchanged: this module
-executes the file's source as its own body (so the processes the tests start import it, and the substitution,
-under this module's name), every ``DataLoader`` the suite resolves being mmfeed's: ``from torch.utils.data import
-DataLoader`` at import, and ``torch.utils.data.DataLoader`` inside the tests (patched for each test of this module
-only, and for good in the processes the tests start). ``MMFEED_TORCH_SUITE_LOADER=torch`` runs it with torch's own
-DataLoader, the baseline. One thing differs from running the file alone: after each test the start method of
-multiprocessing is put back (``test_worker_init_fn_forkserver`` sets forkserver for the rest of the process, which
-would start every later worker through a fork server). Torch's test helpers need ``expecttest`` and ``psutil``.
+The suite is torch's ``test/test_dataloader.py`` (repository pytorch/pytorch, BSD-3-Clause licence), kept beside
+this module unedited as ``pytorch_test_dataloader.py`` (its origin, checksum and licence in ``ORIGIN.md`` and
+``LICENSE.pytorch``); ``MMFEED_TORCH_SUITE`` names another copy to run instead (the version of another torch). It
+runs unchanged: this module executes the file's source as its own body (so the processes the tests start import
+it, and the substitution, under this module's name), every ``DataLoader`` the suite resolves being mmfeed's:
+``from torch.utils.data import DataLoader`` at import, and ``torch.utils.data.DataLoader`` inside the tests
+(patched for each test of this module only, and for good in the processes the tests start).
+``MMFEED_TORCH_SUITE_LOADER=torch`` runs it with torch's own DataLoader, the baseline. One thing differs from
+running the file alone: after each test the start method of multiprocessing is put back
+(``test_worker_init_fn_forkserver`` sets forkserver for the rest of the process, which would start every later
+worker through a fork server). Torch's test helpers need ``expecttest`` and ``psutil`` (the dev extra).
 
-    MMFEED_TORCH_SUITE=/path/to/pytorch/test/test_dataloader.py python -m pytest -q tests/torch_suite
+    python -m pytest -q tests/torch_suite                              # mmfeed's loader, the default subset
+    MMFEED_TORCH_SUITE_LOADER=torch python -m pytest -q tests/torch_suite   # torch's, the baseline
+    MMFEED_TORCH_SUITE_FULL=1 python -m pytest -q tests/torch_suite    # every test, slow ones included
 
-Figures (torch 2.13.0, CPU, 2 cores; ``MMFEED_TORCH_SUITE_FULL=1``; the file as a mirror of pytorch/pytorch,
-amazon-contributing/upstream-to-pytorch, had it at commit 0332e32166759d653c77b3fd03099efac1e8b7c6, sha256
-a10d0f918105b3e8e013458e9f35dc6f46a377ea7d429fb95dca6f1798cc4837: of the copies at hand, the newest whose imports
-torch 2.13.0 has): 195 tests, 167 pass with torch's DataLoader and
+Figures (torch 2.13.0, CPU, 2 cores; ``MMFEED_TORCH_SUITE_FULL=1``): 195 tests, 167 pass with torch's DataLoader and
 the same 167 with mmfeed's, 28 skip alike by the suite's own conditions: no CUDA (10), no CUDA/PrivateUse1 IPC (14),
 ``@slowTest`` (``test_proper_exit``, 2: ``PYTORCH_TEST_WITH_SLOW=1`` runs them, and they pass with both) and the
 segfault test the suite skips on Linux (2). None is excluded here: the tests that reach into torch's iterator
@@ -61,14 +61,11 @@ SLOW: dict[str, str] = {
 }
 """``Class.test`` -> why it is left out of the default run (see the module docstring)."""
 
-SUITE = os.environ.get("MMFEED_TORCH_SUITE", "")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUITE = os.environ.get("MMFEED_TORCH_SUITE") or os.path.join(HERE, "pytorch_test_dataloader.py")
 LOADER = os.environ.get("MMFEED_TORCH_SUITE_LOADER", "mmfeed")
 if LOADER not in ("mmfeed", "torch"):
     raise ValueError(f"MMFEED_TORCH_SUITE_LOADER must be 'mmfeed' or 'torch', got {LOADER!r}")
-if not SUITE:
-    pytest.skip("torch's test/test_dataloader.py is not part of this repository: set MMFEED_TORCH_SUITE to its path "
-                "(pytorch/pytorch, the tag of the torch in use) to run it against mmfeed.DataLoader",
-                allow_module_level=True)
 if not os.path.isfile(SUITE):
     raise FileNotFoundError(f"MMFEED_TORCH_SUITE={SUITE} is not a file: point it at pytorch's test/test_dataloader.py")
 pytest.importorskip("expecttest", reason="torch's test helpers need expecttest: pip install expecttest")
