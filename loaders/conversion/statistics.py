@@ -5,9 +5,10 @@ decode video nobody needs (openpi's takes hours for that). :func:`compute_stats`
 features of each dataset (LeRobot data parquet columns, the ``.npy`` members of shards; never a video or an
 image), episode range by episode range, on local processes or Ray tasks (the engines of ``mmfeed convert``), and
 merges exactly: mean, std, min and max from per-range partials (Chan's update), the quantiles q01..q99 from
-mergeable log-bucket sketches (:mod:`~mmfeed.loaders.sources.quantiles`, within 1% of ``np.quantile``). The same
-partials and sketches merged over the datasets of one embodiment give that embodiment's stats exactly (not by the
-rule :func:`~mmfeed.loaders.sources.stats.combine` applies to finished stats).
+mergeable log-bucket sketches (:mod:`~mmfeed.loaders.sources.quantiles`, within 1% of ``np.quantile``). The
+datasets of one embodiment merge their finished stats by the rule ``open_dataset(..., embodiments=...)`` applies
+(:func:`~mmfeed.loaders.sources.stats.combine`: count-weighted mean and variance, min of the mins and of the q01s,
+max of the maxes and of the q99s), so ``Normalize`` gets the same numbers from either.
 
 With ``delta`` (:class:`~mmfeed.loaders.planned.transforms.DeltaActions`) the stats of delta actions come too,
 under ``"action.delta"``: over every anchor step ``t`` and offset ``k < horizon`` in an episode, the chosen
@@ -111,12 +112,8 @@ def compute_stats(paths: Any, *, names: Sequence[str] | None = None,
     if groups:
         labels, order = groups
         of = [order.index(label) for label in labels]
-        for e, label in enumerate(order):
-            merged: dict = {}
-            for t, k in zip(totals, of):
-                if k == e:
-                    _add(merged, t)
-            embodiment_stats[label] = _finished(merged)
+        embodiment_stats = {label: _stats.combine_datasets([p for p, k in zip(per_dataset, of) if k == e])
+                            for e, label in enumerate(order)}
     return _stats.MixtureStats(per_dataset, names, embodiments=embodiment_stats, embodiment_of_dataset=of)
 
 

@@ -88,8 +88,7 @@ class ConcatSource(EpisodeSource):
         self.dim_masks = {f: np.stack([np.arange(w) < (s.features[f].shape[-1] if f in s.features else 0)
                                        for s in sources]) for f, w in self.padded.items()}
         self._set_embodiments(embodiments)
-        self.stats = {name: _stats.combine(parts, self.padded.get(name))
-                      for name, parts in _stats_by_feature(sources).items()}
+        self.stats = _stats.combine_datasets([s.stats for s in sources], self.padded)
         self.mixture_stats = _stats.MixtureStats([s.stats for s in sources], self.dataset_names,
                                                  embodiments=self.embodiment_stats,
                                                  embodiment_of_dataset=self.embodiment_of_dataset)
@@ -123,9 +122,9 @@ class ConcatSource(EpisodeSource):
         self.embodiment_of_dataset = np.array([self.embodiment_names.index(e) for e in embodiments], np.int64)
         for k, embodiment in enumerate(self.embodiment_names):
             members = [s for s, e in zip(self.sources, self.embodiment_of_dataset) if e == k]
-            check_features_agree(members, {}, why=f"datasets of embodiment {embodiment!r} share their statistics")
-            self.embodiment_stats[embodiment] = {name: _stats.combine(parts)
-                                                 for name, parts in _stats_by_feature(members).items()}
+            check_features_agree(members, {}, why=f"datasets of embodiment {embodiment!r} share their statistics",
+                                 suggest_pad=False)
+            self.embodiment_stats[embodiment] = _stats.combine_datasets([s.stats for s in members])
 
     def _split(self, episode: int) -> tuple[int, int]:
         d = int(self.dataset_of[episode])
@@ -261,9 +260,11 @@ def _check_pad_to(sources: Sequence[EpisodeSource], pad_to: Mapping[str, int] | 
 
 
 def check_features_agree(sources: Sequence[EpisodeSource], padded: Mapping[str, int] | None = None, *,
-                         why: str = "mixed sources must agree on every feature they share") -> None:
+                         why: str = "mixed sources must agree on every feature they share",
+                         suggest_pad: bool = True) -> None:
     """Raise ValueError when one feature name has different kinds, dtypes or step shapes in two sources (for a
-    feature of ``padded``, the last dimension may differ)."""
+    feature of ``padded``, the last dimension may differ); ``suggest_pad``: name the ``pad_to`` that would fix an
+    array of another width."""
     padded = padded or {}
     seen: dict[str, tuple[Feature, str]] = {}
     for source in sources:
@@ -277,7 +278,7 @@ def check_features_agree(sources: Sequence[EpisodeSource], padded: Mapping[str, 
             if a == (feature.kind, feature.dtype, feature.shape[:cut]):
                 continue
             fix = ""
-            if (other.kind, other.dtype) == (feature.kind, feature.dtype) == ("array", other.dtype) and \
+            if suggest_pad and (other.kind, other.dtype) == (feature.kind, feature.dtype) == ("array", other.dtype) and \
                     other.shape[:-1] == feature.shape[:-1] and other.shape and feature.shape:
                 width = max(other.shape[-1], feature.shape[-1])
                 fix = (f", or pad the last dimension with zeros: open_dataset([...], pad_to={{{name!r}: {width}}}) "
@@ -285,8 +286,3 @@ def check_features_agree(sources: Sequence[EpisodeSource], padded: Mapping[str, 
             raise ValueError(f"feature {name!r} is {other.kind} {other.dtype} {list(other.shape)} in {where} but "
                              f"{feature.kind} {feature.dtype} {list(feature.shape)} in {source.name}; {why}{fix}")
 
-
-def _stats_by_feature(sources: Sequence[EpisodeSource]) -> dict[str, list[dict]]:
-    """Each feature's stats in every source that has them, in order."""
-    names = dict.fromkeys(n for s in sources for n in s.stats)
-    return {name: [s.stats[name] for s in sources if name in s.stats] for name in names}

@@ -7,8 +7,9 @@ A value ``x`` with ``|x| >= MIN_MAGNITUDE`` falls in bucket ``i = ceil(log_gamma
 (1%) of every value in the bucket; smaller magnitudes count as 0 and magnitudes above ``MAX_MAGNITUDE`` fall in the
 top bucket. :meth:`Sketch.quantiles` reads the order statistics at ranks ``floor(q (n - 1))`` and
 ``ceil(q (n - 1))`` off the cumulative counts, clamps them into the exact ``[min, max]`` and interpolates linearly
-between them, as ``np.quantile``'s default does; each quantile is therefore within ``ALPHA`` (relative) of
-``np.quantile`` of the values, plus ``MIN_MAGNITUDE``:
+between them, as ``np.quantile``'s default does; each quantile is therefore within ``ALPHA`` times the larger
+magnitude of those two order statistics (plus ``MIN_MAGNITUDE``) of ``np.quantile`` of the values: within
+``ALPHA`` relative where they are close, as they are in all but tiny or sparse data:
 
     >>> x = np.random.default_rng(0).normal(size=(1000, 2))
     >>> s = Sketch((2,)); s.add(x[:300]); s.add(x[300:])

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["QUANTILE_NAMES", "MixtureStats", "combine", "finish", "from_json", "merge", "partial", "step_shaped", "to_json"]
+__all__ = ["QUANTILE_NAMES", "MixtureStats", "combine", "combine_datasets", "finish", "from_json", "merge", "partial", "step_shaped", "to_json"]
 
 QUANTILE_NAMES = ("q01", "q10", "q50", "q90", "q99")
 """The quantiles a dataset's stats may hold (LeRobot's set)."""
@@ -143,6 +143,16 @@ def combine(parts: Sequence[Mapping[str, np.ndarray]], width: int | None = None)
             out[k] = (weight * filled[k]).sum(0)
     out["count"] = np.asarray([sum(float(p["count"].reshape(-1)[0]) for p in parts)], np.float64)
     return {k: out[k] for k in [*names, "count"]}
+
+
+def combine_datasets(datasets: Sequence[Mapping[str, Mapping[str, np.ndarray]]],
+                     widths: Mapping[str, int] | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Every feature's stats over ``datasets`` (each one's feature -> finished stats), merged by :func:`combine`
+    over the datasets that have the feature (a feature of ``widths`` padded to its width): how the datasets of one
+    embodiment share stats, in ``open_dataset`` and in ``mmfeed stats`` alike."""
+    widths = widths or {}
+    names = dict.fromkeys(n for d in datasets for n in d)
+    return {n: combine([d[n] for d in datasets if n in d], widths.get(n)) for n in names}
 
 
 def _grown(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
