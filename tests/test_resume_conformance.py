@@ -18,19 +18,33 @@ import torch
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
 from mmfeed.loaders.planned.dataset import PlanSampler
+from mmfeed.loaders.planned.filters import FrameFilter
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.loaders.streaming.dataset import StreamConfig, StreamingPackedDataset
-from mmfeed.packing import OnlinePacker
+from mmfeed.packing import OnlinePacker, SizeWeights
 from mmfeed.testing import make_episodes, write_webdataset
 
 SPEC = WindowSpec.from_delta_timestamps({"observation.state": [0.0], "action": [0.0, 1 / 30, 2 / 30]})
 PACKING = Packing(layout=TokenLayout(), window=SPEC, plan=PlanConfig(capacity=48, rows_per_batch=2), seed=5)
 
 
-def source(n=5, seed=0, name="arrays"):
-    eps = make_episodes(n, seed=seed, min_length=6, max_length=14, cameras=())
+def source(n=5, seed=0, name="arrays", dim=14):
+    eps = make_episodes(n, seed=seed, min_length=6, max_length=14, cameras=(), state_dim=dim, action_dim=dim)
     return ArraySource([{**e.arrays(), "task": e.task, "fps": e.fps} for e in eps], name=name)
+
+
+def robots():
+    """Three robots of different widths (7, 14, 2) as one mixture padded to 16."""
+    return ConcatSource([source(4, 1, "arm", 7), source(3, 2, "bimanual"), source(5, 3, "base", 2)],
+                        pad_to={"observation.state": 16, "action": 16, "observation.velocity": 16})
+
+
+# a tempered, filtered mixture: weights size^0.5, one arm episode cut to a range, idle steps of the base dropped
+ROBOTS = Packing(layout=TokenLayout(), window=SPEC, plan=PlanConfig(capacity=48, rows_per_batch=2), seed=5,
+                 weights=SizeWeights(0.5), frame_filter=FrameFilter.of(
+                     keep=[{"dataset": "arm", "episode": 1, "start": 2, "end": 6}],
+                     drop=[{"dataset": 2, "episode": 0, "start": 0, "end": 4}, ["base", 3, 1, 3]]))
 
 
 def batch_key(batch) -> tuple:
@@ -108,6 +122,7 @@ def stages(shards) -> dict[str, Stage]:
         "mixture": loader_stage(lambda: Packing(layout=TokenLayout(), window=SPEC, plan=PlanConfig(capacity=48),
                                                 weights=[2.0, 1.0]).dataset(
             ConcatSource([source(3, 1, "a"), source(4, 2, "b")]))),
+        "robots-weighted-filtered": loader_stage(lambda: ROBOTS.dataset(robots()), num_workers=2),
         "records": loader_stage(lambda: __import__("mmfeed").loaders.PlannedDataset.records(
             [torch.arange(n) for n in range(1, 30)], list(range(1, 30)), plan=PlanConfig(capacity=40), seed=1)),
         "stream-in-loader": loader_stage(stream, batch_size=None),
@@ -117,7 +132,8 @@ def stages(shards) -> dict[str, Stage]:
     }
 
 
-CASES = ["torch-shuffle", "torch-sequential", "planned", "planned-workers", "mixture", "records",
+CASES = ["torch-shuffle", "torch-sequential", "planned", "planned-workers", "mixture", "robots-weighted-filtered",
+         "records",
          "stream-in-loader", "stream", "plan-sampler", "online-packer"]
 
 
@@ -136,3 +152,30 @@ def test_every_stateful_stage_resumes_exactly(shards, name):
         fresh.load_state_dict(state)
         rest = [stage.key(x) for x in stage.run(fresh)]
         assert head + rest == full, f"{name}: resuming after {cut} of {len(full)} outputs differs"
+
+
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_a_weighted_filtered_mixture_resumes_at_another_world_size(new_world):
+    """Two ranks run two steps of the robots' mixture; the state resumes at world size 1 or 3: every sample the
+    epoch drew comes out once (the rest plan's listed drops aside), none of the filtered steps ever anchors one."""
+    mix = robots()
+    before = [DataLoader(ROBOTS.dataset(mix, rank=r, world_size=2)) for r in range(2)]
+    done = []
+    for loader in before:
+        it = iter(loader)
+        done.extend(next(it) for _ in range(2))
+    state = before[0].state_dict()
+    after = []
+    for rank in range(new_world):
+        loader = DataLoader(ROBOTS.dataset(mix, rank=rank, world_size=new_world))
+        loader.load_state_dict(state)
+        after.extend(loader)
+    drawn = before[0].dataset.epoch_samples(0)
+    dropped = ROBOTS.dataset(mix, world_size=new_world).plan(0, ((2, 2),)).dropped
+    used = np.concatenate([b.metadata["sample"].numpy() for b in done + after] + [drawn[dropped]])
+    assert sorted(used.tolist()) == sorted(drawn.tolist())
+    steps = {(int(e), int(t)) for b in done + after for e, t in zip(b.metadata["episode"], b.metadata["start_step"])}
+    filtered = {(1, t) for t in range(14) if t not in range(2, 6)} | {(7, t) for t in range(4)} | {(10, 1), (10, 2)}
+    assert not steps & filtered, "a filtered step anchored a window"
+    assert {t for e, t in steps if e == 1} and {t for e, t in steps if e == 7}, "the filtered episodes still run"
+    assert {int(d) for b in done + after for d in b.metadata["dataset"]} == {0, 1, 2}
