@@ -32,9 +32,15 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   ``peak_rss_bytes`` the process's peak (``VmHWM``, torch and everything imported included) and
   ``peak_above_import_bytes`` that less its RSS once the imports are done.
 
+- ``stats``: ``mmfeed stats`` (:func:`~mmfeed.loaders.conversion.statistics.compute_stats`, local processes) over
+  a LeRobot v3 directory of ``episodes`` 20-step episodes of a 7-dim arm (state, action, velocity, reward, done:
+  4 real episodes whose metadata is grown by :func:`mmfeed.testing.grow_lerobot`, so each episode's rows are
+  read and counted for real though the data files hold only the 4 episodes' rows); ``seconds``, ``steps_per_s``
+  and the peak RSS of the process and of its largest worker.
+
 ``--before CODE_DIR`` times modules copied from an earlier commit instead (``plan.py``, ``balance.py`` and
 ``metadata.py`` read from that folder by path, e.g. ``git show REV:packing/balance.py > DIR/balance.py``);
-the ``windows`` and ``open`` sections are skipped then.
+the ``windows``, ``open`` and ``stats`` sections are skipped then.
 """
 
 from __future__ import annotations
@@ -53,12 +59,14 @@ import numpy as np
 __all__ = ["main"]
 
 QUICK = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 1024)],
-         "block_mask": [8192, 32768, 131072], "open": [10**5], "windows": [(10**4, 1024, "one")]}
+         "block_mask": [8192, 32768, 131072], "open": [10**5], "windows": [(10**4, 1024, "one")],
+         "stats": [(10**5, 2)]}
 FULL = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 8), (10**7, 1024), (10**7, 4096),
                  (10**8, 8), (10**8, 4096)],
         "block_mask": [8192, 32768, 131072, 1048576], "open": [10**6],
         "windows": [(10**4, 1024, "varied"), (10**4, 1024, "one"), (54_000, 1024, "varied"), (54_000, 1024, "one"),
-                    (10**6, 1024, "one"), (10**6, 1024, "varied")]}
+                    (10**6, 1024, "one"), (10**6, 1024, "varied")],
+        "stats": [(10**5, 1), (10**6, 1), (10**6, 2)]}
 
 
 def _rss() -> int:
@@ -255,6 +263,33 @@ def _case_windows(episodes: int, world: int, prices: str, root: str) -> dict:
             "first_batch_s": done - opened, "peak_rss_bytes": peak, "peak_above_import_bytes": peak - base}
 
 
+def _case_stats(episodes: int, workers: int, root: str) -> dict:
+    from mmfeed.loaders.conversion.statistics import compute_stats
+
+    base = _rss()
+    start = time.perf_counter()
+    stats = compute_stats(root, workers=workers)
+    seconds = time.perf_counter() - start
+    steps = int(stats.datasets[0]["action"]["count"][0])
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return {"episodes": episodes, "steps": steps, "workers": workers, "seconds": seconds,
+            "steps_per_s": steps / seconds, "peak_rss_bytes": _high_water(), "peak_above_import_bytes":
+            _high_water() - base, "worker_peak_rss_bytes": children if workers > 1 else None}
+
+
+def _stats_root(episodes: int) -> str:
+    """A LeRobot directory of 4 real 20-step arm episodes grown to ``episodes`` (in the bench cache)."""
+    from mmfeed.bench.common import cache_dir
+    from mmfeed.testing import grow_lerobot, make_episodes, write_lerobot
+
+    root = cache_dir("scale-stats") / str(episodes)
+    if not (root / "meta" / "info.json").exists():
+        write_lerobot(root, make_episodes(4, seed=0, min_length=20, max_length=20, cameras=(), state_dim=7,
+                                          action_dim=7))
+        grow_lerobot(root, episodes)
+    return str(root)
+
+
 def _windows_root(episodes: int) -> str:
     """A LeRobot directory of 4 real episodes whose metadata is grown to ``episodes`` rows (in the bench cache)."""
     from mmfeed.bench.common import cache_dir
@@ -315,13 +350,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(_case_plan(int(nums[0]), int(nums[1]), args.before)))
         elif kind == "open":
             print(json.dumps(_case_open(int(nums[0]), nums[1])))
+        elif kind == "stats":
+            print(json.dumps(_case_stats(int(nums[0]), int(nums[1]), nums[2])))
         elif kind == "windows":
             print(json.dumps(_case_windows(int(nums[0]), int(nums[1]), nums[2], nums[3])))
         else:
             print(json.dumps(_case_block_mask(int(nums[0]), args.before)))
         return 0
     cases = QUICK if args.quick else FULL
-    out: dict = {"plan": [], "windows": [], "open": [], "block_mask": []}
+    out: dict = {"plan": [], "windows": [], "open": [], "block_mask": [], "stats": []}
     print(f"{'samples':>11} {'ranks':>6} {'seconds':>8} {'peak MB':>8} {'B/sample':>9} {'efficiency':>10}")
     for samples, world in cases["plan"]:
         row = _child("plan", [samples, world], args.before, args.timeout)
@@ -362,6 +399,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{episodes:>9} {row['windows']:>11} {world:>5} {prices:>6} {row['plan']:>11} "
                   f"{row['open_s']:>6.2f} {row['first_batch_s']:>11.2f} {row['peak_rss_bytes'] / 2**20:>7.0f} "
                   f"{row['peak_above_import_bytes'] / 2**20:>15.0f}")
+    print(f"\n{'episodes':>9} {'steps':>10} {'workers':>7} {'stats s':>7} {'steps/s':>10} {'peak MB':>7} "
+          f"{'worker peak MB':>14}")
+    for episodes, workers in cases["stats"] if not args.before else ():
+        row = _child("stats", [episodes, workers, _stats_root(episodes)], None, args.timeout)
+        out["stats"].append(row)
+        if "error" in row:
+            print(f"{episodes:>9} {'':>10} {workers:>7}  {row['error']}")
+        else:
+            worker = row["worker_peak_rss_bytes"]
+            print(f"{episodes:>9} {row['steps']:>10} {workers:>7} {row['seconds']:>7.2f} {row['steps_per_s']:>10.0f} "
+                  f"{row['peak_rss_bytes'] / 2**20:>7.0f} {'' if worker is None else f'{worker / 2**20:.0f}':>14}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

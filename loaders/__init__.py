@@ -28,7 +28,14 @@ from mmfeed._lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
+    "CameraDropout": "mmfeed.loaders.planned.transforms",
+    "Compose": "mmfeed.loaders.planned.transforms",
     "DataLoader": "mmfeed.loaders.loop.dataloader",
+    "DeltaActions": "mmfeed.loaders.planned.transforms",
+    "FrameFilter": "mmfeed.loaders.planned.filters",
+    "MixtureStats": "mmfeed.loaders.sources.stats",
+    "SizeWeights": "mmfeed.packing.mixture",
+    "compute_stats": "mmfeed.loaders.conversion.statistics",
     "convert": "mmfeed.loaders.conversion.job",
     "count_flops": "mmfeed.loaders.observe.flops",
     "DevicePrefetcher": "mmfeed.loaders.loop.prefetch",

@@ -26,7 +26,8 @@ def run_example(name: str) -> str:
 def test_every_example_is_tested():
     """A new example gets a test here: the set of scripts is the set this file runs."""
     assert {p.name for p in EXAMPLES.glob("*.py")} == {"train_world_model.py", "lm_packing.py",
-                                                        "lerobot_dataset.py", "webdataset_shards.py", "mixture.py"}
+                                                        "lerobot_dataset.py", "webdataset_shards.py", "mixture.py",
+                                                        "cross_embodiment.py"}
 
 
 @slow
@@ -121,6 +122,25 @@ def test_mixture_draws_each_dataset_by_weight_with_its_own_cameras():
         assert int(wrist or 0) == int(from_b), out
     a, b, share = re.search(r"drew (\d+) samples from A, (\d+) from B: share of A (\d+\.\d)%", out).groups()
     assert int(b) > 0 and abs(float(share) - 70.0) < 2.0, out
+
+
+@slow
+def test_cross_embodiment_trains_on_three_robots_with_the_masks_in_the_loss():
+    """Three robots of 7, 14 and 2 dims (one, two and no camera) in one loader: each keeps its own width and
+    cameras, a batch's real action dims are each robot's own, every robot is drawn and the masked loss falls."""
+    out = run_example("cross_embodiment.py")
+    assert "franka: 4 episodes, observation.state 7 dims, cameras ['observation.images.primary']" in out, out
+    assert "aloha: 4 episodes, observation.state 14 dims, cameras ['observation.images.primary', " \
+           "'observation.images.wrist']" in out, out
+    assert "base: 4 episodes, observation.state 2 dims, cameras []" in out, out
+    robots, dims = re.search(r"batch 0: \d+ windows from robots \[([\d, ]+)\]; real action dims \[([\d, ]+)\]",
+                             out).groups()
+    width = {0: 7, 1: 14, 2: 2}
+    assert [width[int(r)] for r in robots.split(", ")] == [int(d) for d in dims.split(", ")], out
+    counts = re.search(r"windows per robot: franka (\d+), aloha (\d+), base (\d+)", out).groups()
+    assert all(int(c) > 0 for c in counts), out
+    first, last = map(float, re.search(r"masked loss (\d+\.\d+) -> (\d+\.\d+)", out).groups())
+    assert last < 0.8 * first, out
 
 
 @slow

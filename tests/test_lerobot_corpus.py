@@ -160,3 +160,34 @@ def test_lerobot_compare_runs_on_every_layout(lerobot_python, name, tmp_path):
     result = json.loads(out.read_text())
     assert code == 0, result["root"]["lerobot_vs_mmfeed"]["problems"]
     assert result["ratio_samples_per_s"] > 0 and result["limit_fraction"] > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mmfeed_stats_of_every_layout_are_lerobots_and_the_true_quantiles(name):
+    """``compute_stats`` (what ``mmfeed stats`` runs) on each LeRobot-written layout: count, mean, std, min and max
+    equal LeRobot's own meta/stats.json; the quantiles are those of every step (numpy, within the sketch's error),
+    where LeRobot's stats.json holds count-weighted means of per-episode quantiles, a narrower range at q01/q99.
+    The rows it reads (each data file once per run of episodes) are the whole episodes' rows."""
+    from mmfeed.loaders import compute_stats
+    from mmfeed.loaders.sources.quantiles import ALPHA, QUANTILES
+
+    ds = open_dataset(CORPUS / name)
+    arrays = [f for f, spec in ds.features.items() if spec.kind == "array" and np.dtype(spec.dtype).kind in "biuf"]
+    rows = ds.episode_arrays(range(len(ds)), arrays)
+    stats = compute_stats(CORPUS / name).datasets[0]
+    for feature in arrays:
+        whole = np.concatenate([np.asarray(ds.episode(e)[feature]) for e in range(len(ds))])
+        assert np.array_equal(rows[feature], whole), (name, feature)
+        mine, theirs = stats[feature], ds.stats.get(feature)
+        if theirs is not None:
+            assert int(mine["count"][0]) == int(np.asarray(theirs["count"]).reshape(-1)[0]) == len(whole)
+            for key in ("mean", "std", "min", "max"):
+                np.testing.assert_allclose(mine[key].reshape(-1), np.asarray(theirs[key], np.float64).reshape(-1),
+                                           rtol=1e-4, atol=1e-6, err_msg=f"{name} {feature} {key}")
+        values = whole.astype(np.float64).reshape(len(whole), -1)
+        ordered = np.sort(values, axis=0)
+        for key, q in QUANTILES.items():
+            rank = q * (len(values) - 1)
+            near = np.maximum(np.abs(ordered[int(np.floor(rank))]), np.abs(ordered[int(np.ceil(rank))]))
+            error = np.abs(mine[key].reshape(-1) - np.quantile(values, q, axis=0))
+            assert np.all(error <= ALPHA * near + 1e-9), (name, feature, key)

@@ -48,8 +48,10 @@ DESCRIPTION = ("Compute the statistics of the numeric array features of datasets
                "the stats of delta actions (action minus the anchor state on chosen elements) come too. Runs on "
                "local processes (--workers) or Ray (--engine ray). Prints each dataset's figures; --json writes "
                "what Normalize(MixtureStats.load(FILE)) reads.")
-EPISODES_PER_TASK = 2000
+EPISODES_PER_TASK = 20_000
 """Episodes one task reads at most (each dataset is cut into at least as many tasks as there are workers)."""
+BATCH_EPISODES = 2000
+"""Episodes read and counted at once within a task."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,6 @@ def compute_stats(paths: Any, *, names: Sequence[str] | None = None,
 def stats_task(job: StatsJob, k: int, unit: tuple[int, int, int]) -> dict[str, Any]:
     """Count episodes ``[lo, hi)`` of dataset ``d`` (``unit = (d, lo, hi)``): per feature the partial statistics
     and the sketch's counts (and the delta actions', under their key)."""
-    from mmfeed.loaders.sources.requests import EpisodeRequest
-
     d, lo, hi = unit
     source = _opened(job.datasets[d])
     delta = job.deltas[d]
@@ -129,17 +129,15 @@ def stats_task(job: StatsJob, k: int, unit: tuple[int, int, int]) -> dict[str, A
               and (job.features is None or f in job.features)]
     read_too = [f for f in (delta or ())[:2] if f not in chosen]  # what the deltas need beside the features counted
     counts: dict[str, dict] = {}
-    for first in range(lo, hi, 256):  # a batch of episodes at once: a LeRobot data file is read once for them
-        episodes = range(first, min(first + 256, hi))
-        requests = [EpisodeRequest(e, {f: np.arange(source.frames(f)[e], dtype=np.int64) for f in chosen + read_too})
-                    for e in episodes]
-        read = source.read_many(requests)
+    for first in range(lo, hi, BATCH_EPISODES):  # a data file is read once for a run of episodes
+        episodes = np.arange(first, min(first + BATCH_EPISODES, hi), dtype=np.int64)
+        arrays = source.episode_arrays(episodes, chosen + read_too)
         for f in chosen:
-            _add(counts, {f: _counted(np.concatenate([r[f] for r in read]), source.features[f].shape)})
+            _add(counts, {f: _counted(arrays[f], source.features[f].shape)})
         if delta is not None:
             action, state, dims = delta
-            pairs = [_deltas(r[action], r[state], dims, job.horizon) for r in read]
-            _add(counts, {_delta_key(action): _counted(np.concatenate(pairs), source.features[action].shape)})
+            pairs = _deltas(arrays[action], arrays[state], source.frames(action)[episodes], dims, job.horizon)
+            _add(counts, {_delta_key(action): _counted(pairs, source.features[action].shape)})
     return {"dataset": d, "counts": counts}
 
 
@@ -180,17 +178,23 @@ def _finished(total: Mapping[str, Mapping]) -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
-def _deltas(action: np.ndarray, state: np.ndarray, dims: Sequence[int], horizon: int) -> np.ndarray:
-    """``action[t + k]`` with ``dims`` less ``state[t]``'s, for every anchor ``t`` and ``k < horizon`` within the
-    episode: ``[pairs, D]``."""
+def _deltas(action: np.ndarray, state: np.ndarray, lengths: np.ndarray, dims: Sequence[int],
+            horizon: int) -> np.ndarray:
+    """``action[t + k]`` with ``dims`` less ``state[t]``'s, for every anchor ``t`` and ``k < horizon`` within its
+    episode (episodes of ``lengths`` steps back to back in both arrays): ``[pairs, D]``."""
     action = np.asarray(action, np.float64)
     state = np.asarray(state, np.float64)
+    lengths = np.asarray(lengths, np.int64)
+    step = np.arange(len(action)) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # t within its episode
+    left = np.repeat(lengths, lengths) - step  # steps from t to the episode's end, t included
+    index = list(dims)
     out = []
-    for k in range(min(horizon, len(action))):
-        pair = action[k:].copy()
-        pair[:, list(dims)] -= state[: len(action) - k][:, list(dims)]
+    for k in range(horizon):
+        t = np.flatnonzero(left > k)
+        pair = action[t + k]
+        pair[:, index] -= state[t][:, index]
         out.append(pair)
-    return np.concatenate(out) if out else action[:0]
+    return np.concatenate(out)
 
 
 def _delta_key(action: str) -> str:

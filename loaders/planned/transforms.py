@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["NORMALIZE_MODES", "CameraDropout", "DeltaActions", "Normalize", "delta_key"]
+__all__ = ["NORMALIZE_MODES", "CameraDropout", "Compose", "DeltaActions", "Normalize", "delta_key"]
 
 NORMALIZE_MODES = {
     "mean_std": ("mean", "std"),
@@ -250,6 +250,22 @@ class CameraDropout:
                 out[camera] = torch.zeros_like(sample[camera])
                 out[f"{camera}_is_pad"] = torch.ones(len(sample[camera]), dtype=torch.bool)
         return out
+
+
+class Compose:
+    """Transforms run one after the other on a sample, each with the same generator (so the chain replays
+    exactly): ``Compose(Normalize(mix, mode="quantile"), CameraDropout(0.3))``."""
+
+    def __init__(self, *transforms: Any) -> None:
+        bad = [t for t in transforms if not callable(t)]
+        if bad:
+            raise TypeError(f"Compose takes transforms fn(sample, generator) -> sample; got {bad!r}")
+        self.transforms = transforms
+
+    def __call__(self, sample: dict[str, Any], generator: torch.Generator | None = None) -> dict[str, Any]:
+        for transform in self.transforms:
+            sample = transform(sample, generator)
+        return sample
 
 
 def _left(leave: Mapping | None, feature: str, names: Sequence[str]) -> list[int]:

@@ -223,6 +223,16 @@ class EpisodeSource:
         """The requested frames of each request, in request order: feature -> ``[n, *shape]``."""
         raise NotImplementedError
 
+    def episode_arrays(self, episodes: Sequence[int], features: Sequence[str]) -> dict[str, np.ndarray]:
+        """Every frame of each array feature of ``features`` over ``episodes`` (ints, in order), the episodes back
+        to back: feature -> ``[sum of frames, *shape]``. What whole-dataset passes (``mmfeed stats``) read; a
+        format whose array rows sit in files overrides it to read each file once for a run of episodes."""
+        requests = [EpisodeRequest(int(e), {f: np.arange(self.frames(f)[e], dtype=np.int64) for f in features})
+                    for e in episodes]
+        read = self.read_many(requests)
+        return {f: np.concatenate([r[f] for r in read]) if read else
+                np.zeros((0, *self.features[f].shape), np.dtype(self.features[f].dtype)) for f in features}
+
     def episode(self, index: int) -> dict:
         """The whole episode: every feature ``[T_feature, *shape]`` (videos decoded), ``task`` and ``fps``."""
         index = self._check_episode(index)

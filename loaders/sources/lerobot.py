@@ -176,6 +176,38 @@ class LeRobotSource(EpisodeSource):
                     out[r][feature] = frames
         return out
 
+    def episode_arrays(self, episodes: Sequence[int], features: Sequence[str]) -> dict[str, np.ndarray]:
+        """Every row of ``features`` (data-file columns, not videos) over ``episodes``, back to back: each run of
+        episodes in one data file is one gather from that file's columns, so a pass over a million episodes costs
+        per file, not per episode."""
+        episodes = np.asarray(episodes, dtype=np.int64)
+        videos = [f for f in features if f in self._video_keys]
+        if videos:
+            raise ValueError(f"{self.root}: episode_arrays reads data-file columns; {videos} are videos")
+        parts: dict[str, list[np.ndarray]] = {f: [] for f in features}
+        files = [self.data_file(int(e)) for e in episodes]
+        cuts = [0, *(k for k in range(1, len(files)) if files[k] != files[k - 1]), len(files)]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            run, relative = episodes[lo:hi], files[lo]
+            where = f"{self.describe(int(run[0]))}..{int(self._meta['episode_index'][run[-1]])}"
+            columns = self._data_file(relative, where)
+            lengths = self._lengths[run]
+            first = self._meta["dataset_from_index"][run].astype(np.int64)
+            want = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+            index = columns["index"]
+            rows = np.searchsorted(index, want)
+            if rows.size and not np.array_equal(index[np.minimum(rows, len(index) - 1)], want):
+                raise ValueError(f"{where}: rows of these episodes are missing from data file "
+                                 f"{self.files.where(relative)}")
+            for f in features:
+                values = columns.get(f)
+                if values is None or isinstance(values, Exception):
+                    raise ValueError(f"{where} feature {f!r}: data file {self.files.where(relative)} has no usable "
+                                     f"column {f!r}: {values}")
+                parts[f].append(values[rows])
+        return {f: np.concatenate(p) if p else np.zeros((0, *self.features[f].shape), np.dtype(self.features[f].dtype))
+                for f, p in parts.items()}
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
