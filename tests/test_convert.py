@@ -20,7 +20,7 @@ import pytest
 import webdataset
 
 from mmfeed.codecs.demux import probe
-from mmfeed.loaders import ShardWriter, open_dataset
+from mmfeed.loaders import ShardWriter, compute_stats, open_dataset
 from mmfeed.loaders.conversion.job import MANIFEST, ConvertError, add_arguments, convert, run
 from mmfeed.loaders.sources.index import INDEX_FILENAME, read_shard_index, write_index
 from mmfeed.loaders.sources.quantiles import ALPHA, QUANTILES
@@ -121,7 +121,7 @@ def test_webdataset_library_reads_the_shards(converted):
     assert json.loads(first["meta.json"])["task_runs"][1][0] == (int(json.loads(first["meta.json"])["length"]) + 1) // 2
 
 
-def test_local_workers_and_ray_give_the_same_bytes(tmp_path, lerobot, converted):
+def test_local_workers_and_ray_give_the_same_bytes_and_stats(tmp_path, lerobot, converted):
     dst, _ = converted
     reference = _files(dst)
     two = convert(lerobot, tmp_path / "two", episodes_per_shard=2, workers=2, progress=False)
@@ -138,6 +138,12 @@ def test_local_workers_and_ray_give_the_same_bytes(tmp_path, lerobot, converted)
         with pytest.raises(ConvertError, match="failed 2 time") as raised:  # the cluster running: joined, kept
             convert(tmp_path / "bad", tmp_path / "ray_bad", engine="ray", max_retries=1, progress=False)
         assert ray.is_initialized()
+        # mmfeed stats on the same engines: Ray tasks count what local processes count
+        on_ray, local = compute_stats(lerobot, engine="ray", workers=2), compute_stats(lerobot, workers=2)
+        for feature, stats in local.datasets[0].items():
+            for key, value in stats.items():
+                np.testing.assert_allclose(on_ray.datasets[0][feature][key], value, rtol=1e-12,
+                                           err_msg=f"{feature} {key}")
     finally:
         ray.shutdown()
     assert "episode 1 " in str(raised.value) and bad_shard in str(raised.value)

@@ -14,6 +14,7 @@ import torch
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.planned.transforms import Normalize
+from mmfeed.testing import make_episodes, write_lerobot
 from mmfeed.testing.synth_embodiments import EMBODIMENTS, write_embodiments
 
 PRIMARY, WRIST = "observation.images.primary", "observation.images.wrist"
@@ -167,6 +168,17 @@ def test_a_mismatch_without_pad_to_is_an_error_that_names_pad_to(paths):
         open_dataset(paths, pad_to={**PAD, ACTION: 8})
     with pytest.raises(ValueError, match="rename names datasets"):
         open_dataset(paths, pad_to=PAD, rename={"ur5": {"observation.images.front": PRIMARY}})
+
+
+def test_cameras_of_other_sizes_in_one_slot_name_frame_size_and_then_share_it(paths, tmp_path):
+    big = write_lerobot(tmp_path / "big", make_episodes(2, seed=4, cameras=("front",), height=64, width=64,
+                                                        state_dim=7, action_dim=7, min_length=8, max_length=10))
+    with pytest.raises(ValueError, match=r"video uint8 \[32, 48, 3\] in .*franka but video uint8 \[64, 64, 3\] in "
+                                         r".*big; .*frame_size=\(H, W\)"):
+        open_dataset([paths["franka"], big])
+    mix = open_dataset([paths["franka"], big], frame_size=(32, 32))
+    view = mix.windows(WindowSpec.from_delta_timestamps({"observation.images.front": [0.0]}))
+    assert {tuple(view[i]["observation.images.front"].shape) for i in (0, len(view) - 1)} == {(1, 32, 32, 3)}
 
 
 def test_normalize_of_the_mixture_is_each_datasets_own_and_leaves_the_padding_zero(mix, alone):

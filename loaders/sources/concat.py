@@ -123,7 +123,7 @@ class ConcatSource(EpisodeSource):
         for k, embodiment in enumerate(self.embodiment_names):
             members = [s for s, e in zip(self.sources, self.embodiment_of_dataset) if e == k]
             check_features_agree(members, {}, why=f"datasets of embodiment {embodiment!r} share their statistics",
-                                 suggest_pad=False)
+                                 suggest_fix=False)
             self.embodiment_stats[embodiment] = _stats.combine_datasets([s.stats for s in members])
 
     def _split(self, episode: int) -> tuple[int, int]:
@@ -261,10 +261,10 @@ def _check_pad_to(sources: Sequence[EpisodeSource], pad_to: Mapping[str, int] | 
 
 def check_features_agree(sources: Sequence[EpisodeSource], padded: Mapping[str, int] | None = None, *,
                          why: str = "mixed sources must agree on every feature they share",
-                         suggest_pad: bool = True) -> None:
+                         suggest_fix: bool = True) -> None:
     """Raise ValueError when one feature name has different kinds, dtypes or step shapes in two sources (for a
-    feature of ``padded``, the last dimension may differ); ``suggest_pad``: name the ``pad_to`` that would fix an
-    array of another width."""
+    feature of ``padded``, the last dimension may differ); ``suggest_fix``: name the option that would fix it
+    (``pad_to`` for an array of another width, ``frame_size`` for frames of another size)."""
     padded = padded or {}
     seen: dict[str, tuple[Feature, str]] = {}
     for source in sources:
@@ -278,11 +278,15 @@ def check_features_agree(sources: Sequence[EpisodeSource], padded: Mapping[str, 
             if a == (feature.kind, feature.dtype, feature.shape[:cut]):
                 continue
             fix = ""
-            if suggest_pad and (other.kind, other.dtype) == (feature.kind, feature.dtype) == ("array", other.dtype) and \
-                    other.shape[:-1] == feature.shape[:-1] and other.shape and feature.shape:
+            same = (other.kind, other.dtype) == (feature.kind, feature.dtype)
+            if suggest_fix and same and feature.kind == "array" and other.shape and feature.shape and \
+                    other.shape[:-1] == feature.shape[:-1]:
                 width = max(other.shape[-1], feature.shape[-1])
                 fix = (f", or pad the last dimension with zeros: open_dataset([...], pad_to={{{name!r}: {width}}}) "
                        f"(each sample then carries {name}_dim_mask)")
+            if suggest_fix and same and feature.kind == "video":
+                fix = (", or decode every dataset's frames at one size: open_dataset([...], frame_size=(H, W)) (or "
+                       f"{{{name!r}: (H, W)}})")
             raise ValueError(f"feature {name!r} is {other.kind} {other.dtype} {list(other.shape)} in {where} but "
                              f"{feature.kind} {feature.dtype} {list(feature.shape)} in {source.name}; {why}{fix}")
 

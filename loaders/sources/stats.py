@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["QUANTILE_NAMES", "MixtureStats", "combine", "combine_datasets", "finish", "from_json", "merge", "partial", "step_shaped", "to_json"]
+__all__ = ["QUANTILE_NAMES", "MixtureStats", "combine", "combine_datasets", "finish", "from_json", "merge", "partial",
+           "step_shaped", "to_json"]
 
 QUANTILE_NAMES = ("q01", "q10", "q50", "q90", "q99")
 """The quantiles a dataset's stats may hold (LeRobot's set)."""
