@@ -455,7 +455,7 @@ def test_convert_turns_a_lerobot_directory_into_shards_open_dataset_reads(tmp_pa
 
 
 @pytest.mark.slow
-def test_bench_scale_quick_writes_the_plan_and_block_mask_figures(tmp_path):
+def test_bench_scale_quick_writes_the_plan_block_mask_open_windows_and_stats_figures(tmp_path):
     out = mmfeed("bench", "scale", "--quick", "--json", str(tmp_path / "scale.json"), cache=tmp_path / "cache",
                  timeout=300)
     assert out.returncode == 0, out.stderr
@@ -470,6 +470,8 @@ def test_bench_scale_quick_writes_the_plan_and_block_mask_figures(tmp_path):
     windows, = report["windows"]  # 1e4 LeRobot episodes of 250 steps, one price: planned arithmetically
     assert windows["windows"] == 250 * 10**4 and windows["plan"] == "UniformPlan" and windows["steps"] > 0
     assert windows["first_batch_s"] > 0 and windows["peak_rss_bytes"] > windows["peak_above_import_bytes"] > 0
+    stats, = report["stats"]  # mmfeed stats over 1e5 episodes of 20 steps
+    assert stats["steps"] == 20 * 10**5 and stats["seconds"] > 0 and stats["steps_per_s"] > 0
 
 
 def test_the_backend_choices_are_the_decoders_mmfeed_has():
