@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from mmfeed._parsing import height_width, positive
 from mmfeed.loaders.open import open_dataset
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.frame_store import FrameStore
@@ -31,16 +32,17 @@ DESCRIPTION = ("Decode every camera of every episode of PATH (a LeRobot v3 direc
                "cache; --clear deletes it.")
 
 
-def add_arguments(p: argparse.ArgumentParser, size_type, positive_int) -> None:
-    """The command's options (``size_type`` parses WxH, ``positive_int`` an int >= 1)."""
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's options."""
     p.add_argument("path", nargs="?", metavar="PATH", help="the dataset to decode into the cache")
     p.add_argument("--dir", required=True, metavar="DIR", help="the cache directory (open_dataset's cache=)")
-    p.add_argument("--frame-size", type=size_type, metavar="WxH", help="decoded frame size (default: as stored)")
+    p.add_argument("--frame-size", type=height_width, metavar="HxW",
+                   help="decoded frame size, HEIGHTxWIDTH (default: as stored)")
     p.add_argument("--frame-format", choices=["rgb24", "yuv420"], default="rgb24")
     p.add_argument("--backend", default="auto", help="video backend (default auto)")
-    p.add_argument("--budget", type=positive_int, metavar="BYTES",
+    p.add_argument("--budget", type=positive(int, 1), metavar="BYTES",
                    help="bytes the cache may hold (open_dataset's cache_bytes=; default half the free space)")
-    p.add_argument("--processes", type=positive_int, default=2, help="decoding processes (default 2)")
+    p.add_argument("--processes", type=positive(int, 1), default=2, help="decoding processes (default 2)")
     p.add_argument("--info", action="store_true", help="report what the cache holds; decode nothing")
     p.add_argument("--clear", action="store_true", help="delete the cache; decode nothing")
 
@@ -67,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.info:
         if args.path is None:
             raise ValueError("mmfeed cache: give the dataset PATH to fill the cache from (or --info / --clear)")
-        size = None if args.frame_size is None else (args.frame_size[1], args.frame_size[0])
-        source = open_dataset(args.path, cache=args.dir, cache_bytes=args.budget, frame_size=size,
+        source = open_dataset(args.path, cache=args.dir, cache_bytes=args.budget, frame_size=args.frame_size,
                               frame_format=args.frame_format, backend=args.backend)
         start = time.perf_counter()
         filled = fill(source, args.processes)

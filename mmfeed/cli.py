@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     import mmfeed.loaders.fill_cache as frame_cache
 
     p = sub.add_parser("cache", help=frame_cache.HELP, description=frame_cache.DESCRIPTION, epilog=EPILOG)
-    frame_cache.add_arguments(p, _size, INT1)
+    frame_cache.add_arguments(p)
     p.set_defaults(func=frame_cache.run)
 
     import mmfeed.loaders.conversion.job as conversion

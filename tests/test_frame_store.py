@@ -199,7 +199,7 @@ def test_options_are_checked():
 
 
 def test_cli_fills_the_cache_ahead_then_reads_never_decode(lerobot, tmp_path, capsys):
-    assert main(["cache", str(lerobot), "--dir", str(tmp_path / "c"), "--frame-size", "48x32"]) == 0
+    assert main(["cache", str(lerobot), "--dir", str(tmp_path / "c"), "--frame-size", "32x48"]) == 0
     out = capsys.readouterr().out
     assert "3 segments" in out
     plain = windows(lerobot, 0)
