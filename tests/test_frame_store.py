@@ -171,6 +171,53 @@ def test_a_writer_killed_mid_fill_leaves_no_frames_and_the_next_writer_refills(t
     assert store.info().partial == 0 and FrameStore(tmp_path).get(segment) is not None
 
 
+KILLED_SOURCE = """
+import os, signal, sys
+import numpy as np
+import mmfeed.loaders.sources.frame_store as frame_store
+from mmfeed.loaders import open_dataset
+from mmfeed.loaders.sources.requests import EpisodeRequest
+real = frame_store.decode_with_context
+def decode_then_die(cache, requests, where):
+    real(cache, requests, where)
+    out = requests[0].out
+    out[len(out) // 2:] = 255  # a torn write: the second half not yet decoded
+    out.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+frame_store.decode_with_context = decode_then_die
+source = open_dataset(sys.argv[1], frame_size=(32, 48), cache=sys.argv[2])
+source.read_many([EpisodeRequest(0, {"observation.images.cam_high": np.arange(3)})])
+"""
+
+
+def test_a_source_killed_mid_fill_is_refilled_and_reads_the_same_frames(lerobot, tmp_path):
+    done = subprocess.run([sys.executable, "-c", KILLED_SOURCE, str(lerobot), str(tmp_path / "c")], timeout=60)
+    assert done.returncode == -9
+    info = FrameStore(tmp_path / "c").info()
+    assert info.segments == 0 and info.partial == 1
+    assert equal(windows(lerobot, 0), windows(lerobot, 0, cache=tmp_path / "c"))
+    info = FrameStore(tmp_path / "c").info()
+    assert info.segments == 3 and info.partial == 0
+
+
+def test_a_segment_another_process_is_filling_is_decoded_as_asked_without_waiting(tmp_path):
+    store = FrameStore(tmp_path)
+    segment = Segment(("video", 4), frames=4, shape=(2, 2, 3))
+    os.makedirs(store.root)
+    fd = os.open(os.path.join(store.root, segment.key + ".lock"), os.O_RDWR | os.O_CREAT)
+    held = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; fcntl.flock(int(sys.argv[1]), "
+                             "fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)", str(fd)],
+                            pass_fds=[fd], stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline().strip() == "locked"
+        os.close(fd)
+        assert store.fill(segment, lambda out: out.fill(1)) is None and store.info().segments == 0
+    finally:
+        held.kill()
+        held.wait()
+    assert store.fill(segment, lambda out: out.fill(1)) is not None  # its lock died with it
+
+
 def test_a_damaged_file_is_dropped_and_refilled(tmp_path):
     store = FrameStore(tmp_path)
     segment = Segment(("video", 2), frames=4, shape=(2, 2, 3))
