@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmfeed import DataLoader
 from mmfeed.cli import main
@@ -216,6 +218,27 @@ def test_a_segment_another_process_is_filling_is_decoded_as_asked_without_waitin
         held.kill()
         held.wait()
     assert store.fill(segment, lambda out: out.fill(1)) is not None  # its lock died with it
+
+
+@settings(max_examples=40, deadline=None)
+@given(reads=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=25),
+       budget=st.integers(1, 300))
+def test_the_store_stays_within_its_budget_and_returns_what_was_filled(tmp_path_factory, reads, budget):
+    """Any sequence of reads of segments (id, frames of 10 bytes): the store never holds more than the budget
+    (but the segment just filled, when it alone fits), a segment over the budget is never stored, and every
+    segment read back holds the bytes it was filled with."""
+    store = FrameStore(tmp_path_factory.mktemp("budget"), budget_bytes=budget)
+    for video, frames in reads:
+        segment = Segment(("video", video), frames=frames, shape=(10,))
+        got = store.get(segment)
+        if got is None:
+            got = store.fill(segment, lambda out, v=video: out.fill(v))
+        if frames * 10 > budget:
+            assert got is None
+        else:
+            assert got is not None and got.shape == (frames, 10) and (np.asarray(got) == video).all()
+        assert store.info().bytes <= budget + 128 * 10  # the .npy headers (128 bytes each) aside
+        assert store.info().bytes - 128 * store.info().segments <= budget
 
 
 def test_a_damaged_file_is_dropped_and_refilled(tmp_path):
