@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from http_server import serve
 from mmfeed import DataLoader
 from mmfeed.cli import main
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
@@ -126,6 +127,21 @@ def test_a_warm_source_opens_no_decoder(lerobot, tmp_path):
         view[i]
     assert sum(c.opened for c in source._videos.values()) == 0 and source._store.filled == 0
     assert source._store.hits >= len(view)
+
+
+def test_a_remote_lerobot_directory_is_cached_alike(lerobot, tmp_path):
+    """Over HTTP (videos keyed by URL and size): the same windows as the local copy, and a warm source opens no
+    decoder and asks the server for no video byte (only the video's size, part of its key)."""
+    with serve(os.path.dirname(lerobot)) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{os.path.basename(lerobot)}"
+        assert equal(windows(lerobot, 0), windows(url, 0, cache=tmp_path / "c"))
+        served = len(server.served)
+        source = open_dataset(url, frame_size=SIZE, cache=tmp_path / "c")
+        view = source.windows(SPEC)
+        for i in range(len(view)):
+            view[i]
+        assert sum(c.opened for c in source._videos.values()) == 0 and source._store.hits >= len(view)
+        assert not [r for r in server.served[served:] if ".mp4" in r[1] and r[0] != "HEAD"]  # HEAD: its size
 
 
 def test_budget_evicts_least_recently_used_and_never_stores_a_segment_over_it(lerobot, tmp_path):
