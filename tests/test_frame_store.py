@@ -119,6 +119,15 @@ def test_shards_packed_batches_and_chunks_are_identical_cached_and_warm_reads_ne
     assert FrameStore(tmp_path / "c").info().segments == 3
 
 
+def test_yuv420_frames_are_cached_as_delivered(lerobot, tmp_path):
+    plain = windows(lerobot, 0, frame_format="yuv420")
+    assert plain[0].shape[-2:] == (SIZE[0] * 3 // 2, SIZE[1])
+    assert equal(plain, windows(lerobot, 0, frame_format="yuv420", cache=tmp_path / "c"))
+    assert equal(plain, windows(lerobot, 0, frame_format="yuv420", cache=tmp_path / "c"))
+    assert equal(windows(lerobot, 0), windows(lerobot, 0, cache=tmp_path / "c"))  # RGB: segments of their own
+    assert FrameStore(tmp_path / "c").info().segments == 6
+
+
 def test_a_warm_source_opens_no_decoder(lerobot, tmp_path):
     windows(lerobot, 0, cache=tmp_path / "c")
     source = open_dataset(lerobot, frame_size=SIZE, cache=tmp_path / "c")
