@@ -43,7 +43,7 @@ import numpy as np
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.loaders.sources.errors import decode_with_context
 
-__all__ = ["FrameStore", "Segment", "StoreInfo", "decode_stored", "take"]
+__all__ = ["FrameStore", "Segment", "StoreInfo", "decode_stored", "stored", "take"]
 
 LAYOUT = "mmfeed-frames-v1"
 """The folder inside ``DIR`` holding the store (a new layout gets a new name, so old files never mislead)."""
@@ -245,6 +245,15 @@ def take(frames: np.ndarray, idx: np.ndarray, out: np.ndarray | None) -> np.ndar
         for k, i in enumerate(idx.tolist()):
             out[k] = frames[i]
     return out
+
+
+def stored(store: FrameStore | None, segment: Segment | None, idx: np.ndarray, out: np.ndarray | None
+           ) -> np.ndarray | None:
+    """Frames ``idx`` of ``segment`` from the store (into ``out`` when given), or None when it lacks them."""
+    if store is None or segment is None or (len(idx) and int(np.max(idx)) >= segment.frames):
+        return None
+    frames = store.get(segment)
+    return None if frames is None else take(frames, idx, out)
 
 
 def decode_stored(store: FrameStore | None, cache: VideoReaderCache, requests: Sequence[FrameRequest],

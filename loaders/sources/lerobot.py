@@ -41,7 +41,7 @@ from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.errors import SampleError
 from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
-from mmfeed.loaders.sources.frame_store import Segment, decode_stored
+from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.packing.windows import check_stream_frames
@@ -152,11 +152,16 @@ class LeRobotSource(EpisodeSource):
                     idx = np.asarray(idx, dtype=np.int64)
                     into = request.out.get(feature) if request.out else None
                     if feature in self._video_keys:
+                        segment = self._segment(e, feature)
+                        frames = stored(self._store, segment, idx, into)
+                        if frames is not None:
+                            out[r][feature] = frames  # no decode
+                            continue
                         path, times = self._frame_times(e, feature, idx)
                         where = f"{self.describe(e)} feature {feature!r} ({path})"
                         frame_request = FrameRequest(path, timestamps=times, tolerance_s=self.tolerance_s, out=into)
                         videos.setdefault(self._sizes[feature], []).append(
-                            (r, feature, frame_request, where, self._segment(e, feature, path), idx))
+                            (r, feature, frame_request, where, segment, idx))
                     else:
                         out[r][feature] = self._rows(e, feature, idx)
         with stage("decode"):
@@ -184,6 +189,7 @@ class LeRobotSource(EpisodeSource):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
+        state.pop("_segments", None)  # and stamps the videos it reads itself
         del state["_lock"]
         return state
 
@@ -231,19 +237,26 @@ class LeRobotSource(EpisodeSource):
         video = self.files.video(self.video_file(episode, feature))
         return video, start + idx.astype(np.float64) / float(self._fps[episode])
 
-    def _segment(self, episode: int, feature: str, video: str | RemoteFile) -> Segment | None:
-        """The frame store's key of the episode's stretch of a camera's video (None without a store)."""
+    def _segment(self, episode: int, feature: str) -> Segment | None:
+        """The frame store's key of the episode's stretch of a camera's video (None without a store); the video's
+        stamp (a local file's size and mtime, a remote one's size) is taken once per process."""
         if self._store is None:
             return None
-        if isinstance(video, RemoteFile):
-            identity = video.key
-        else:
-            st = os.stat(video)
-            identity = (os.path.abspath(video), st.st_size, st.st_mtime_ns)
-        return Segment(identity=(identity, float(self._meta[f"videos/{feature}/from_timestamp"][episode]),
-                                 float(self._fps[episode]), self.tolerance_s, self._sizes[feature],
-                                 self.frame_format, self.options.backend),
-                       frames=int(self.frames(feature)[episode]), shape=tuple(self.features[feature].shape))
+        memo = self.__dict__.setdefault("_segments", {})
+        segment = memo.get((episode, feature))
+        if segment is None:
+            video = self.files.video(self.video_file(episode, feature))
+            if isinstance(video, RemoteFile):
+                identity = video.key
+            else:
+                st = os.stat(video)
+                identity = (os.path.abspath(video), st.st_size, st.st_mtime_ns)
+            segment = memo[episode, feature] = Segment(
+                identity=(identity, float(self._meta[f"videos/{feature}/from_timestamp"][episode]),
+                          float(self._fps[episode]), self.tolerance_s, self._sizes[feature], self.frame_format,
+                          self.options.backend),
+                frames=int(self.frames(feature)[episode]), shape=tuple(self.features[feature].shape))
+        return segment
 
     def _whole(self, episode: int, feature: str, out: np.ndarray) -> FrameRequest:
         """The request for every frame of the episode's stretch of a camera's video, decoded into ``out``."""

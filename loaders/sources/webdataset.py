@@ -32,7 +32,7 @@ from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.errors import SampleError
-from mmfeed.loaders.sources.frame_store import Segment, decode_stored, take
+from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.index import (
     INDEX_FILENAME,
     INDEX_VERSION,
@@ -194,9 +194,9 @@ class WebDatasetSource(EpisodeSource):
                     continue
                 given = request.out.get(feature) if request.out else None
                 segment = self._segment(e, feature)
-                stored = self._store.get(segment) if segment is not None else None
-                if stored is not None and (not len(idx) or int(idx.max()) < segment.frames):
-                    out[r][feature] = take(stored, idx, given)  # no member read, no decode
+                frames = stored(self._store, segment, idx, given)
+                if frames is not None:
+                    out[r][feature] = frames  # no member read, no decode
                     continue
                 data = self._member(e, feature)
                 where = f"{self.describe(e)} feature {feature!r}"
