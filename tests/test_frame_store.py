@@ -266,6 +266,24 @@ def test_the_store_stays_within_its_budget_and_returns_what_was_filled(tmp_path_
         assert store.info().bytes - 128 * store.info().segments <= budget
 
 
+FULL_DISK = """
+import resource, signal, sys
+from mmfeed.loaders.sources.frame_store import FrameStore, Segment
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+store = FrameStore(sys.argv[1], budget_bytes=10**9)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # no file may grow past 4 KiB: a disk that is full
+print(store.fill(Segment(("video", 5), frames=10, shape=(100, 100, 3)), lambda out: out.fill(1)))
+"""
+
+
+def test_a_disk_too_full_for_a_segment_stores_nothing_and_says_so_without_a_crash(tmp_path):
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], timeout=60, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
+    assert FrameStore(tmp_path).info().segments == 0 and FrameStore(tmp_path).info().partial == 0
+
+
 def test_a_damaged_file_is_dropped_and_refilled(tmp_path):
     store = FrameStore(tmp_path)
     segment = Segment(("video", 2), frames=4, shape=(2, 2, 3))

@@ -15,7 +15,8 @@ mid-fill leaves a ``.part`` that the next writer of that key overwrites (and evi
 with it.
 
 Budget: ``cache_bytes`` (default: half the free space of ``DIR``'s filesystem when the store is first used)
-bounds the ``.npy`` files. After each fill, the least recently used segments (by modification time, refreshed
+bounds the ``.npy`` files (a fill reserves its blocks first: on a full disk the segment is decoded as asked,
+not stored). After each fill, the least recently used segments (by modification time, refreshed
 when a process reads them, at most once a minute) are deleted until the store fits; a segment larger than the
 whole budget is never stored. A process that still maps a deleted file keeps reading it safely.
 
@@ -161,7 +162,9 @@ class FrameStore:
             if done is not None:
                 return done
             part = base + ".npy.part"  # a killed writer's leftover of this key is overwritten
-            out = np.lib.format.open_memmap(part, mode="w+", dtype=np.uint8, shape=(segment.frames, *segment.shape))
+            out = _allocate(part, (segment.frames, *segment.shape))
+            if out is None:
+                return None
             try:
                 decode(out)
                 out.flush()
@@ -309,6 +312,23 @@ class _Lock:
         if self.fd >= 0:
             os.close(self.fd)  # closing releases the lock
             self.fd = -1
+
+
+def _allocate(path: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A writable map of a new ``.npy`` file of ``uint8`` ``shape`` at ``path``, its blocks reserved first (a full
+    disk is then an answer here, None, not a SIGBUS in the middle of writing frames)."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": shape})
+        offset = f.tell()
+        try:
+            os.posix_fallocate(f.fileno(), offset, max(1, int(np.prod(shape))))
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            f.close()
+            _remove(path)
+            return None
+    return np.memmap(path, dtype=np.uint8, mode="r+", offset=offset, shape=shape)
 
 
 def _remove(path: str) -> bool:
