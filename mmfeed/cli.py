@@ -4,7 +4,7 @@
 DataLoader; ``mmfeed bench packing`` (and ``stall``, ``decode``, ``loader``, ``scaling``) run the focused
 benchmarks, each with its own ``--help``; ``mmfeed compare``
 finds regressions between two ``--json`` reports; ``mmfeed synth``, ``mmfeed index`` and ``mmfeed inspect`` make,
-index and survey datasets; ``mmfeed cache`` fills the decoded-frame cache ahead of training.
+index and survey datasets.
 
 Exit status: 0 success; 1 ``compare`` found a regression; 2 bad arguments or an input that cannot be used (a
 missing path, a file that is not a report, settings that cannot work), always with one line
@@ -345,6 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="PATH", help="index file (default <shard dir>/mmfeed-index.parquet)")
     p.set_defaults(func=_index)
 
+    import mmfeed.loaders.fill_cache as frame_cache
+
+    p = sub.add_parser("cache", help=frame_cache.HELP, description=frame_cache.DESCRIPTION, epilog=EPILOG)
+    frame_cache.add_arguments(p)
+    p.set_defaults(func=frame_cache.run)
+
     p = sub.add_parser("inspect", help="episodes, lengths, features, stats and a packing forecast, from the index",
                        description="Survey a dataset from its index alone (no pixel decoded): episodes, a length "
                                    "histogram, fps, every feature (kind, dtype, step shape, rate) with the stats "
@@ -369,12 +375,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=VIDEO_BACKENDS, default="auto")
     p.add_argument("--json", metavar="FILE", help="also write the survey and forecast as JSON")
     p.set_defaults(func=_inspect)
-
-    import mmfeed.loaders.fill_cache as frame_cache
-
-    p = sub.add_parser("cache", help=frame_cache.HELP, description=frame_cache.DESCRIPTION, epilog=EPILOG)
-    frame_cache.add_arguments(p)
-    p.set_defaults(func=frame_cache.run)
 
     import mmfeed.loaders.conversion.job as conversion
 
