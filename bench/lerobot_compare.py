@@ -489,14 +489,15 @@ def load_window(root: str | os.PathLike, path: str | os.PathLike) -> dict[str, l
 
 def mmfeed_loader(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, batch_size: int = 32,
                   num_workers: int = 2, seed: int = 0, tokens_per_frame: int = 64, backend: str = "auto",
-                  frame_format: str = "rgb24", timer: bool = False):
+                  frame_format: str = "rgb24", timer: bool = False, cache: str | None = None):
     """mmfeed's side of :func:`sampling`: ``mmfeed.DataLoader(root, packing=Packing(window=...,
     plan=PlanConfig(mode="fixed", batch_size=batch_size)), num_workers=num_workers)`` with persistent workers;
     every video feature priced ``tokens_per_frame`` tokens a frame, its frames ``frame_format`` ("rgb24" as
-    LeRobot's, or "yuv420": I420 planes, no colour conversion in the workers)."""
+    LeRobot's, or "yuv420": I420 planes, no colour conversion in the workers); ``cache``: a decoded-frame cache
+    directory (``open_dataset(..., cache=)``)."""
     from mmfeed.loaders import DataLoader, Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 
-    source = open_dataset(root, backend=backend, frame_format=frame_format)
+    source = open_dataset(root, backend=backend, frame_format=frame_format, **({"cache": cache} if cache else {}))
     window = WindowSpec.from_delta_timestamps(delta)
     prices = {f: tokens_per_frame for f in window.features if source.features[f].kind == "video"}
     packing = Packing(layout=TokenLayout(tokens_per_frame=prices), window=window, seed=seed,
@@ -618,10 +619,12 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
 
 def run(python: str, *, root: str | os.PathLike | None = None,
         delta: Mapping[str, Sequence[float]] | str | os.PathLike | None = None, extra: int = 32,
-        profile: bool = False, **throughput: Any) -> dict[str, Any]:
+        profile: bool = False, cache: bool = False, **throughput: Any) -> dict[str, Any]:
     """The small equality check, the equality of ``root``'s edge samples (plus ``extra`` random ones) and
     :func:`compare_throughput` on ``root`` (None: :func:`synthetic_root`) with the window ``delta`` (a mapping, a
-    JSON file for :func:`load_window`, or None: :func:`default_window`); ``profile``: then :func:`profile_mmfeed`."""
+    JSON file for :func:`load_window`, or None: :func:`default_window`); ``profile``: then :func:`profile_mmfeed`;
+    ``cache``: then three epochs through a cold decoded-frame cache (``bench/cache_epochs.py``), each against the
+    limit measured here."""
     from mmfeed.loaders.sources.lerobot import LeRobotSource
 
     backend, lib_dirs = throughput.get("video_backend", "torchcodec"), throughput.get("lib_dirs", ())
@@ -649,6 +652,16 @@ def run(python: str, *, root: str | os.PathLike | None = None,
         keys = ("steps", "warmup", "batch_size", "seed", "tokens_per_frame", "backend", "frame_format")
         results["mmfeed_profile"] = profile_mmfeed(root, delta, num_workers=throughput.get("workers", 2),
                                                    **{k: throughput[k] for k in keys if k in throughput})
+    if cache:
+        from mmfeed.bench.cache_epochs import cache_epochs, over_limit
+
+        keys = ("batch_size", "seed", "tokens_per_frame", "backend", "frame_format")
+        results["cache"] = cache_epochs(lambda **kw: mmfeed_loader(root, delta, **kw),
+                                        num_workers=throughput.get("workers", 2),
+                                        **{k: throughput[k] for k in keys if k in throughput})
+        if "limit" in results:
+            key = "samples_per_s" if throughput.get("frame_format", "rgb24") == "rgb24" else "raw_samples_per_s"
+            results["cache"].update(over_limit(results["cache"], results["limit"][key]))
     return results
 
 
@@ -691,6 +704,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "in each worker stage, the loop's wait, CPU of the main process and the workers")
     parser.add_argument("--no-limit", dest="limit", action="store_false", help="skip the decode limit (plain "
                         "PyAV decoding each mmfeed stretch's frames, measured after it)")
+    parser.add_argument("--cache", action="store_true", help="then three mmfeed epochs through a cold decoded-frame "
+                        "cache, each epoch's samples/s and cache.epoch3_over_limit")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     if not Path(args.lerobot_python).exists():
@@ -721,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                   workers=args.workers, steps=args.steps, lerobot_steps=args.lerobot_steps, warmup=args.warmup,
                   repeats=args.repeats, tokens_per_frame=args.tokens_per_frame, backend=args.backend,
                   frame_format=args.frame_format, video_backend=args.video_backend, lib_dirs=args.lib_dir,
-                  profile=args.profile, limit=args.limit)
+                  profile=args.profile, limit=args.limit, cache=args.cache)
     small, root = results["small"], results["root"]
     _print_report(f"small directory, all {small['samples']} samples, LeRobot vs mmfeed", small["lerobot_vs_mmfeed"])
     _print_report("small directory, writer ground truth vs LeRobot", small["truth_vs_lerobot"])
@@ -751,6 +766,12 @@ def main(argv: list[str] | None = None) -> int:
         stages = ", ".join(f"{k} {v['ms_per_batch']:.1f} ms ({v['share']:.0%})" for k, v in prof["stages"].items())
         print(f"mmfeed per batch: {stages} of worker time; loop wait {prof['wait_ms_per_batch']:.1f} ms; CPU "
               f"{prof['worker_cpu_ms_per_batch']:.1f} ms workers, {prof['main_cpu_ms_per_batch']:.1f} ms main")
+    if args.cache:
+        got = results["cache"]
+        rates = ", ".join(f"{r:.1f}" for r in got["samples_per_s"])
+        print(f"mmfeed with a cold frame cache, epochs 1-{len(got['epochs'])}: {rates} samples/s; store "
+              f"{got['store_segments']} segments, {got['store_bytes'] / 2**20:.0f} MiB"
+              + (f"; epoch 3 / limit: {got['epoch3_over_limit']:.2f}" if "epoch3_over_limit" in got else ""))
     if args.json:
         from mmfeed.bench.common import environment
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-__all__ = ["positive"]
+__all__ = ["height_width", "positive"]
 
 
 def positive(kind: type, minimum: float) -> Callable[[str], float]:
@@ -20,3 +20,14 @@ def positive(kind: type, minimum: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def height_width(text: str) -> tuple[int, int]:
+    """``(height, width)`` from ``HEIGHTxWIDTH`` (both even, >= 2), for argparse's ``type=`` (``--frame-size``)."""
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write the frame size as HEIGHTxWIDTH, e.g. 224x224") from None
+    if min(height, width) < 2 or height % 2 or width % 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: height and width must be even and >= 2")
+    return height, width

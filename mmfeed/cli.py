@@ -346,6 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="PATH", help="index file (default <shard dir>/mmfeed-index.parquet)")
     p.set_defaults(func=_index)
 
+    import mmfeed.loaders.fill_cache as frame_cache
+
+    p = sub.add_parser("cache", help=frame_cache.HELP, description=frame_cache.DESCRIPTION, epilog=EPILOG)
+    frame_cache.add_arguments(p)
+    p.set_defaults(func=frame_cache.run)
+
     p = sub.add_parser("inspect", help="episodes, lengths, features, stats and a packing forecast, from the index",
                        description="Survey a dataset from its index alone (no pixel decoded): episodes, a length "
                                    "histogram, fps, every feature (kind, dtype, step shape, rate) with the stats "

@@ -46,6 +46,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mmfeed._parsing import height_width
 from mmfeed.loaders.conversion.engines import ConvertError, Progress, encoder_versions, run_local, run_ray
 
 __all__ = ["MANIFEST", "ConvertError", "ConvertSummary", "add_arguments", "convert", "run"]
@@ -388,16 +389,6 @@ def _finish(job: Job, manifest: _Manifest, done: dict[int, dict]) -> str | None:
 # --------------------------------------------------------------------------------------------------------- CLI
 
 
-def _frame_size(text: str) -> tuple[int, int]:
-    try:
-        height, width = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write the frame size as HEIGHTxWIDTH, e.g. 224x224") from None
-    if min(height, width) < 2 or height % 2 or width % 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: height and width must be even and >= 2")
-    return height, width
-
-
 def _int(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -429,7 +420,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                         "bytes when no --gop or --frame-size asks for a re-encode")
     parser.add_argument("--gop", type=_int(1), default=None, help="keyframe interval when encoding (default 30)")
     parser.add_argument("--crf", type=_int(0), default=None, help="encoder quality (default: the codec's)")
-    parser.add_argument("--frame-size", type=_frame_size, default=None, metavar="HxW",
+    parser.add_argument("--frame-size", type=height_width, default=None, metavar="HxW",
                         help="resize every video to HEIGHTxWIDTH (inside the decoder)")
     sizes = parser.add_mutually_exclusive_group()
     sizes.add_argument("--episodes-per-shard", type=_int(1), default=None, metavar="N",

@@ -39,8 +39,9 @@ from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.errors import SampleError
 from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
+from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.sources.stats import from_json, step_shaped
 from mmfeed.packing.windows import check_stream_frames
@@ -69,11 +70,11 @@ class LeRobotSource(EpisodeSource):
     root: the dataset directory (holding ``meta/``, ``data/`` and, with videos, ``videos/``), local or an fsspec
         URL.
     options: how it is read (:class:`~mmfeed.loaders.sources.options.ReadOptions`: backend, frame_size,
-        frame_format, decoder_threads, tolerance_s), or its fields as keyword arguments.
+        frame_format, decoder_threads, tolerance_s, cache, cache_bytes), or its fields as keyword arguments.
     """
 
     FORMAT = "LeRobot v3"
-    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s")
+    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s", "cache", "cache_bytes")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, root: str | os.PathLike, options: ReadOptions | None = None, **kwargs: Any) -> None:
@@ -112,6 +113,7 @@ class LeRobotSource(EpisodeSource):
         self._data_cache = LRU(2)  # path -> the non-video columns of one data file
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
         self._lock = threading.Lock()  # guards _videos: one source may serve loaders in several threads
+        self._store = options.frame_store()
 
     def step_tasks(self, episode: int) -> np.ndarray:
         """The task id of every step of ``episode``, int64 ``[T]`` (read from its rows where the task changes)."""
@@ -141,7 +143,7 @@ class LeRobotSource(EpisodeSource):
         """The requested frames of each request: rows of the data files, then every video frame of the batch in
         one decode call per frame size, so that each video file is decoded once per batch."""
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
-        videos: dict[tuple[int, int] | None, list[tuple[int, str, FrameRequest, str]]] = {}
+        videos: dict[tuple[int, int] | None, list[tuple]] = {}  # size -> (r, feature, request, where, segment, idx)
         with stage("read"):
             for r, request in enumerate(requests):
                 self._check_request(request)
@@ -150,10 +152,16 @@ class LeRobotSource(EpisodeSource):
                     idx = np.asarray(idx, dtype=np.int64)
                     into = request.out.get(feature) if request.out else None
                     if feature in self._video_keys:
+                        segment = self._segment(e, feature)
+                        frames = stored(self._store, segment, idx, into)
+                        if frames is not None:
+                            out[r][feature] = frames  # no decode
+                            continue
                         path, times = self._frame_times(e, feature, idx)
                         where = f"{self.describe(e)} feature {feature!r} ({path})"
                         frame_request = FrameRequest(path, timestamps=times, tolerance_s=self.tolerance_s, out=into)
-                        videos.setdefault(self._sizes[feature], []).append((r, feature, frame_request, where))
+                        videos.setdefault(self._sizes[feature], []).append(
+                            (r, feature, frame_request, where, segment, idx))
                     else:
                         out[r][feature] = self._rows(e, feature, idx)
         with stage("decode"):
@@ -171,8 +179,10 @@ class LeRobotSource(EpisodeSource):
                             if self._sizes.get(k) is None and self.features[k].frame_size is not None]
                         cache = self._videos[size] = VideoReaderCache(max_open=readers_within(shapes),
                                                                       options=self.options.decode(size))
-                decoded = decode_with_context(cache, [i[2] for i in items], [i[3] for i in items])
-                for (r, feature, _, _), frames in zip(items, decoded):
+                decoded = decode_stored(self._store, cache, [i[2] for i in items], [i[3] for i in items],
+                                        [i[4] for i in items], [i[5] for i in items],
+                                        lambda k, into: self._whole(requests[items[k][0]].episode, items[k][1], into))
+                for (r, feature, *_), frames in zip(items, decoded):
                     out[r][feature] = frames
         return out
 
@@ -211,6 +221,7 @@ class LeRobotSource(EpisodeSource):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
+        state.pop("_segments", None)  # and stamps the videos it reads itself
         del state["_lock"]
         return state
 
@@ -257,6 +268,32 @@ class LeRobotSource(EpisodeSource):
         start = float(self._meta[f"videos/{feature}/from_timestamp"][episode])
         video = self.files.video(self.video_file(episode, feature))
         return video, start + idx.astype(np.float64) / float(self._fps[episode])
+
+    def _segment(self, episode: int, feature: str) -> Segment | None:
+        """The frame store's key of the episode's stretch of a camera's video (None without a store); the video's
+        stamp (a local file's size and mtime, a remote one's size) is taken once per process."""
+        if self._store is None:
+            return None
+        memo = self.__dict__.setdefault("_segments", {})
+        segment = memo.get((episode, feature))
+        if segment is None:
+            video = self.files.video(self.video_file(episode, feature))
+            if isinstance(video, RemoteFile):
+                identity = video.key
+            else:
+                st = os.stat(video)
+                identity = (os.path.abspath(video), st.st_size, st.st_mtime_ns)
+            segment = memo[episode, feature] = Segment(
+                identity=(identity, float(self._meta[f"videos/{feature}/from_timestamp"][episode]),
+                          float(self._fps[episode]), self.tolerance_s, self._sizes[feature], self.frame_format,
+                          self.options.backend),
+                frames=int(self.frames(feature)[episode]), shape=tuple(self.features[feature].shape))
+        return segment
+
+    def _whole(self, episode: int, feature: str, out: np.ndarray) -> FrameRequest:
+        """The request for every frame of the episode's stretch of a camera's video, decoded into ``out``."""
+        path, times = self._frame_times(episode, feature, np.arange(len(out), dtype=np.int64))
+        return FrameRequest(path, timestamps=times, tolerance_s=self.tolerance_s, out=out)
 
     def _rows(self, episode: int, feature: str, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` of ``feature`` in the episode's data file (image features: their encoded bytes)."""

@@ -16,11 +16,13 @@ format has it, and is refused only when none does::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from mmfeed.codecs.video import DecodeOptions
+from mmfeed.loaders.sources.frame_store import FrameStore
 
 __all__ = ["FrameSize", "ReadOptions"]
 
@@ -45,6 +47,11 @@ class ReadOptions:
     cache_episodes: how many episodes' member bytes a worker keeps (consecutive samples of one episode reuse
         them). Webdataset shards.
     check_index: refuse an index whose shards changed size or mtime since indexing. Webdataset shards.
+    cache: a local directory keeping decoded frames (at the delivered size and format) for later reads, shared by
+        every process that names it; see :mod:`mmfeed.loaders.sources.frame_store`. LeRobot v3 directories and
+        webdataset shards.
+    cache_bytes: the most bytes of decoded frames ``cache`` holds (least recently used segments go first;
+        default half the free space there). With ``cache``.
     """
 
     backend: str = "auto"
@@ -54,6 +61,8 @@ class ReadOptions:
     tolerance_s: float = 1e-4
     cache_episodes: int = 8
     check_index: bool = True
+    cache: str | os.PathLike | None = None
+    cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         # an unknown backend or frame format (or decord asked for yuv420) fails now, not at the first read
@@ -69,6 +78,13 @@ class ReadOptions:
         if isinstance(self.tolerance_s, bool) or not isinstance(self.tolerance_s, (int, float)) \
                 or not self.tolerance_s >= 0:
             raise ValueError(f"tolerance_s must be a number of seconds >= 0, got {self.tolerance_s!r}")
+        if self.cache is not None and not isinstance(self.cache, (str, os.PathLike)):
+            raise TypeError(f"cache must be a directory path (str or os.PathLike), got {type(self.cache).__name__}")
+        if self.cache_bytes is not None:
+            if isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, int) or self.cache_bytes < 1:
+                raise ValueError(f"cache_bytes must be an int >= 1 (bytes of decoded frames), got {self.cache_bytes!r}")
+            if self.cache is None:
+                raise ValueError("cache_bytes is the budget of a frame cache: give cache=DIR as well")
         if not isinstance(self.check_index, bool):
             raise ValueError(f"check_index must be True or False, got {self.check_index!r}")
 
@@ -90,6 +106,10 @@ class ReadOptions:
         """The options set to other than their default, in field order."""
         default = ReadOptions()
         return [n for n in self.names() if getattr(self, n) != getattr(default, n)]
+
+    def frame_store(self) -> FrameStore | None:
+        """The decoded-frame store ``cache`` names (None without one)."""
+        return None if self.cache is None else FrameStore(self.cache, self.cache_bytes)
 
     def decode(self, size: tuple[int, int] | None = None) -> DecodeOptions:
         """The decoder's options for frames resized to ``size`` (None: as stored)."""

@@ -31,7 +31,8 @@ from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.errors import SampleError, decode_with_context
+from mmfeed.loaders.sources.errors import SampleError
+from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.index import (
     INDEX_FILENAME,
     INDEX_VERSION,
@@ -44,7 +45,7 @@ from mmfeed.loaders.sources.index import (
 )
 from mmfeed.loaders.sources.index_arrays import IndexArrays, derive, index_arrays, stale
 from mmfeed.loaders.sources.options import ReadOptions
-from mmfeed.loaders.sources.tar import read_member
+from mmfeed.loaders.sources.tar import read_member, stat_file
 
 __all__ = ["WebDatasetSource", "expand_shards"]
 
@@ -86,11 +87,13 @@ class WebDatasetSource(EpisodeSource):
 
     path: a directory of shards, a brace pattern, a glob, a URL pattern, a list of them, or an index file.
     options: how it is read (:class:`~mmfeed.loaders.sources.options.ReadOptions`: backend, frame_size,
-        frame_format, decoder_threads, cache_episodes, check_index), or its fields as keyword arguments.
+        frame_format, decoder_threads, cache_episodes, check_index, cache, cache_bytes), or its fields as keyword
+        arguments.
     """
 
     FORMAT = "webdataset shards"
-    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "cache_episodes", "check_index")
+    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "cache_episodes", "check_index",
+                    "cache", "cache_bytes")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], options: ReadOptions | None = None,
@@ -118,6 +121,7 @@ class WebDatasetSource(EpisodeSource):
         self.backend, self.frame_format, self.decoder_threads = options.backend, options.frame_format, \
             options.decoder_threads
         self.cache_episodes = cache_episodes
+        self._store = options.frame_store()
 
     def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, options: ReadOptions) -> None:
         self.name = name
@@ -179,7 +183,7 @@ class WebDatasetSource(EpisodeSource):
         """The requested frames of each request: npy members loaded whole (per episode) and indexed, every video
         request of the batch decoded in one pass per frame size (each GOP once)."""
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
-        videos: dict[tuple[int, int] | None, list[tuple[FrameRequest, int, str, str]]] = {}
+        videos: dict[tuple[int, int] | None, list[tuple]] = {}  # size -> (request, r, feature, where, segment, idx)
         for r, request in enumerate(requests):
             self._check_request(request)
             e = request.episode
@@ -188,16 +192,24 @@ class WebDatasetSource(EpisodeSource):
                 if self.features[feature].kind != "video":
                     out[r][feature] = self._array(e, feature)[idx]
                     continue
+                given = request.out.get(feature) if request.out else None
+                segment = self._segment(e, feature)
+                frames = stored(self._store, segment, idx, given)
+                if frames is not None:
+                    out[r][feature] = frames  # no member read, no decode
+                    continue
                 data = self._member(e, feature)
                 where = f"{self.describe(e)} feature {feature!r}"
                 self._check_video(e, feature, data, where)
-                given = request.out.get(feature) if request.out else None
                 videos.setdefault(self._sizes.get(feature), []).append(
-                    (FrameRequest(data, indices=idx, out=given), r, feature, where))
+                    (FrameRequest(data, indices=idx, out=given), r, feature, where, segment, idx))
         for size, batch in videos.items():
             with stage("decode"):
-                decoded = decode_with_context(self._cache(size), [b[0] for b in batch], [b[3] for b in batch])
-            for (_, r, feature, _), frames in zip(batch, decoded):
+                decoded = decode_stored(self._store, self._cache(size), [b[0] for b in batch], [b[3] for b in batch],
+                                        [b[4] for b in batch], [b[5] for b in batch],
+                                        lambda k, into: FrameRequest(batch[k][0].path, indices=np.arange(len(into)),
+                                                                     out=into))
+            for (_, r, feature, *_), frames in zip(batch, decoded):
                 out[r][feature] = frames
         return out
 
@@ -236,6 +248,22 @@ class WebDatasetSource(EpisodeSource):
         self._member_names = {f: c["member"] for f, c in columns.items()}
 
     # -- internals -------------------------------------------------------------------------------------------
+    def _segment(self, episode: int, feature: str) -> Segment | None:
+        """The frame store's key of one episode's video member (None without a store, or for episodes held in
+        memory): the shard with the size and mtime the index recorded, and where the member lies in it."""
+        if self._store is None or self._held is not None:
+            return None
+        shard = self._shard_of[episode]
+        offsets, sizes = self._members[feature]
+        size = self._sizes.get(feature)
+        stamp = tuple(self._index.shard_stamps[shard])
+        if None in stamp:  # indexed in memory: the shard's stamp now (once per process)
+            stamp = self.__dict__.setdefault("_stamps", {}).get(shard) or self._stamps.setdefault(
+                shard, stat_file(self._shards[shard]))
+        return Segment(identity=(self._shards[shard], stamp, int(offsets[episode]),
+                                 int(sizes[episode]), size, self.frame_format, self.backend),
+                       frames=int(self._frames[feature][episode]), shape=tuple(self.features[feature].shape))
+
     def _member(self, episode: int, feature: str) -> bytes:
         if self._held is not None:
             return self._held[episode][self._member_names[feature][episode].as_py()]
