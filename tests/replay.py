@@ -34,3 +34,21 @@ def replayed(make_loader: Callable[[int], Any], value: Callable[[Any], torch.Ten
     for other in [run(make_loader, value, 2), *(run(make_loader, value, w, k) for w, k in resumes)]:
         assert len(other) == len(plain) and all(torch.equal(a, b) for a, b in zip(plain, other))
     return plain
+
+
+def resumed_elsewhere(before: list[Any], make_after: Callable[[int], Any], new_world: int,
+                      steps: int = 2) -> list[Any]:
+    """An elastic resume: each loader of ``before`` (one per rank) hands out ``steps`` batches, then the state of
+    the first is loaded into ``make_after(rank)`` for each of ``new_world`` ranks, which run to the epoch's end.
+    The batches of both phases."""
+    done = []
+    for loader in before:
+        it = iter(loader)
+        done.extend(next(it) for _ in range(steps))
+    state = before[0].state_dict()
+    after = []
+    for rank in range(new_world):
+        loader = make_after(rank)
+        loader.load_state_dict(state)
+        after.extend(loader)
+    return done + after

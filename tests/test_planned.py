@@ -15,7 +15,7 @@ from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.concat import ConcatSource
 from mmfeed.testing import make_episodes, read_index
 
-from replay import replayed
+from replay import replayed, resumed_elsewhere
 
 CAM = "observation.images.cam_high"
 WRIST = "observation.images.cam_wrist"
@@ -219,20 +219,10 @@ def test_a_mixture_resumes_at_another_world_size_with_nothing_lost_or_repeated()
     before = [DataLoader(mix, packing=p) for _ in range(2)]
     for rank, loader in enumerate(before):  # as torchrun would build them
         loader.dataset.rank, loader.dataset.world_size = rank, 2
-    done = []
-    for loader in before:
-        it = iter(loader)
-        done.extend(next(it) for _ in range(2))
-    state = before[0].state_dict()
-    after = []
-    for rank in range(3):
-        ds = p.dataset(mix, rank=rank, world_size=3)
-        loader = DataLoader(ds)
-        loader.load_state_dict(state)
-        after.extend(loader)
+    batches = resumed_elsewhere(before, lambda rank: DataLoader(p.dataset(mix, rank=rank, world_size=3)), 3)
     drawn = before[0].dataset.epoch_samples(0)
     plan = p.dataset(mix, world_size=3).plan(0, ((2, 2),))
-    used = np.concatenate([samples_of(done), samples_of(after), drawn[plan.dropped]])
+    used = np.concatenate([samples_of(batches), drawn[plan.dropped]])
     assert sorted(used.tolist()) == sorted(drawn.tolist())
 
 

@@ -25,6 +25,8 @@ from mmfeed.loaders.streaming.dataset import StreamConfig, StreamingPackedDatase
 from mmfeed.packing import OnlinePacker, SizeWeights
 from mmfeed.testing import make_episodes, write_webdataset
 
+from replay import resumed_elsewhere
+
 SPEC = WindowSpec.from_delta_timestamps({"observation.state": [0.0], "action": [0.0, 1 / 30, 2 / 30]})
 PACKING = Packing(layout=TokenLayout(), window=SPEC, plan=PlanConfig(capacity=48, rows_per_batch=2), seed=5)
 
@@ -160,22 +162,14 @@ def test_a_weighted_filtered_mixture_resumes_at_another_world_size(new_world):
     epoch drew comes out once (the rest plan's listed drops aside), none of the filtered steps ever anchors one."""
     mix = robots()
     before = [DataLoader(ROBOTS.dataset(mix, rank=r, world_size=2)) for r in range(2)]
-    done = []
-    for loader in before:
-        it = iter(loader)
-        done.extend(next(it) for _ in range(2))
-    state = before[0].state_dict()
-    after = []
-    for rank in range(new_world):
-        loader = DataLoader(ROBOTS.dataset(mix, rank=rank, world_size=new_world))
-        loader.load_state_dict(state)
-        after.extend(loader)
+    batches = resumed_elsewhere(before, lambda rank: DataLoader(ROBOTS.dataset(mix, rank=rank, world_size=new_world)),
+                                new_world)
     drawn = before[0].dataset.epoch_samples(0)
     dropped = ROBOTS.dataset(mix, world_size=new_world).plan(0, ((2, 2),)).dropped
-    used = np.concatenate([b.metadata["sample"].numpy() for b in done + after] + [drawn[dropped]])
+    used = np.concatenate([b.metadata["sample"].numpy() for b in batches] + [drawn[dropped]])
     assert sorted(used.tolist()) == sorted(drawn.tolist())
-    steps = {(int(e), int(t)) for b in done + after for e, t in zip(b.metadata["episode"], b.metadata["start_step"])}
+    steps = {(int(e), int(t)) for b in batches for e, t in zip(b.metadata["episode"], b.metadata["start_step"])}
     filtered = {(1, t) for t in range(14) if t not in range(2, 6)} | {(7, t) for t in range(4)} | {(10, 1), (10, 2)}
     assert not steps & filtered, "a filtered step anchored a window"
     assert {t for e, t in steps if e == 1} and {t for e, t in steps if e == 7}, "the filtered episodes still run"
-    assert {int(d) for b in done + after for d in b.metadata["dataset"]} == {0, 1, 2}
+    assert {int(d) for b in batches for d in b.metadata["dataset"]} == {0, 1, 2}
