@@ -28,8 +28,11 @@ interleaved (LeRobot, mmfeed, LeRobot, ...), each repeat a fresh loader::
 The physical limit is measured in the same run (unless ``--no-limit``): right after each mmfeed stretch, every
 other batch it delivered is decoded again by plain PyAV in as many processes as the loaders have workers, one
 decoder thread each, videos kept open, nothing but seeking, decoding and (for RGB) colour conversion
-(:func:`limit_samples`, ``bench/limit.py``). It reports mmfeed's fraction of that limit and the limit / LeRobot:
-the most any loader could gain over LeRobot on these processes while it decodes what the samples need.
+(:func:`limit_samples`, ``bench/limit.py``). It reports mmfeed's fraction of that limit (``limit_fraction``, per
+second; ``limit_fraction_cpu``, per CPU-second: mmfeed's samples per CPU-second of its main process and workers over
+the limit's per CPU-second of its processes, which counts the main process's share of the cores and is disturbed
+less by other work on the machine) and the limit / LeRobot: the most any loader could gain over LeRobot on these
+processes while it decodes what the samples need.
 
 ``--profile`` adds one timed mmfeed stretch with the loader's timer: worker time per batch in read, decode and
 collate, the loop's wait, and the CPU of the workers and of the main process per batch (:func:`profile_mmfeed`).
@@ -559,6 +562,8 @@ def limit_samples(limit: Any, batches: Sequence[np.ndarray]) -> dict[str, Any]:
     samples = sum(len(b) for b in measured)
     rgb, raw = got["rgb"], got["raw"]
     return {"samples_per_s": samples / rgb["seconds"], "raw_samples_per_s": samples / raw["seconds"],
+            "samples_per_cpu_s": samples / max(rgb["cpu_s"], 1e-9),
+            "raw_samples_per_cpu_s": samples / max(raw["cpu_s"], 1e-9),
             "decoded_per_delivered": rgb["decoded"] / max(rgb["delivered"], 1),
             "seeks_per_batch": raw["seeks"] / max(raw["batches"], 1), "batches": len(measured),
             "cpu_share": rgb["cpu_s"] / rgb["worker_s"] if rgb["worker_s"] else None}
@@ -613,6 +618,12 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
         fractions = [m["samples_per_s"] / r[key] for m, r in zip(mmfeed_runs, limit_runs)]
         out["limit_fraction"] = med(fractions)
         out["limit_fraction_spread"] = spread(fractions)
+        # the same per CPU-second (mmfeed: its main process and workers; the limit: its decode processes), which
+        # other processes on the machine disturb less, and which counts the main process's share of the cores
+        cpu_key = key.replace("samples_per_s", "samples_per_cpu_s")
+        per_cpu = [m["samples"] / m["cpu_s"] / r[cpu_key] for m, r in zip(mmfeed_runs, limit_runs)]
+        out["limit_fraction_cpu"] = med(per_cpu)
+        out["limit_fraction_cpu_spread"] = spread(per_cpu)
         out["limit_vs_lerobot"] = out["limit"][key] / lerobot["samples_per_s"]
     return out
 
@@ -758,7 +769,9 @@ def main(argv: list[str] | None = None) -> int:
               f"and converting mmfeed's batches with plain PyAV in {same['num_workers'] or 1} processes; "
               f"{lim['raw_samples_per_s']:.1f} without conversion; {lim['decoded_per_delivered']:.2f} frames "
               f"decoded per frame delivered")
-        print(f"mmfeed / limit: {results['limit_fraction']:.2f} (min {f['min']:.2f}, max {f['max']:.2f}); "
+        c = results["limit_fraction_cpu_spread"]
+        print(f"mmfeed / limit: {results['limit_fraction']:.2f} (min {f['min']:.2f}, max {f['max']:.2f}); per "
+              f"CPU-second {results['limit_fraction_cpu']:.2f} (min {c['min']:.2f}, max {c['max']:.2f}); "
               f"limit / LeRobot: {results['limit_vs_lerobot']:.2f}")
     print(f"mmfeed / LeRobot (samples/s): {results['ratio_samples_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
     if args.profile:

@@ -206,8 +206,11 @@ class PyAVReader:
     def _rgb(self, frame) -> np.ndarray:
         # One reformatter for the whole file: frame.to_ndarray(format=...) would build a new swscale context for
         # every frame, which costs more than decoding a 640x480 H.264 frame.
+        # The converted frame's plane is viewed, not copied (to_ndarray() would copy it once more): the caller's
+        # sink makes the one copy, into the batch, while the frame is alive.
         h, w = self.out_shape
-        return self._reformatter.reformat(frame, format="rgb24", width=w, height=h, **_one_thread()).to_ndarray()
+        plane = self._reformatter.reformat(frame, format="rgb24", width=w, height=h, **_one_thread()).planes[0]
+        return np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, : w * 3].reshape(h, w, 3)
 
     def _yuv(self, frame) -> np.ndarray:
         # The decoder's planes as they are when they already are yuv420p at the wanted size; otherwise swscale

@@ -297,4 +297,6 @@ def test_real_throughput_at_equal_sampling(lerobot_python, two_cams, tmp_path):
     limit = got["limit"]  # one of the stretch's two batches decoded by plain PyAV
     assert limit["runs"][0]["batches"] == 1 and limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
     assert got["limit_fraction"] == pytest.approx(got["mmfeed"]["samples_per_s"] / limit["samples_per_s"])
+    (ours,), (lim,) = got["mmfeed"]["runs"], limit["runs"]  # per CPU-second: main process and workers counted
+    assert got["limit_fraction_cpu"] == pytest.approx(ours["samples"] / ours["cpu_s"] / lim["samples_per_cpu_s"])
     assert got["limit_vs_lerobot"] == pytest.approx(limit["samples_per_s"] / got["lerobot"]["samples_per_s"])
