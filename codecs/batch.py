@@ -23,12 +23,12 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from mmfeed.codecs.demux import FileOpener, VideoInfo, VideoSource, probe, source_name
+from mmfeed.codecs.demux import FileOpener, VideoInfo, VideoSource, frames_at_times, probe, source_name
 from mmfeed.codecs.video import (
     DEFAULT_TOLERANCE_S,
     DecodeOptions,
@@ -181,14 +181,21 @@ class VideoReaderCache:
         """See :func:`decode_batch`."""
         reqs = [FrameRequest.coerce(r) for r in requests]
         groups: dict[Any, list[int]] = {}
+        keys: dict[str, Any] = {}  # a path asked many times is stat'ed once per call
         for i, r in enumerate(reqs):
-            groups.setdefault(self._key(r.path), []).append(i)
+            if isinstance(r.path, str):
+                key = keys.get(r.path)
+                if key is None:
+                    key = keys[r.path] = self._key(r.path)
+            else:
+                key = self._key(r.path)
+            groups.setdefault(key, []).append(i)
         out: list[np.ndarray | None] = [None] * len(reqs)
         for members in groups.values():
             source = reqs[members[0]].path
             info = self.info(source)
             self.options.check_crop(info)
-            wanted = [resolve_request(info, reqs[i].indices, reqs[i].timestamps, reqs[i].tolerance_s) for i in members]
+            wanted = _resolve_all(info, [reqs[i] for i in members])
             reader = self.reader(source, info) if any(len(w) for w in wanted) else None
             outs = [reqs[i].out for i in members]
             for i, frames in zip(members, decode_requests(reader, self.options, info, wanted, outs)):
@@ -243,6 +250,19 @@ class VideoReaderCache:
         except OSError:
             return (path, None, None)
         return (path, st.st_size, st.st_mtime_ns)
+
+
+def _resolve_all(info: VideoInfo, requests: Sequence[FrameRequest]) -> list[np.ndarray]:
+    """:func:`resolve_request` of many requests on one file; requests by time with one tolerance (a batch of
+    windows) are resolved in one vectorized search, which returns the same indices and raises the same error."""
+    tolerance = requests[0].tolerance_s
+    if len(requests) > 1 and all(r.indices is None and r.timestamps is not None and r.tolerance_s == tolerance
+                                 for r in requests):
+        times = [np.atleast_1d(np.asarray(r.timestamps)) for r in requests]
+        if all(t.ndim == 1 and t.dtype.kind == "f" for t in times):
+            return np.split(frames_at_times(info, np.concatenate(times), tolerance),
+                            np.cumsum([len(t) for t in times])[:-1])
+    return [resolve_request(info, r.indices, r.timestamps, r.tolerance_s) for r in requests]
 
 
 def decode_batch(

@@ -144,6 +144,7 @@ class LeRobotSource(EpisodeSource):
         one decode call per frame size, so that each video file is decoded once per batch."""
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
         videos: dict[tuple[int, int] | None, list[tuple]] = {}  # size -> (r, feature, request, where, segment, idx)
+        rows: dict[str, list[tuple[int, int, np.ndarray]]] = {}  # feature -> (r, episode, idx) of its data rows
         with stage("read"):
             for r, request in enumerate(requests):
                 self._check_request(request)
@@ -163,7 +164,10 @@ class LeRobotSource(EpisodeSource):
                         videos.setdefault(self._sizes[feature], []).append(
                             (r, feature, frame_request, where, segment, idx))
                     else:
-                        out[r][feature] = self._rows(e, feature, idx)
+                        rows.setdefault(feature, []).append((r, e, idx))
+            for feature, wanted in rows.items():
+                for (r, _, _), values in zip(wanted, self._rows_many(feature, wanted)):
+                    out[r][feature] = values
         with stage("decode"):
             for r, request in enumerate(requests):
                 for feature, rows in list(out[r].items()):
@@ -313,6 +317,34 @@ class LeRobotSource(EpisodeSource):
         if isinstance(values, Exception):
             raise ValueError(f"{where}: cannot read column {feature!r} of data file {path}: {values}") from values
         return values[rows]
+
+    def _rows_many(self, feature: str, wanted: Sequence[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
+        """:meth:`_rows` of many ``(_, episode, idx)`` at once: one gather per data file and feature for a whole
+        batch instead of one per sample (which costs more than the gather once samples are many and small). Any
+        problem is raised by :meth:`_rows` of the request it concerns, so errors read the same."""
+        chunk, number = self._meta["data/chunk_index"], self._meta["data/file_index"]
+        by_file: dict[tuple[int, int], list[int]] = {}
+        for k, (_, e, _) in enumerate(wanted):
+            by_file.setdefault((int(chunk[e]), int(number[e])), []).append(k)
+        got: list[np.ndarray | None] = [None] * len(wanted)
+        first = self._meta["dataset_from_index"]
+        for members in by_file.values():
+            e0 = wanted[members[0]][1]
+            columns = self._data_file(self.data_file(e0), f"{self.describe(e0)} feature {feature!r}")
+            values = columns.get(feature)
+            idx = [wanted[k][2] for k in members]
+            want = np.concatenate([int(first[wanted[k][1]]) + i for k, i in zip(members, idx)])
+            index = columns["index"]
+            at = np.searchsorted(index, want)
+            if values is None or isinstance(values, Exception) or \
+                    (at.size and not np.array_equal(index[np.minimum(at, len(index) - 1)], want)):
+                for k in members:  # raises, naming the request's episode
+                    self._rows(wanted[k][1], feature, wanted[k][2])
+            gathered = values[at]
+            cuts = np.cumsum([len(i) for i in idx])[:-1]
+            for k, part in zip(members, np.split(gathered, cuts)):
+                got[k] = part
+        return got  # type: ignore[return-value]
 
     def _data_file(self, relative: str, where: str) -> dict[str, object]:
         """Every non-video column of one data file, sorted by ``index`` (the last two files stay cached)."""
