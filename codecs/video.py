@@ -35,6 +35,7 @@ from mmfeed.codecs._torchcodec import TorchCodecReader
 from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
 from mmfeed.codecs.demux import FileOpener, VideoInfo, VideoSource, frames_at_times, probe, validate_indices
 from mmfeed.codecs.errors import DecodeError
+from mmfeed.codecs.nt_copy import copy_into
 
 __all__ = [
     "BACKENDS",
@@ -245,12 +246,12 @@ def decode_requests(
     elif options.frame_format == "yuv420":
         def sink(k: int, frame: np.ndarray) -> None:
             for out, row in targets[k]:
-                out[row] = frame
+                copy_into(out[row], frame)
     else:
         def sink(k: int, frame: np.ndarray) -> None:
             part = frame[top : top + oh, left : left + ow]
             for out, row in targets[k]:
-                out[row] = part
+                copy_into(out[row], part)
 
     reader.decode_each(union, sink)
     return outs

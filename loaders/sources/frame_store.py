@@ -42,6 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+from mmfeed.codecs.nt_copy import copy_into
 from mmfeed.loaders.sources.errors import decode_with_context
 
 __all__ = ["FrameStore", "Segment", "StoreInfo", "decode_stored", "stored", "take"]
@@ -243,10 +244,10 @@ def take(frames: np.ndarray, idx: np.ndarray, out: np.ndarray | None) -> np.ndar
     if out is None:
         out = np.empty((len(idx), *frames.shape[1:]), dtype=frames.dtype)
     if len(idx) and int(idx[-1]) - int(idx[0]) == len(idx) - 1 and (len(idx) == 1 or (np.diff(idx) == 1).all()):
-        out[...] = frames[int(idx[0]): int(idx[-1]) + 1]
+        copy_into(out, frames[int(idx[0]): int(idx[-1]) + 1])
     else:
         for k, i in enumerate(idx.tolist()):
-            out[k] = frames[i]
+            copy_into(out[k], frames[i])
     return out
 
 
