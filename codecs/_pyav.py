@@ -19,8 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.demux import VideoInfo, VideoSource, open_container
+from mmfeed.codecs.errors import DecodeError
+from mmfeed.codecs.nt_copy import copy_into
 
 __all__ = ["PyAVReader", "decode_totals", "seek_cost_frames"]
 
@@ -109,15 +110,23 @@ class PyAVReader:
         self.decode_each(indices, store)
         return out
 
-    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None]) -> None:
+    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None],
+                    into: Callable[[int], np.ndarray | None] | None = None) -> None:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order; ``frame`` is an
         ``[H, W, 3]`` (yuv420: ``[H * 3 // 2, W]``) uint8 array that is valid only during the call (copy what you
-        keep)."""
+        keep). yuv420 only: where ``into(k)`` gives a C-contiguous ``[H * 3 // 2, W]`` array, the frame's planes
+        are written straight into it and ``sink`` is not called for it (one copy less)."""
         # A local bound method: one kept on the reader would make a reference cycle, and a reader freed by the
         # cyclic collector may be freed in a forked worker, whose copy of swscale's threads never answers.
         convert = self._rgb if self.frame_format == "rgb24" else self._yuv
+        direct = into if self.frame_format == "yuv420" else None
         for k, target in enumerate(indices.tolist()):
-            sink(k, convert(self._decode_one(int(target))))
+            frame = self._decode_one(int(target))
+            out = direct(k) if direct is not None else None
+            if out is not None:
+                self._yuv(frame, out)
+            else:
+                sink(k, convert(frame))
 
     def close(self) -> None:
         """Close the container (idempotent)."""
@@ -212,23 +221,26 @@ class PyAVReader:
         plane = self._reformatter.reformat(frame, format="rgb24", width=w, height=h, **_one_thread()).planes[0]
         return np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, : w * 3].reshape(h, w, 3)
 
-    def _yuv(self, frame) -> np.ndarray:
+    def _yuv(self, frame, out: np.ndarray | None = None) -> np.ndarray:
         # The decoder's planes as they are when they already are yuv420p at the wanted size; otherwise swscale
-        # scales (and converts the pixel format) to yuv420p. Each plane is copied once, into a [H * 3 // 2, W]
-        # array the reader reuses (frame.to_ndarray() allocates and stacks: 13 -> 5 us for a 96x128 frame).
+        # scales (and converts the pixel format) to yuv420p. Each plane is copied once, into ``out`` or a
+        # [H * 3 // 2, W] array the reader reuses (frame.to_ndarray() allocates and stacks: 13 -> 5 us for a
+        # 96x128 frame).
         h, w = self.out_shape
         if frame.format.name != "yuv420p" or frame.height != h or frame.width != w:
             frame = self._reformatter.reformat(frame, format="yuv420p", width=w, height=h, **_one_thread())
         if self.colour is None:
             self._note_colour(frame)
-        if self._planes is None:
-            self._scratch = np.empty((h * 3 // 2, w), dtype=np.uint8)
-            flat, q = self._scratch.reshape(-1), h * w // 4
-            self._planes = (flat[: h * w].reshape(h, w), flat[h * w : h * w + q].reshape(h // 2, w // 2),
-                            flat[h * w + q :].reshape(h // 2, w // 2))
-        for plane, dst in zip(frame.planes, self._planes):
-            dst[...] = np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: dst.shape[0], : dst.shape[1]]
-        return self._scratch
+        if out is None:
+            if self._planes is None:
+                self._scratch = np.empty((h * 3 // 2, w), dtype=np.uint8)
+                self._planes = _plane_views(self._scratch, h, w)
+            out, planes = self._scratch, self._planes
+        else:
+            planes = _plane_views(out, h, w)
+        for plane, dst in zip(frame.planes, planes):
+            copy_into(dst, np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[: dst.shape[0], : dst.shape[1]])
+        return out
 
     def _note_colour(self, frame) -> None:
         """Record the matrix and range the frames are tagged with; the RGB path (swscale) converts with them, so
@@ -243,6 +255,13 @@ class PyAVReader:
 
 
 _ONE_THREAD: dict | None = None
+
+
+def _plane_views(frame: np.ndarray, h: int, w: int) -> tuple[np.ndarray, ...]:
+    """The Y, U and V planes of a C-contiguous I420 ``[h * 3 // 2, w]`` array, as views."""
+    flat, q = frame.reshape(-1), h * w // 4
+    return (flat[: h * w].reshape(h, w), flat[h * w : h * w + q].reshape(h // 2, w // 2),
+            flat[h * w + q :].reshape(h // 2, w // 2))
 
 
 def _one_thread() -> dict:

@@ -247,6 +247,16 @@ def decode_requests(
         def sink(k: int, frame: np.ndarray) -> None:
             for out, row in targets[k]:
                 copy_into(out[row], frame)
+
+        if getattr(reader, "name", None) == "pyav":  # a frame wanted once: its planes go straight to the batch
+            def into(k: int) -> np.ndarray | None:
+                if len(targets[k]) != 1:
+                    return None
+                out, row = targets[k][0]
+                return out[row] if out.flags.c_contiguous else None
+
+            reader.decode_each(union, sink, into)
+            return outs
     else:
         def sink(k: int, frame: np.ndarray) -> None:
             part = frame[top : top + oh, left : left + ow]

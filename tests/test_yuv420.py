@@ -219,3 +219,21 @@ def test_conversion_on_cuda(video):
     if X86:
         assert level_diff(on_device.cpu(), read_frames(video)) <= 1
     assert torch.equal(yuv420_to_rgb(planes.cuda()[None, ::2]).cpu()[0], on_device.cpu()[::2])
+
+
+def test_batched_requests_write_planes_in_place_as_one_by_one(video, tmp_path):
+    """A batch whose requests share frames (each shared frame copied to both), ask one frame once (its planes
+    written straight into the request's output) and come with their own outputs gives the frames that decoding
+    each request alone gives; at 320x240 too, where planes take the streaming copy."""
+    from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
+
+    big = tmp_path / "big.mp4"
+    big.write_bytes(encode_video(natural(6, 240, 320, seed=2), fps=30.0, codec="h264", gop=2))
+    opts = DecodeOptions(frame_format="yuv420")
+    for path, asks in ((video, [[0, 1], [1, 2], [5], [7, 3]]), (str(big), [[4, 5], [0], [5, 1]])):
+        alone = [read_frames(path, np.array(ask), frame_format="yuv420") for ask in asks]
+        outs = [np.zeros_like(a) for a in alone]
+        with VideoReaderCache(options=opts) as cache:
+            got = cache.decode_batch([FrameRequest(path, np.array(ask), out=o) for ask, o in zip(asks, outs)])
+        for a, g, o in zip(alone, got, outs):
+            assert g is o and np.array_equal(g, a)
