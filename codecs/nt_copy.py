@@ -29,24 +29,27 @@ STREAM_MIN_BYTES = 64 * 1024
 """Frames smaller than this are copied by numpy: they do not displace much, and the call costs more."""
 
 
-@intrinsic
-def _address(typingctx, array, offset):
-    """``&array[offset]`` of a 1-D uint8 array, as a byte pointer."""
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
-    return types.voidptr(array, types.intp), codegen
+def _byte_pointer(builder, address):
+    return builder.inttoptr(address, ir.IntType(8).as_pointer())
 
 
 @intrinsic
 def _stream16(typingctx, dst, src):
-    """Store the 16 bytes at ``src`` to the 16-byte aligned ``dst`` with a non-temporal store."""
+    """Store the 16 bytes at address ``src`` to the 16-byte aligned address ``dst`` with a non-temporal store."""
     def codegen(context, builder, signature, args):
         vector = ir.VectorType(ir.IntType(8), 16).as_pointer()
-        value = builder.load(builder.bitcast(args[1], vector), align=1)
-        store = builder.store(value, builder.bitcast(args[0], vector), align=16)
+        value = builder.load(builder.bitcast(_byte_pointer(builder, args[1]), vector), align=1)
+        store = builder.store(value, builder.bitcast(_byte_pointer(builder, args[0]), vector), align=16)
         store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-    return types.void(types.voidptr, types.voidptr), codegen
+    return types.void(types.intp, types.intp), codegen
+
+
+@intrinsic
+def _copy_byte(typingctx, dst, src):
+    """The byte at address ``src`` to address ``dst``."""
+    def codegen(context, builder, signature, args):
+        builder.store(builder.load(_byte_pointer(builder, args[1])), _byte_pointer(builder, args[0]))
+    return types.void(types.intp, types.intp), codegen
 
 
 @intrinsic
@@ -58,42 +61,46 @@ def _fence(typingctx):
 
 
 @njit(cache=True, nogil=True)
-def _stream_rows(dst, src, dst_address):
-    """The rows of ``src`` (2-D uint8, each row contiguous) back to back into the contiguous 1-D ``dst``, whose
-    first byte lies at ``dst_address``."""
-    rows, width = src.shape
-    at = 0
+def _stream_rows(dst, src, rows, width, stride):
+    """``rows`` rows of ``width`` bytes, the first at address ``src`` and each ``stride`` bytes after the last,
+    back to back to address ``dst``."""
+    at = dst
     for r in range(rows):
-        row = src[r]
-        head = min((16 - (dst_address + at) % 16) % 16, width)
+        row = src + r * stride
+        head = min((16 - at % 16) % 16, width)
         for i in range(head):
-            dst[at + i] = row[i]
+            _copy_byte(at + i, row + i)
         i = head
         while i + 16 <= width:
-            _stream16(_address(dst, at + i), _address(row, i))
+            _stream16(at + i, row + i)
             i += 16
         while i < width:
-            dst[at + i] = row[i]
+            _copy_byte(at + i, row + i)
             i += 1
         at += width
     _fence()
 
 
-def _rows(array: np.ndarray) -> np.ndarray | None:
-    """uint8 ``array`` as a 2-D ``[rows, bytes per row]`` view (rows: its first axis) when each row is
-    contiguous, else None."""
-    if array.dtype != np.uint8 or array.ndim < 2 or not len(array) or not array[0].flags.c_contiguous:
+def _row_layout(array: np.ndarray) -> tuple[int, int] | None:
+    """(bytes per row, row stride) of uint8 ``array`` when each row (an item of its first axis) is contiguous,
+    else None."""
+    if array.dtype != np.uint8 or array.ndim < 2:
         return None
-    return np.lib.stride_tricks.as_strided(array, (array.shape[0], int(np.prod(array.shape[1:]))),
-                                           (array.strides[0], 1), writeable=False)
+    width, inner = 1, 1
+    for n, step in zip(array.shape[:0:-1], array.strides[:0:-1]):  # the inner axes, innermost first
+        if n > 1 and step != inner:
+            return None
+        inner *= n
+        width *= n
+    return width, array.strides[0]
 
 
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` (same shape), with streaming stores where that pays (see the module docstring)."""
     if dst.nbytes >= STREAM_MIN_BYTES and dst.shape == src.shape and dst.dtype == np.uint8 \
             and dst.flags.c_contiguous:
-        rows = _rows(src)
-        if rows is not None:
-            _stream_rows(dst.reshape(-1), rows, dst.ctypes.data)
+        layout = _row_layout(src)
+        if layout is not None:
+            _stream_rows(dst.ctypes.data, src.ctypes.data, src.shape[0], *layout)
             return
     dst[...] = src
