@@ -11,9 +11,9 @@ memory-mapped frame store).
 
 :func:`copy_into` does that for arrays of at least :data:`STREAM_MIN_BYTES` whose rows (first axis) are each
 contiguous (any row stride, so a crop or a plane with padded lines is fine), into a C-contiguous destination;
-anything else is copied by numpy. The stores are 16-byte vector stores marked ``!nontemporal`` (SSE2 ``movntdq`` on x86-64; a plain
-store where a CPU has no such instruction), followed by a fence, so the frame is in memory before the batch is
-handed over. The bytes written are the same as ``dst[...] = src``.
+anything else is copied by numpy. The stores are 16-byte vector stores marked ``!nontemporal`` (SSE2 ``movntdq``
+on x86-64; a plain store where a CPU has no such instruction), followed by a fence, so the frame is in memory
+before the batch is handed over. The bytes written are the same as ``dst[...] = src``.
 """
 
 from __future__ import annotations
