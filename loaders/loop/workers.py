@@ -18,6 +18,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader as TorchDataLoader
 
+from mmfeed.codecs.nt_copy import warm
 from mmfeed.loaders.loop.shm import enable_pool
 
 __all__ = ["PARENT_POLL_S", "WorkerInit", "exit_with_parent", "start_torch_iterator"]
@@ -98,5 +99,6 @@ def start_torch_iterator(loader: TorchDataLoader) -> Iterator[Any]:
     under spawn and forkserver, and when persistent workers run on, nothing is forked here and nothing happens)."""
     if loader.num_workers == 0:
         return iter(loader)
+    warm()  # the frame copy's compiled kernel, loaded once here rather than in every forked worker
     with FORKS:
         return iter(loader)
