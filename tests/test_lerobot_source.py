@@ -209,6 +209,10 @@ def test_rows_missing_from_the_data_file_are_named(fresh):
     pq.write_table(table.slice(0, 10), path / DATA)  # episode 1 keeps only its first 2 rows
     with pytest.raises(ValueError, match=rf"episode 1 feature 'observation.state'.*missing.*{DATA}"):
         LeRobotSource(root).read_many([EpisodeRequest(1, {"observation.state": [1, 5]})])
+    # in a batch (rows gathered per data file for all its requests) the error still names the request's episode
+    batch = [EpisodeRequest(0, {"observation.state": [0, 1]}), EpisodeRequest(1, {"observation.state": [0, 5]})]
+    with pytest.raises(ValueError, match=rf"episode 1 feature 'observation.state'.*missing.*{DATA}"):
+        LeRobotSource(root).read_many(batch)
 
 
 def test_a_corrupt_video_is_named_with_its_path_and_episode(fresh):
