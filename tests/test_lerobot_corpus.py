@@ -191,3 +191,32 @@ def test_mmfeed_stats_of_every_layout_are_lerobots_and_the_true_quantiles(name):
             near = np.maximum(np.abs(ordered[int(np.floor(rank))]), np.abs(ordered[int(np.ceil(rank))]))
             error = np.abs(mine[key].reshape(-1) - np.quantile(values, q, axis=0))
             assert np.all(error <= ALPHA * near + 1e-9), (name, feature, key)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_frame_cache_serves_every_layout_bit_for_bit(name, tmp_path):
+    """Each LeRobot-written layout read through the decoded-frame cache (``cache=``): the first pass fills it, the
+    second decodes no video frame, and both give the windows the uncached dataset gives, bit for bit."""
+    from mmfeed.codecs._pyav import decode_totals
+
+    meta, _ = oracle(name)
+    plain = open_dataset(CORPUS / name)
+    cached = open_dataset(CORPUS / name, cache=str(tmp_path / "frames"))
+    spec = spec_of(plain, meta)
+    want, got = plain.windows(spec), cached.windows(spec)
+    picked = range(0, len(want), 3)
+    expected = [want[i] for i in picked]
+    for attempt in ("cold", "warm"):
+        before = decode_totals()["frames_decoded"]
+        for i, sample in zip(picked, expected):
+            mine = got[i]
+            assert set(mine) == set(sample), (name, attempt, i)
+            for key, value in sample.items():
+                if isinstance(value, (str, int)):
+                    assert mine[key] == value, (name, attempt, i, key)
+                else:
+                    assert np.array_equal(np.asarray(mine[key]), np.asarray(value)), (name, attempt, i, key)
+        if attempt == "warm":
+            assert decode_totals()["frames_decoded"] == before, f"{name}: a warm read decoded video frames"
+    if any(f.kind == "video" for f in plain.features.values()):
+        assert list((tmp_path / "frames").rglob("*.npy")), f"{name}: the cold pass stored no segment"
