@@ -58,7 +58,7 @@ import numpy as np
 
 from mmfeed.bench.common import cache_dir as bench_cache
 from mmfeed.bench.common import consecutive_views, environment, table
-from mmfeed.bench.lerobot_compare import run_child
+from mmfeed.bench.lerobot_child import run_child
 from mmfeed.codecs import FrameRequest, VideoReaderCache, decode_batch, probe, read_frames
 from mmfeed.codecs._decord import _to_numpy, decord_available
 from mmfeed.codecs._torchcodec import torchcodec_available, torchcodec_error

@@ -20,7 +20,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def lerobot_python():
     """The python of a venv with real LeRobot (``MMFEED_LEROBOT_PYTHON``); the test skips, saying why, without."""
-    from mmfeed.bench.lerobot_compare import _lib_dirs
+    from mmfeed.bench.lerobot_child import _lib_dirs
 
     python = os.environ.get("MMFEED_LEROBOT_PYTHON")
     if not python:

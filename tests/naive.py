@@ -608,3 +608,16 @@ def naive_segments(kept: list[list[bool]]) -> list[tuple[int, int, int]]:
 def naive_segment_windows(segments: list[tuple[int, int, int]], stride: int) -> list[tuple[int, int]]:
     """``(episode, anchor)`` of every window: one every ``stride`` steps from each segment's start."""
     return [(e, t) for e, a, b in segments for t in range(a, b, stride)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Frame copies (mmfeed.codecs.nt_copy)
+
+
+def naive_row_copy(src: np.ndarray) -> bytes:
+    """The bytes a copy of ``src`` into a C-contiguous array writes: its rows (first axis) one after the other, each
+    row's elements in C order."""
+    out = bytearray()
+    for row in src:
+        out += np.ascontiguousarray(row).tobytes()
+    return bytes(out)
