@@ -341,19 +341,21 @@ def load_window(root: str | os.PathLike, path: str | os.PathLike) -> dict[str, l
 
 def mmfeed_loader(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, batch_size: int = 32,
                   num_workers: int = 2, seed: int = 0, tokens_per_frame: int = 64, backend: str = "auto",
-                  frame_format: str = "rgb24", timer: bool = False, cache: str | None = None):
+                  frame_format: str = "rgb24", timer: bool = False, cache: str | None = None, reuse: int = 1):
     """mmfeed's side of :func:`sampling`: ``mmfeed.DataLoader(root, packing=Packing(window=...,
     plan=PlanConfig(mode="fixed", batch_size=batch_size)), num_workers=num_workers)`` with persistent workers;
     every video feature priced ``tokens_per_frame`` tokens a frame, its frames ``frame_format`` ("rgb24" as
     LeRobot's, or "yuv420": I420 planes, no colour conversion in the workers); ``cache``: a decoded-frame cache
-    directory (``open_dataset(..., cache=)``)."""
+    directory (``open_dataset(..., cache=)``); ``reuse``: ``PlanConfig(reuse=)``, spans of that many consecutive
+    windows of an episode shuffled whole."""
     from mmfeed.loaders import DataLoader, Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 
     source = open_dataset(root, backend=backend, frame_format=frame_format, **({"cache": cache} if cache else {}))
     window = WindowSpec.from_delta_timestamps(delta)
     prices = {f: tokens_per_frame for f in window.features if source.features[f].kind == "video"}
     packing = Packing(layout=TokenLayout(tokens_per_frame=prices), window=window, seed=seed,
-                      plan=PlanConfig(mode="fixed", batch_size=batch_size, shuffle=True, episode_block=0))
+                      plan=PlanConfig(mode="fixed", batch_size=batch_size, shuffle=True, episode_block=0,
+                                      reuse=reuse))
     return DataLoader(source, packing=packing, num_workers=num_workers, persistent_workers=num_workers > 0,
                       timer=timer or None)
 

@@ -84,6 +84,8 @@ def choose_planner(table: SampleTable, config: PlanConfig, drawn: np.ndarray | N
         whole.append(f"mode {config.mode!r}")
     if config.episode_block:
         whole.append(f"episode blocks of {config.episode_block}")
+    if config.reuse > 1:
+        whole.append(f"spans of {config.reuse} samples of one episode")
     if whole:
         return "samples", f"planned sample by sample: {', '.join(whole)}"
     price = table.uniform_price
@@ -113,7 +115,13 @@ def plan_for(table: SampleTable, config: PlanConfig, *, seed: int, epoch: int, w
                            "anything per sample in pack mode over the whole epoch (no episode blocks, no weighted "
                            "draw) with a decreasing algorithm", len(table))
         tokens = table.tokens
-        groups = table.groups if config.episode_block else None
+        groups = table.groups if config.episode_block or config.reuse > 1 else None
+        if drawn is not None and config.reuse > 1:
+            raise ValueError(f"PlanConfig.reuse={config.reuse} takes spans of consecutive samples of an episode, "
+                             "which samples drawn by weight (a weighted mixture) do not have: use reuse=1 there")
+        if groups is None and config.reuse > 1:
+            raise ValueError(f"PlanConfig.reuse={config.reuse} needs each sample's episode, which {table.kind} "
+                             "do not have")
         if drawn is not None:
             tokens = tokens[drawn]
             groups = None if groups is None else groups[drawn]

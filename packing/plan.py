@@ -53,6 +53,14 @@ class PlanConfig:
         one batch come from a few episodes and the workers decode each group of pictures once for many samples
         (the plan needs each sample's episode, ``plan_epoch(..., groups=)``). Rows are dealt to ranks within each
         step as usual.
+    reuse: 1 shuffles samples one by one. ``k > 1`` shuffles *spans* of ``k`` consecutive samples of one episode
+        (consecutive windows: their frames overlap or lie in the same groups of pictures) and lays each span out
+        whole, so a batch of ``B`` windows holds about ``B / k`` spans and the workers decode each span's pictures
+        once for its ``k`` windows: more frames per CPU-second, fewer distinct episodes per batch (``mmfeed bench
+        reuse`` measures the trade). Every sample still comes once an epoch; batch size, ranks, remainder and
+        resume are as without it. Modes "fixed" and "bucket", and "pack" with an algorithm that keeps the order
+        (not "bfd"/"ffd", which sort by length); not with episode blocks or samples drawn by weight (the plan
+        needs each sample's episode, ``plan_epoch(..., groups=)``).
     remainder: rows that do not fill the last step of all ranks (a key of ``mmfeed.packing.REMAINDER_POLICIES``):
         "drop" leaves them for no batch (listed in ``Plan.dropped``; the next epoch reshuffles), "replicate"
         completes the step with rows from the start (listed in ``Plan.replicated``), "pad" with empty rows.
@@ -68,6 +76,7 @@ class PlanConfig:
     alpha: float = 0.67
     episode_block: int = 0
     remainder: str = "drop"
+    reuse: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -85,6 +94,15 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.episode_block must be an integer >= 0, got {self.episode_block!r}")
         if self.alpha < 0:
             raise ValueError(f"PlanConfig.alpha must be >= 0, got {self.alpha}")
+        if isinstance(self.reuse, bool) or not isinstance(self.reuse, (int, np.integer)) or self.reuse < 1:
+            raise ValueError(f"PlanConfig.reuse must be an integer >= 1, got {self.reuse!r}")
+        if self.reuse > 1 and self.episode_block:
+            raise ValueError(f"PlanConfig.reuse={self.reuse} and episode_block={self.episode_block} both group a "
+                             "batch's samples by episode: choose one")
+        if self.reuse > 1 and self.mode == "pack" and _DECREASING[self.algorithm]:
+            raise ValueError(f"PlanConfig.reuse={self.reuse} keeps each span's windows together, which algorithm "
+                             f"{self.algorithm!r} undoes (it sorts samples by length); use mode 'fixed' or 'bucket', "
+                             "or a packing algorithm that keeps the order ('nf')")
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,6 +202,13 @@ def plan_epoch(tokens: np.ndarray, config: PlanConfig, *, seed: int, epoch: int,
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     tokens = np.ascontiguousarray(tokens, dtype=np.int64)
     rng = np.random.default_rng([int(seed), int(epoch)])
+    if config.reuse > 1:
+        if groups is None or np.shape(groups) != tokens.shape:
+            raise ValueError("PlanConfig.reuse needs groups=: one episode id per sample")
+        order = _reuse_order(np.asarray(groups), config.reuse, rng, config.shuffle)
+        if config.mode == "pack":
+            return _plan_packed(tokens, order, config, seed=seed, epoch=epoch, world_size=world_size)
+        return _plan_padded(tokens, order, config, seed=seed, epoch=epoch, world_size=world_size)
     if config.episode_block:
         if groups is None or np.shape(groups) != tokens.shape:
             raise ValueError("PlanConfig.episode_block needs groups=: one episode id per sample")
@@ -345,6 +370,23 @@ def _plan_sorted(tokens, config, rng, *, seed, epoch, world_size) -> Plan:
     replicated = _members(row_offsets, row_samples, dealt.replicated)
     return Plan(tokens, row_offsets, row_samples, dealt.assignment, config.capacity, np.sort(dropped),
                 np.sort(replicated), config)
+
+
+def _reuse_order(groups: np.ndarray, k: int, rng: np.random.Generator, shuffle: bool) -> np.ndarray:
+    """Sample ids in spans of ``k`` consecutive samples of one episode (a span ends early where its episode does),
+    the spans shuffled, each span's samples kept together in id order."""
+    n = len(groups)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    first = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])  # where each run of one episode starts
+    position = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    starts = np.flatnonzero(position % k == 0)  # a span starts every k samples of a run
+    spans = rng.permutation(len(starts)) if shuffle else np.arange(len(starts))
+    lengths = np.diff(np.r_[starts, n])
+    # each chosen span's ids: its start, then start + 1, ... (a vectorized concatenation of the spans in order)
+    within = np.arange(int(lengths[spans].sum())) - np.repeat(np.cumsum(lengths[spans]) - lengths[spans],
+                                                             lengths[spans])
+    return np.repeat(starts[spans], lengths[spans]) + within
 
 
 def _episode_blocks(groups: np.ndarray, block: int, rng: np.random.Generator, shuffle: bool) -> list[np.ndarray]:
