@@ -29,7 +29,7 @@ from mmfeed.codecs._torchcodec import (
     device_refusal,
     torchcodec_has_cuda,
 )
-from mmfeed.loaders import WindowSpec, open_dataset
+from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.sources.base import EpisodeRequest
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.testing import frame_pattern, make_episodes, read_index, write_lerobot, write_video
@@ -204,3 +204,7 @@ def test_gpu_dataset_windows_and_loader_in_the_training_process(lerobot_root):
         torch.testing.assert_close(batch[CAM].cpu(), reference[CAM], atol=ATOL, rtol=0)
     with pytest.raises(DecodeError, match="not in a DataLoader worker process"):
         next(iter(DataLoader(gpu.windows(spec), batch_size=4, num_workers=1, multiprocessing_context="spawn")))
+    packing = Packing(layout=TokenLayout(tokens_per_frame={CAM: 8}), window=spec,
+                      plan=PlanConfig(capacity=64, rows_per_batch=2), seed=3)
+    with pytest.raises(ValueError, match="the packed loader lays samples out in host"):
+        DataLoader(gpu, packing=packing)

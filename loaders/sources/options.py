@@ -24,7 +24,7 @@ from typing import Any
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.sources.frame_store import FrameStore
 
-__all__ = ["FrameSize", "ReadOptions"]
+__all__ = ["FrameSize", "ReadOptions", "device_of"]
 
 FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
 
@@ -155,3 +155,13 @@ class ReadOptions:
         datasets)."""
         default = ReadOptions()
         return replace(self, **{n: getattr(default, n) for n in self.given() if n not in allowed})
+
+
+def device_of(source: Any) -> str | None:
+    """The GPU a source (or any dataset of a mixture, renamed or not) decodes its frames onto, or None: for the
+    readers that lay frames out in host memory (the packed loader's payloads) to refuse device frames up front."""
+    options = getattr(source, "options", None)
+    if isinstance(options, ReadOptions) and options.device is not None:
+        return options.device
+    inner = list(getattr(source, "sources", None) or []) + [getattr(source, "source", None)]
+    return next((d for d in map(device_of, (s for s in inner if s is not None)) if d is not None), None)
