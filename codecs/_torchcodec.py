@@ -34,6 +34,8 @@ build, ``+cpu``; the CUDA builds come from PyTorch's index), plus the FFmpeg lin
 
 :func:`cuda_decode_error` says which of these is missing. The colour conversion is NVDEC's/NPP's, not swscale's,
 so GPU frames are close to the CPU path's, not bit-identical (see ``tests/test_gpu_decode.py`` for the bound).
+A ``size`` is applied on the GPU after the decode (:func:`resize_on_device`: bilinear with antialiasing, as
+torchcodec's Resize): torchcodec 0.13's NVDEC path takes no decoder transforms.
 The CUDA context belongs to the process that made it: a DataLoader worker process cannot decode onto the GPU
 (a forked one cannot initialise CUDA at all; a spawned one would have to hand device tensors to the training
 process, which mmfeed's workers do through host shared memory). Decode in the training process: ``num_workers=0``,
@@ -55,7 +57,7 @@ import logging
 import os
 import re
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -63,8 +65,11 @@ from mmfeed.codecs._decord import each_in_chunks
 from mmfeed.codecs.demux import VideoInfo, VideoSource
 from mmfeed.codecs.errors import DecodeError
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["TorchCodecReader", "check_device", "cuda_decode_error", "device_refusal", "link_pyav_ffmpeg",
-           "torchcodec_available", "torchcodec_error", "torchcodec_has_cuda"]
+           "resize_on_device", "torchcodec_available", "torchcodec_error", "torchcodec_has_cuda"]
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +230,19 @@ def _symlink(target: str, link: str) -> None:
     os.symlink(target, link)
 
 
+def resize_on_device(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``[N, H, W, 3]`` torch frames resized to ``size`` where they are (bilinear with antialiasing, as
+    torchcodec's Resize on the CPU), rounded back to uint8 ``[N, h, w, 3]``, contiguous."""
+    import torch
+    import torch.nn.functional as F
+
+    if len(frames) == 0:
+        return frames.new_zeros((0, *size, 3))
+    planar = frames.permute(0, 3, 1, 2).float()
+    scaled = F.interpolate(planar, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
+    return scaled.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
 class TorchCodecReader:
     """Random access into one video with torchcodec; ``decode`` hands sorted indices to ``get_frames_at``."""
 
@@ -251,7 +269,11 @@ class TorchCodecReader:
         else:
             target = os.fspath(source)
         transforms = None
-        if self._size is not None and self._size != (info.height, info.width):
+        # torchcodec 0.13 applies decoder transforms on the CPU path only (its NVDEC interface has none yet): device
+        # frames are resized here, on the GPU, after the decode (see resize_on_device)
+        self._resize_after = self.device is not None and self._size is not None \
+            and self._size != (info.height, info.width)
+        if self._size is not None and self._size != (info.height, info.width) and not self._resize_after:
             from torchcodec.transforms import Resize
 
             transforms = [Resize(self._size)]
@@ -303,12 +325,13 @@ class TorchCodecReader:
                 f"the demux index places at {self.info.timestamps[wanted[k]]:.6f} s; use backend='pyav'",
                 path=self.info.path, index=wanted[k], num_frames=self.info.num_frames, duration=self.info.duration,
             )
-        if tuple(batch.data.shape[1:]) != (h, w, 3):
+        decoded = (self.info.height, self.info.width) if self._resize_after else (h, w)
+        if tuple(batch.data.shape[1:]) != (*decoded, 3):
             raise DecodeError(f"{self.info.path}: torchcodec returned frames of shape {tuple(batch.data.shape[1:])}, "
-                              f"expected {(h, w, 3)}", path=self.info.path, index=wanted[0])
+                              f"expected {(*decoded, 3)}", path=self.info.path, index=wanted[0])
         if self.device is not None:
             self._warn_on_fallback()
-            return batch.data.contiguous()
+            return resize_on_device(batch.data, (h, w)) if self._resize_after else batch.data.contiguous()
         return np.ascontiguousarray(batch.data.numpy(), dtype=np.uint8)
 
     def _warn_on_fallback(self) -> None:
