@@ -314,12 +314,21 @@ def decode_on_device(
     if total == 0:
         return [torch.empty((len(x), oh, ow, 3), dtype=torch.uint8, device=device) if out is None else out
                 for out, x in zip(given, wanted)]
-    flat = np.concatenate(wanted)
-    union, inverse = np.unique(flat, return_inverse=True)
-    frames = reader.decode(union)[:, top : top + oh, left : left + ow]
+    union = np.unique(np.concatenate(wanted))
+    return gather_requests(reader.decode(union)[:, top : top + oh, left : left + ow], wanted, given)
+
+
+def gather_requests(frames: Any, wanted: Sequence[np.ndarray], outs: Sequence[Any | None]) -> list[Any]:
+    """Each request's frames from ``frames`` (a torch tensor holding, in order, the frames of the sorted union of
+    ``wanted``), one ``index_select`` per request on the tensor's device, into its ``out`` tensor when given."""
+    import torch
+
+    union, inverse = np.unique(np.concatenate(wanted), return_inverse=True)
+    if len(union) != len(frames):
+        raise ValueError(f"{len(frames)} frames given for a union of {len(union)} wanted frames")
     rows = torch.from_numpy(inverse.reshape(-1)).to(frames.device)
     result, start = [], 0
-    for out, x in zip(given, wanted):
+    for out, x in zip(outs, wanted):
         part = rows[start : start + len(x)]
         start += len(x)
         if out is None:

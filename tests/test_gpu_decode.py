@@ -31,6 +31,7 @@ from mmfeed.codecs._torchcodec import (
     torchcodec_available,
     torchcodec_has_cuda,
 )
+from mmfeed.codecs.video import gather_requests
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.sources.base import EpisodeRequest
 from mmfeed.loaders.sources.options import ReadOptions
@@ -146,6 +147,22 @@ def test_a_dataloader_worker_process_refuses_device_decode():
                                                multiprocessing_context=context))
         assert all("not in a DataLoader worker process; use num_workers=0 or worker_mode='thread'" in g
                    for g in got), got
+
+
+def test_device_frames_gathered_per_request_as_the_cpu_path_scatters(video):
+    """The device path decodes a file's union once and gathers each request with index_select (into its own
+    tensor when given); run on CPU tensors, it equals the CPU path's requests, repeats and order included."""
+    wanted = [np.array([40, 3, 3]), np.array([7]), np.array([3, 40, 0]), np.array([], dtype=np.int64)]
+    union = np.unique(np.concatenate(wanted))
+    frames = torch.from_numpy(read_frames(video, union, backend="pyav"))
+    own = torch.zeros((1, 48, 64, 3), dtype=torch.uint8)
+    got = gather_requests(frames, wanted, [None, own, None, None])
+    assert got[1] is own
+    cpu = decode_batch([(video, w) for w in wanted])
+    for g, c in zip(got, cpu):
+        assert isinstance(g, torch.Tensor) and np.array_equal(g.numpy(), c)
+    with pytest.raises(ValueError, match="3 frames given for a union of 4"):
+        gather_requests(frames[:3], wanted, [None] * 4)
 
 
 @pytest.mark.parametrize("size", [(24, 32), (96, 128)])
