@@ -40,7 +40,12 @@ The CUDA context belongs to the process that made it: a DataLoader worker proces
 (a forked one cannot initialise CUDA at all; a spawned one would have to hand device tensors to the training
 process, which mmfeed's workers do through host shared memory). Decode in the training process: ``num_workers=0``,
 or ``worker_mode="thread"`` (decoding threads of the training process, one decoder per thread); a reader opened
-inside a worker process raises a DecodeError saying so (:func:`device_refusal`).
+inside a worker process raises a DecodeError saying so (:func:`device_refusal`). Past the decode, device frames
+stay device tensors: the windows view hands them on as they are, torch's default collate stacks them on the GPU,
+and ``DataLoader(device=..., prefetch=...)`` leaves tensors already on the device where they are (its pinning
+skips them, the copy is a no-op) while it copies the rest of the batch; ``pin_memory=True`` fails on them (torch
+pins CPU tensors only), so leave it off. Host-memory paths refuse them: the packed loader's shared payloads and
+``cache=`` (ValueError when the dataset or plan is made), and a host array given as a request's output.
 
 Frame identity: torchcodec's exact mode scans the file and numbers frames in presentation order, as
 :func:`mmfeed.codecs.demux.probe` does; the reader checks that both count the same frames, and that every
