@@ -23,6 +23,30 @@ antialiasing, after the RGB conversion), so resized frames are close to but not 
 scales while converting from YUV (measured on mmfeed's test patterns, H.264 and AV1, 48x64 and 240x320 scaled
 down and up: at most 20 levels apart, 2-5 on average; the burned-in frame index still reads back).
 
+GPU decode (``device="cuda"`` or ``"cuda:N"``). torchcodec's ``VideoDecoder(device=...)`` decodes with NVDEC and
+converts YUV to RGB on the GPU; the frames stay there, as torch uint8 tensors ``[N, H, W, 3]`` (the CPU path's
+layout). H.264 and HEVC decode on every NVDEC generation, AV1 from Ampere on; where the hardware cannot decode a
+stream torchcodec falls back to decoding on the CPU (the frames still arrive on the device) and the reader logs a
+warning once per file. It needs a CUDA build of torch and a CUDA build of torchcodec (PyPI's torchcodec is the CPU
+build, ``+cpu``; the CUDA builds come from PyTorch's index), plus the FFmpeg link above::
+
+    pip install torchcodec==0.13.0 --index-url https://download.pytorch.org/whl/cu128   # beside a CUDA torch 2.13
+
+:func:`cuda_decode_error` says which of these is missing. The colour conversion is NVDEC's/NPP's, not swscale's,
+so GPU frames are close to the CPU path's, not bit-identical (see ``tests/test_gpu_decode.py`` for the bound).
+A ``size`` is applied on the GPU after the decode (:func:`resize_on_device`: bilinear with antialiasing, as
+torchcodec's Resize): torchcodec 0.13's NVDEC path takes no decoder transforms.
+The CUDA context belongs to the process that made it: a DataLoader worker process cannot decode onto the GPU
+(a forked one cannot initialise CUDA at all; a spawned one would have to hand device tensors to the training
+process, which mmfeed's workers do through host shared memory). Decode in the training process: ``num_workers=0``,
+or ``worker_mode="thread"`` (decoding threads of the training process, one decoder per thread); a reader opened
+inside a worker process raises a DecodeError saying so (:func:`device_refusal`). Past the decode, device frames
+stay device tensors: the windows view hands them on as they are, torch's default collate stacks them on the GPU,
+and ``DataLoader(device=..., prefetch=...)`` leaves tensors already on the device where they are (its pinning
+skips them, the copy is a no-op) while it copies the rest of the batch; ``pin_memory=True`` fails on them (torch
+pins CPU tensors only), so leave it off. Host-memory paths refuse them: the packed loader's shared payloads and
+``cache=`` (ValueError when the dataset or plan is made), and a host array given as a request's output.
+
 Frame identity: torchcodec's exact mode scans the file and numbers frames in presentation order, as
 :func:`mmfeed.codecs.demux.probe` does; the reader checks that both count the same frames, and that every
 decoded frame's presentation time is the one the demux index gives its index.
@@ -32,12 +56,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.metadata
 import importlib.util
 import logging
 import os
 import re
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -45,7 +70,11 @@ from mmfeed.codecs._decord import each_in_chunks
 from mmfeed.codecs.demux import VideoInfo, VideoSource
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["TorchCodecReader", "link_pyav_ffmpeg", "torchcodec_available", "torchcodec_error"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TorchCodecReader", "check_device", "cuda_decode_error", "device_refusal", "link_pyav_ffmpeg",
+           "resize_on_device", "torchcodec_available", "torchcodec_error", "torchcodec_has_cuda"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +105,100 @@ def torchcodec_error() -> str | None:
 def torchcodec_available() -> bool:
     """Whether ``backend="torchcodec"`` can open videos in this process."""
     return torchcodec_error() is None
+
+
+_DEVICE = re.compile(r"^cuda(:(?P<index>\d+))?$")
+
+CUDA_TORCHCODEC = "pip install torchcodec==0.13.0 --index-url https://download.pytorch.org/whl/cu128"
+"""The install line for a CUDA build of torchcodec 0.13 (for a CUDA build of torch 2.13)."""
+
+
+def check_device(device: object) -> str:
+    """``device`` as the string torchcodec takes (``"cuda"`` or ``"cuda:N"``; a ``torch.device`` of type cuda
+    too); ValueError for anything else, CPU included (CPU frames are the default: leave ``device`` unset)."""
+    text = str(device) if type(device).__name__ == "device" else device
+    if not isinstance(text, str) or _DEVICE.match(text) is None:
+        raise ValueError(f"device must be 'cuda' or 'cuda:N' (frames decoded by NVDEC, left on that GPU), got "
+                         f"{device!r}; leave device unset for CPU frames")
+    return text
+
+
+def torchcodec_has_cuda() -> bool:
+    """Whether the installed torchcodec is a CUDA build, read without loading it: the local label of the version
+    its install wrote (``torchcodec/version.py``: ``0.13.0+cpu`` from PyPI, ``+cu128`` from PyTorch's CUDA index),
+    else whether its core library holds the CUDA device interface (compiled in only with CUDA)."""
+    spec = importlib.util.find_spec("torchcodec")
+    if spec is None or not spec.origin:
+        return False
+    folder = os.path.dirname(spec.origin)
+    try:
+        with open(os.path.join(folder, "version.py")) as f:
+            found = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read())
+    except OSError:
+        found = None
+    local = found.group(1).partition("+")[2] if found else ""
+    if local:
+        return local.startswith("cu")
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("libtorchcodec_core") and name.endswith(".so"):
+            with open(os.path.join(folder, name), "rb") as f:
+                if b"CudaDeviceInterface" in f.read():
+                    return True
+    return False
+
+
+def _torchcodec_version() -> str:
+    """The installed torchcodec's version as its metadata gives it."""
+    try:
+        return importlib.metadata.version("torchcodec")
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown version)"
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_decode_error(device: str = "cuda") -> str | None:
+    """None when torchcodec can decode onto ``device`` in this process, else everything that is missing, each with
+    its fix: a CUDA device visible to torch, torchcodec installed and loading, torchcodec built with CUDA, the
+    device index in range."""
+    import torch
+
+    missing = []
+    if not torch.cuda.is_available():
+        build = "a CPU build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+        missing.append(f"CUDA is not available to torch ({build}, {torch.cuda.device_count()} devices visible): GPU "
+                       "decode needs a CUDA build of torch on a machine with an NVIDIA GPU")
+    if importlib.util.find_spec("torchcodec") is None:
+        missing.append(f"torchcodec is not installed: {CUDA_TORCHCODEC}")
+    else:
+        if not torchcodec_has_cuda():
+            missing.append(f"torchcodec {_torchcodec_version()} is built without CUDA (PyPI's "
+                           f"wheel is the CPU build): {CUDA_TORCHCODEC}")
+        reason = torchcodec_error()
+        if reason is not None:
+            missing.append(reason)
+    if not missing:
+        index = _DEVICE.match(device).group("index")
+        if index is not None and int(index) >= torch.cuda.device_count():
+            missing.append(f"{device} does not exist: torch sees {torch.cuda.device_count()} CUDA devices")
+    if not missing:
+        return None
+    return "; ".join(missing) + "; leave device unset to decode on the CPU"
+
+
+def device_refusal() -> str | None:
+    """Why this process cannot decode onto a GPU although the machine can (None when it can): a DataLoader worker
+    process (torch's worker info is set), or a process forked after CUDA was initialised."""
+    import torch
+    import torch.utils.data
+
+    if torch.utils.data.get_worker_info() is not None:
+        where = "a DataLoader worker process"
+    elif torch.cuda._is_in_bad_fork():
+        where = "a process forked after CUDA was initialised"
+    else:
+        return None
+    return (f"device= decodes onto the GPU in the process that owns the CUDA context, not in {where}; use "
+            "num_workers=0 or worker_mode='thread' (decoding threads of the training process)")
 
 
 def link_pyav_ffmpeg(folder: str | os.PathLike) -> dict[str, str]:
@@ -112,20 +235,36 @@ def _symlink(target: str, link: str) -> None:
     os.symlink(target, link)
 
 
+def resize_on_device(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``[N, H, W, 3]`` torch frames resized to ``size`` where they are (bilinear with antialiasing, as
+    torchcodec's Resize on the CPU), rounded back to uint8 ``[N, h, w, 3]``, contiguous."""
+    import torch
+    import torch.nn.functional as F
+
+    if len(frames) == 0:
+        return frames.new_zeros((0, *size, 3))
+    planar = frames.permute(0, 3, 1, 2).float()
+    scaled = F.interpolate(planar, size=tuple(size), mode="bilinear", antialias=True, align_corners=False)
+    return scaled.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
 class TorchCodecReader:
     """Random access into one video with torchcodec; ``decode`` hands sorted indices to ``get_frames_at``."""
 
     name = "torchcodec"
 
     def __init__(
-        self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None
+        self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None,
+        device: str | None = None,
     ) -> None:
         self.info = info
         self._size = tuple(size) if size is not None else None
-        reason = torchcodec_error()
+        self.device = None if device is None else check_device(device)
+        reason = torchcodec_error() if device is None else cuda_decode_error(self.device) or device_refusal()
         if reason is not None:
-            raise DecodeError(f"{info.path}: backend 'torchcodec' is unavailable: {reason}; use backend='pyav'",
-                              path=info.path)
+            fix = "; use backend='pyav'" if device is None else ""
+            what = "backend 'torchcodec'" if device is None else f"device={self.device!r}"
+            raise DecodeError(f"{info.path}: {what} is unavailable: {reason}{fix}", path=info.path)
         from torchcodec.decoders import VideoDecoder
 
         if isinstance(source, (bytearray, memoryview)):
@@ -135,13 +274,18 @@ class TorchCodecReader:
         else:
             target = os.fspath(source)
         transforms = None
-        if self._size is not None and self._size != (info.height, info.width):
+        # torchcodec 0.13 applies decoder transforms on the CPU path only (its NVDEC interface has none yet): device
+        # frames are resized here, on the GPU, after the decode (see resize_on_device)
+        self._resize_after = self.device is not None and self._size is not None \
+            and self._size != (info.height, info.width)
+        if self._size is not None and self._size != (info.height, info.width) and not self._resize_after:
             from torchcodec.transforms import Resize
 
             transforms = [Resize(self._size)]
         try:
             self._decoder = VideoDecoder(target, stream_index=info.stream_index, dimension_order="NHWC",
-                                         num_ffmpeg_threads=int(threads), seek_mode="exact", transforms=transforms)
+                                         num_ffmpeg_threads=int(threads), seek_mode="exact", transforms=transforms,
+                                         **({} if self.device is None else {"device": self.device}))
         except (RuntimeError, ValueError) as exc:
             raise DecodeError(f"{info.path}: torchcodec cannot open the file: {exc}", path=info.path) from exc
         n = len(self._decoder)
@@ -155,6 +299,7 @@ class TorchCodecReader:
         # Half the smallest gap between frames: a decoded frame's time must lie this close to its index's time.
         gaps = np.diff(info.timestamps)
         self._time_tolerance = float(gaps.min()) / 2 if len(gaps) and gaps.min() > 0 else 1e-3
+        self._fallback_checked = self.device is None
 
     @property
     def out_shape(self) -> tuple[int, int]:
@@ -162,16 +307,21 @@ class TorchCodecReader:
         return self._size if self._size is not None else (self.info.height, self.info.width)
 
     def decode(self, indices: np.ndarray) -> np.ndarray:
-        """Frames at the sorted, unique, in-range ``indices`` as uint8 ``[N, H, W, 3]``."""
+        """Frames at the sorted, unique, in-range ``indices`` as uint8 ``[N, H, W, 3]``: a numpy array, or with a
+        ``device`` a torch tensor on that GPU."""
         h, w = self.out_shape
         if len(indices) == 0:
+            if self.device is not None:
+                import torch
+
+                return torch.zeros((0, h, w, 3), dtype=torch.uint8, device=self.device)
             return np.zeros((0, h, w, 3), dtype=np.uint8)
         wanted = [int(i) for i in indices]
         try:
             batch = self._decoder.get_frames_at(wanted)
         except (RuntimeError, IndexError, ValueError) as exc:
             raise self._failure(wanted, exc) from exc
-        times = batch.pts_seconds.numpy()
+        times = batch.pts_seconds.cpu().numpy()
         off = np.abs(times - self.info.timestamps[indices]) > self._time_tolerance
         if off.any():
             k = int(np.flatnonzero(off)[0])
@@ -180,11 +330,25 @@ class TorchCodecReader:
                 f"the demux index places at {self.info.timestamps[wanted[k]]:.6f} s; use backend='pyav'",
                 path=self.info.path, index=wanted[k], num_frames=self.info.num_frames, duration=self.info.duration,
             )
-        frames = batch.data.numpy()
-        if frames.shape[1:] != (h, w, 3):
-            raise DecodeError(f"{self.info.path}: torchcodec returned frames of shape {frames.shape[1:]}, expected "
-                              f"{(h, w, 3)}", path=self.info.path, index=wanted[0])
-        return np.ascontiguousarray(frames, dtype=np.uint8)
+        decoded = (self.info.height, self.info.width) if self._resize_after else (h, w)
+        if tuple(batch.data.shape[1:]) != (*decoded, 3):
+            raise DecodeError(f"{self.info.path}: torchcodec returned frames of shape {tuple(batch.data.shape[1:])}, "
+                              f"expected {(*decoded, 3)}", path=self.info.path, index=wanted[0])
+        if self.device is not None:
+            self._warn_on_fallback()
+            return resize_on_device(batch.data, (h, w)) if self._resize_after else batch.data.contiguous()
+        return np.ascontiguousarray(batch.data.numpy(), dtype=np.uint8)
+
+    def _warn_on_fallback(self) -> None:
+        """Log once per file when torchcodec decoded it on the CPU instead of NVDEC (a codec or profile the GPU
+        cannot decode, or no NVCUVID library): the frames are right, but the decode cost stays on the CPU."""
+        if self._fallback_checked:
+            return
+        self._fallback_checked = True
+        status = getattr(self._decoder, "cpu_fallback", None)
+        if status is not None and bool(status):
+            log.warning("%s: torchcodec decodes this %s video on the CPU, not with NVDEC (%s); frames are still "
+                        "delivered on %s", self.info.path, self.info.codec, status, self.device)
 
     def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None], chunk: int = 32) -> None:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order (``frame``: ``[H, W, 3]``

@@ -122,14 +122,15 @@ class VideoReaderCache:
         size: tuple[int, int] | None = None,
         crop: tuple[int, int, int, int] | None = None,
         frame_format: str = "rgb24",
+        device: str | None = None,
         options: DecodeOptions | None = None,
     ) -> None:
         if not isinstance(max_open, int) or isinstance(max_open, bool) or max_open < 1:
             raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
         self.max_open = max_open
-        # ``options`` (a DecodeOptions) replaces the five keywords when given, as when unpickling.
+        # ``options`` (a DecodeOptions) replaces the six keywords when given, as when unpickling.
         self.options = options or DecodeOptions(backend=backend, threads=threads, size=size, crop=crop,
-                                                frame_format=frame_format)
+                                                frame_format=frame_format, device=device)
         self._readers: OrderedDict[Any, tuple[VideoReader, Any]] = OrderedDict()
         self._lock = threading.RLock()
         self._pid = os.getpid()
@@ -269,7 +270,8 @@ def decode_batch(
     requests: Iterable[FrameRequest | tuple], cache: VideoReaderCache | None = None
 ) -> list[np.ndarray]:
     """Decode many requests, one uint8 ``[N_i, H, W, 3]`` array per request (``[N_i, H * 3 // 2, W]`` with a
-    cache whose options ask for yuv420), in request order.
+    cache whose options ask for yuv420; a torch tensor on the GPU with a cache whose options give a ``device``), in
+    request order.
 
     ``requests`` are :class:`FrameRequest` objects or ``(path, indices)`` pairs. For each file, the union of all
     frames wanted from it is sorted and decoded in one forward pass per run of GOPs: seek to the keyframe at or

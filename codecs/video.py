@@ -24,14 +24,14 @@ frames, 0.99x on AV1 GOP 2 clips, 1.11x on sparse frames, all within the run's s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from mmfeed.codecs._decord import DecordReader
 from mmfeed.codecs._pyav import PyAVReader
-from mmfeed.codecs._torchcodec import TorchCodecReader
+from mmfeed.codecs._torchcodec import TorchCodecReader, check_device, cuda_decode_error
 from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
 from mmfeed.codecs.demux import FileOpener, VideoInfo, VideoSource, frames_at_times, probe, validate_indices
 from mmfeed.codecs.errors import DecodeError
@@ -89,6 +89,10 @@ class DecodeOptions:
     - ``frame_format``: ``"rgb24"`` (uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, as
       decoded, without a colour conversion; PyAV only, not decord or torchcodec; even sizes and crops;
       :func:`mmfeed.codecs.colour.yuv420_to_rgb` converts them later, on the device).
+    - ``device``: ``"cuda"`` or ``"cuda:N"`` to decode with NVDEC through torchcodec (``backend="torchcodec"``
+      only) and deliver torch uint8 tensors on that GPU instead of numpy arrays; checked here, so a machine that
+      cannot (no CUDA, no torchcodec, torchcodec's CPU build) fails when the options are made, saying what is
+      missing. See :mod:`mmfeed.codecs._torchcodec`.
     """
 
     backend: str = "auto"
@@ -96,10 +100,13 @@ class DecodeOptions:
     size: tuple[int, int] | None = None
     crop: tuple[int, int, int, int] | None = None
     frame_format: str = "rgb24"
+    device: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and self.backend not in BACKENDS:
             raise ValueError(f"unknown video backend {self.backend!r}; choose 'auto' or one of {sorted(BACKENDS)}")
+        if self.device is not None:
+            object.__setattr__(self, "device", check_device_option(self.device, self.backend))
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {self.threads!r}")
         if self.size is not None:
@@ -143,6 +150,19 @@ class DecodeOptions:
             raise ValueError(f"{info.path}: crop {self.crop} (top, left, height, width) does not fit in {h}x{w} frames")
 
 
+def check_device_option(device: object, backend: str) -> str:
+    """The ``device`` option checked against ``backend`` and this machine: only torchcodec decodes onto a GPU;
+    ValueError naming the option, what is missing and the fix otherwise."""
+    device = check_device(device)
+    if backend != "torchcodec":
+        raise ValueError(f"device={device!r} decodes on the GPU through torchcodec only, but backend is {backend!r}; "
+                         "pass backend='torchcodec' with device=, or leave device unset")
+    reason = cuda_decode_error(device)
+    if reason is not None:
+        raise ValueError(f"device={device!r} cannot decode here: {reason}")
+    return device
+
+
 def choose_backend(info: VideoInfo, backend: str = "auto") -> str:
     """The backend ``backend`` resolves to for the video ``info`` describes.
 
@@ -167,6 +187,8 @@ def open_reader(
         raise DecodeError(f"{info.path}: a video read through a file object (object storage, say) decodes with "
                           f"PyAV only, not {name!r}; use backend='pyav' or 'auto'", path=info.path)
     extra = {"frame_format": options.frame_format} if options.frame_format != "rgb24" else {}
+    if options.device is not None:
+        extra["device"] = options.device
     return BACKENDS[name](source, info, threads=options.threads, size=options.size, **extra)
 
 
@@ -181,9 +203,11 @@ def read_frames(
     size: tuple[int, int] | None = None,
     crop: tuple[int, int, int, int] | None = None,
     frame_format: str = "rgb24",
+    device: str | None = None,
 ) -> np.ndarray:
     """Decode frames of one video as uint8 ``[N, H, W, 3]`` (C-contiguous: ``torch.from_numpy`` shares it), or
-    as I420 planes ``[N, H * 3 // 2, W]`` with ``frame_format="yuv420"``.
+    as I420 planes ``[N, H * 3 // 2, W]`` with ``frame_format="yuv420"``, or with ``device="cuda"`` (and
+    ``backend="torchcodec"``) as a torch uint8 tensor ``[N, H, W, 3]`` on that GPU.
 
     Give ``indices`` (frame numbers in presentation order) or ``timestamps`` (seconds; the nearest frame by
     presentation time, an error when farther than ``tolerance_s``), or neither for every frame. Frames come back in
@@ -191,7 +215,8 @@ def read_frames(
     path, the bad index or time and the video's length. For many requests use :func:`decode_batch` with a
     :class:`VideoReaderCache`, which keeps files open between calls.
     """
-    options = DecodeOptions(backend=backend, threads=threads, size=size, crop=crop, frame_format=frame_format)
+    options = DecodeOptions(backend=backend, threads=threads, size=size, crop=crop, frame_format=frame_format,
+                            device=device)
     info = probe(path)
     wanted = resolve_request(info, indices, timestamps, tolerance_s)
     options.check_crop(info)
@@ -212,6 +237,8 @@ def decode_requests(
     output array that asked for it (one copy per delivered frame, crop applied on the way). ``outs`` may give
     a request its own output (uint8 ``[N, H, W, 3]``, or ``[N, H * 3 // 2, W]`` for yuv420; e.g. a slice of a
     batch's payload) to be filled in place."""
+    if options.device is not None:
+        return decode_on_device(reader, options, info, wanted, outs)
     h, w = options.size if options.size is not None else (info.height, info.width)
     top, left, oh, ow = options.crop if options.crop is not None else (0, 0, h, w)
     step = frame_step_shape(oh, ow, options.frame_format)
@@ -265,6 +292,62 @@ def decode_requests(
 
     reader.decode_each(union, sink)
     return outs
+
+
+def decode_on_device(
+    reader: VideoReader | None, options: DecodeOptions, info: VideoInfo, wanted: Sequence[np.ndarray],
+    outs: Sequence[Any] | None = None,
+) -> list[Any]:
+    """:func:`decode_requests` for frames decoded onto ``options.device``: the union of the requests decoded in one
+    call (one ``[U, H, W, 3]`` tensor on the GPU), each request one gather from it (crop applied), into its own
+    ``out`` when that is a uint8 tensor on the device. A host array as ``out`` (a shared-memory payload, a frame
+    cache) is refused: device frames are never copied back through host memory."""
+    import torch
+
+    h, w = options.size if options.size is not None else (info.height, info.width)
+    top, left, oh, ow = options.crop if options.crop is not None else (0, 0, h, w)
+    given = list(outs) if outs is not None else [None] * len(wanted)
+    device = torch.device(options.device)
+    for out, x in zip(given, wanted):
+        if out is None:
+            continue
+        if not isinstance(out, torch.Tensor) or out.device.type != "cuda":
+            raise ValueError(f"{info.path}: device={options.device!r} leaves frames on the GPU, but this request asks "
+                             f"for them in a host {type(out).__name__} (a shared-memory batch payload or a frame "
+                             "cache); read device frames through read_frames, decode_batch, a source's read_many or "
+                             "its windows() view, or leave device unset")
+        if tuple(out.shape) != (len(x), oh, ow, 3) or out.dtype != torch.uint8:
+            raise ValueError(f"{info.path}: an output for {len(x)} frames must be uint8 {(len(x), oh, ow, 3)}, got "
+                             f"{out.dtype} {tuple(out.shape)}")
+    total = sum(len(x) for x in wanted)
+    if total and reader is None:
+        raise ValueError(f"{info.path}: frames were requested but no reader was given")
+    if total == 0:
+        return [torch.empty((len(x), oh, ow, 3), dtype=torch.uint8, device=device) if out is None else out
+                for out, x in zip(given, wanted)]
+    union = np.unique(np.concatenate(wanted))
+    return gather_requests(reader.decode(union)[:, top : top + oh, left : left + ow], wanted, given)
+
+
+def gather_requests(frames: Any, wanted: Sequence[np.ndarray], outs: Sequence[Any | None]) -> list[Any]:
+    """Each request's frames from ``frames`` (a torch tensor holding, in order, the frames of the sorted union of
+    ``wanted``), one ``index_select`` per request on the tensor's device, into its ``out`` tensor when given."""
+    import torch
+
+    union, inverse = np.unique(np.concatenate(wanted), return_inverse=True)
+    if len(union) != len(frames):
+        raise ValueError(f"{len(frames)} frames given for a union of {len(union)} wanted frames")
+    rows = torch.from_numpy(inverse.reshape(-1)).to(frames.device)
+    result, start = [], 0
+    for out, x in zip(outs, wanted):
+        part = rows[start : start + len(x)]
+        start += len(x)
+        if out is None:
+            result.append(frames.index_select(0, part))
+        else:
+            torch.index_select(frames, 0, part, out=out)
+            result.append(out)
+    return result
 
 
 def crop_yuv420(frame: np.ndarray, out: np.ndarray, top: int, left: int) -> None:

@@ -24,6 +24,7 @@ from mmfeed.loaders.planned.collate import SampleRead
 from mmfeed.loaders.planned.filters import FrameFilter
 from mmfeed.loaders.planned.records import RecordItems
 from mmfeed.loaders.sources.base import EpisodeSource
+from mmfeed.loaders.sources.options import device_of
 from mmfeed.loaders.sources.requests import chunk_requests, window_requests
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
@@ -79,6 +80,11 @@ class EpisodeItems:
     def _setup(self, source: EpisodeSource, layout: TokenLayout, window: WindowSpec | None,
                tokenizer: Any) -> EpisodeIndex:
         """Check the features, encode the task texts; the index the sample table is made from."""
+        device = device_of(source)
+        if device is not None:
+            raise ValueError(f"{source.name}: the packed loader lays samples out in host (shared) memory, but the "
+                             f"dataset decodes frames onto {device} (device=); read it through windows() with the "
+                             "drop-in DataLoader, or open it without device= and give DataLoader(device=...)")
         self.source, self.layout, self.window = source, layout, window
         self.features = window.features if window is not None else list(layout.tokens_per_frame)
         _check_features(source, layout, self.features, chunked=window is None)

@@ -74,7 +74,8 @@ class LeRobotSource(EpisodeSource):
     """
 
     FORMAT = "LeRobot v3"
-    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s", "cache", "cache_bytes")
+    READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s", "cache", "cache_bytes",
+                    "device")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, root: str | os.PathLike, options: ReadOptions | None = None, **kwargs: Any) -> None:

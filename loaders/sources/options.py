@@ -24,7 +24,7 @@ from typing import Any
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.sources.frame_store import FrameStore
 
-__all__ = ["FrameSize", "ReadOptions"]
+__all__ = ["FrameSize", "ReadOptions", "device_of"]
 
 FrameSize = tuple[int, int] | Mapping[str, tuple[int, int]] | None
 
@@ -52,6 +52,12 @@ class ReadOptions:
         webdataset shards.
     cache_bytes: the most bytes of decoded frames ``cache`` holds (least recently used segments go first;
         default half the free space there). With ``cache``.
+    device: ``"cuda"`` or ``"cuda:N"``: decode with NVDEC through torchcodec (``backend="torchcodec"`` only) and
+        deliver video features as torch uint8 tensors on that GPU (same layout as CPU frames). Checked when the
+        dataset is opened: without CUDA, torchcodec or its CUDA build the error says which and how to get it.
+        Decode in the training process (``num_workers=0`` or ``worker_mode="thread"``; a worker process refuses),
+        through ``read_many``/``episode``/``windows()``; the packed loader's host payloads and ``cache`` refuse
+        device frames, and ``pin_memory`` must stay off. See :mod:`mmfeed.codecs._torchcodec`. Every format.
     """
 
     backend: str = "auto"
@@ -63,10 +69,17 @@ class ReadOptions:
     check_index: bool = True
     cache: str | os.PathLike | None = None
     cache_bytes: int | None = None
+    device: str | None = None
 
     def __post_init__(self) -> None:
-        # an unknown backend or frame format (or decord asked for yuv420) fails now, not at the first read
-        DecodeOptions(backend=self.backend, frame_format=self.frame_format, threads=self.decoder_threads)
+        if self.device is not None and self.cache is not None:
+            raise ValueError(f"device={self.device!r} leaves frames on the GPU, but cache= keeps decoded frames in "
+                             "host files; drop one of them")
+        # an unknown backend or frame format (or decord asked for yuv420), or a device this machine cannot decode
+        # onto, fails now, not at the first read
+        checked = DecodeOptions(backend=self.backend, frame_format=self.frame_format, threads=self.decoder_threads,
+                                device=self.device)
+        object.__setattr__(self, "device", checked.device)
         if self.frame_size is not None:
             sizes = self.frame_size.values() if isinstance(self.frame_size, Mapping) else [self.frame_size]
             for size in sizes:
@@ -114,7 +127,7 @@ class ReadOptions:
     def decode(self, size: tuple[int, int] | None = None) -> DecodeOptions:
         """The decoder's options for frames resized to ``size`` (None: as stored)."""
         return DecodeOptions(backend=self.backend, size=size, frame_format=self.frame_format,
-                             threads=self.decoder_threads)
+                             threads=self.decoder_threads, device=self.device)
 
     def frame_sizes(self, cameras: Collection[str], features: Collection[str], where: str
                     ) -> dict[str, tuple[int, int] | None]:
@@ -142,3 +155,13 @@ class ReadOptions:
         datasets)."""
         default = ReadOptions()
         return replace(self, **{n: getattr(default, n) for n in self.given() if n not in allowed})
+
+
+def device_of(source: Any) -> str | None:
+    """The GPU a source (or any dataset of a mixture, renamed or not) decodes its frames onto, or None: for the
+    readers that lay frames out in host memory (the packed loader's payloads) to refuse device frames up front."""
+    options = getattr(source, "options", None)
+    if isinstance(options, ReadOptions) and options.device is not None:
+        return options.device
+    inner = list(getattr(source, "sources", None) or []) + [getattr(source, "source", None)]
+    return next((d for d in map(device_of, (s for s in inner if s is not None)) if d is not None), None)

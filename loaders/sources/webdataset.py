@@ -93,7 +93,7 @@ class WebDatasetSource(EpisodeSource):
 
     FORMAT = "webdataset shards"
     READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "cache_episodes", "check_index",
-                    "cache", "cache_bytes")
+                    "cache", "cache_bytes", "device")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], options: ReadOptions | None = None,

@@ -69,7 +69,10 @@ class WindowsDataset(torch.utils.data.Dataset):
         out: dict[str, Any] = {}
         for feature in request.indices:
             values = data[feature]
-            out[feature] = torch.from_numpy(np.ascontiguousarray(values)) if values.dtype != object else values
+            if isinstance(values, torch.Tensor):  # frames decoded onto the GPU (device=): left where they are
+                out[feature] = values
+            else:
+                out[feature] = torch.from_numpy(np.ascontiguousarray(values)) if values.dtype != object else values
             out[f"{feature}_is_pad"] = torch.from_numpy(pads[feature])
             mask = self.source.dim_mask(episode, feature)
             if mask is not None:
