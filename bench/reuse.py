@@ -10,7 +10,7 @@ interleaved round by round, and reports per ``k`` (medians of the rounds, with t
 - samples/s, samples per CPU-second and delivered frames per CPU-second (CPU of the main process and the
   workers, ``/proc``), and their ratio to ``k = 1`` in the same rounds;
 - frames decoded per frame delivered (GOP dependencies included; counted in-process over the same number of
-  batches);
+  batches), and from it frames decoded per CPU-second (delivered frames per CPU-second times that);
 - the diversity a batch keeps: distinct episodes per batch and distinct spans (groups of consecutive windows of
   one episode) per batch, means over the measured batches.
 
@@ -96,6 +96,7 @@ def run(root: str | None = None, ks: Sequence[int] = (1, 2, 4, 8), rounds: int =
         for key in ("samples_per_s", "frames_per_cpu_s"):  # against k = ks[0] in the same rounds
             row[f"{key}_ratio"] = statistics.median(m[key] / b[key] for m, b in zip(runs[k], base))
         row["decoded_per_delivered"] = decoded_per_delivered(root, delta, k, batches=steps)
+        row["decoded_frames_per_cpu_s"] = row["frames_per_cpu_s"] * row["decoded_per_delivered"]
         rows.append(row)
     return {"root": root, "rounds": rounds, "steps": steps, "batch_size": 32, "workers": 2, "rows": rows}
 
@@ -112,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.root, ks, args.rounds, args.steps)
     print(f"{report['root']}: batches of 32 windows, 2 workers, median of {args.rounds} interleaved rounds")
     print(f"{'k':>3} {'samples/s':>10} {'x k=' + str(ks[0]):>7} {'frames/CPU-s':>13} {'x k=' + str(ks[0]):>7} "
-          f"{'decoded/deliv':>13} {'episodes/batch':>15} {'spans/batch':>12}")
+          f"{'decoded/deliv':>13} {'decoded/CPU-s':>13} {'episodes/batch':>15} {'spans/batch':>12}")
     for row in report["rows"]:
         print(f"{row['k']:>3} {row['samples_per_s']:>10.0f} {row['samples_per_s_ratio']:>7.2f} "
               f"{row['frames_per_cpu_s']:>13.0f} {row['frames_per_cpu_s_ratio']:>7.2f} "
-              f"{row['decoded_per_delivered']:>13.2f} {row['episodes_per_batch']:>15.1f} "
+              f"{row['decoded_per_delivered']:>13.2f} {row['decoded_frames_per_cpu_s']:>13.0f} "
+              f"{row['episodes_per_batch']:>15.1f} "
               f"{row['spans_per_batch']:>12.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
