@@ -65,7 +65,9 @@ class VideoReader(Protocol):
         ...
 
     def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None]) -> None:
-        """``sink(k, frame)`` for each index in order; ``frame`` is valid only during the call."""
+        """``sink(k, frame)`` for each index in order; ``frame`` is valid only during the call. A reader of
+        yuv420 frames (PyAV's: the only backend that delivers them) also takes ``into``, where ``into(k)`` may
+        give the array frame ``k``'s planes are written to instead of calling ``sink``."""
         ...
 
     def close(self) -> None:
@@ -275,15 +277,14 @@ def decode_requests(
             for out, row in targets[k]:
                 copy_into(out[row], frame)
 
-        if getattr(reader, "name", None) == "pyav":  # a frame wanted once: its planes go straight to the batch
-            def into(k: int) -> np.ndarray | None:
-                if len(targets[k]) != 1:
-                    return None
-                out, row = targets[k][0]
-                return out[row] if out.flags.c_contiguous else None
+        def into(k: int) -> np.ndarray | None:  # a frame wanted once: its planes go straight to the batch
+            if len(targets[k]) != 1:
+                return None
+            out, row = targets[k][0]
+            return out[row] if out.flags.c_contiguous else None
 
-            reader.decode_each(union, sink, into)
-            return outs
+        reader.decode_each(union, sink, into)
+        return outs
     else:
         def sink(k: int, frame: np.ndarray) -> None:
             part = frame[top : top + oh, left : left + ow]

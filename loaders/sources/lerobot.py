@@ -209,9 +209,8 @@ class LeRobotSource(EpisodeSource):
             lengths = self._lengths[run]
             first = self._meta["dataset_from_index"][run].astype(np.int64)
             want = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-            index = columns["index"]
-            rows = np.searchsorted(index, want)
-            if rows.size and not np.array_equal(index[np.minimum(rows, len(index) - 1)], want):
+            rows = _positions(columns["index"], want)
+            if rows is None:
                 raise ValueError(f"{where}: rows of these episodes are missing from data file "
                                  f"{self.files.where(relative)}")
             for f in features:
@@ -308,10 +307,9 @@ class LeRobotSource(EpisodeSource):
         columns = self._data_file(relative, where)
         if feature not in columns:
             raise ValueError(f"{where}: data file {path} has no column {feature!r}")
-        index = columns["index"]
         want = int(self._meta["dataset_from_index"][episode]) + idx
-        rows = np.searchsorted(index, want)
-        if rows.size and not np.array_equal(index[np.minimum(rows, len(index) - 1)], want):
+        rows = _positions(columns["index"], want)
+        if rows is None:
             raise ValueError(f"{where}: rows {int(want.min())}..{int(want.max())} of the episode are missing from "
                              f"data file {path}")
         values = columns[feature]
@@ -335,10 +333,8 @@ class LeRobotSource(EpisodeSource):
             values = columns.get(feature)
             idx = [wanted[k][2] for k in members]
             want = np.concatenate([int(first[wanted[k][1]]) + i for k, i in zip(members, idx)])
-            index = columns["index"]
-            at = np.searchsorted(index, want)
-            if values is None or isinstance(values, Exception) or \
-                    (at.size and not np.array_equal(index[np.minimum(at, len(index) - 1)], want)):
+            at = _positions(columns["index"], want)
+            if values is None or isinstance(values, Exception) or at is None:
                 for k in members:  # raises, naming the request's episode
                     self._rows(wanted[k][1], feature, wanted[k][2])
             gathered = values[at]
@@ -408,6 +404,15 @@ class LeRobotSource(EpisodeSource):
                 raise SampleError(f"{self.describe(episode)} feature {feature!r}: image {i} of the request cannot "
                                   f"be decoded: {err}") from err
         return out
+
+
+def _positions(index: np.ndarray, want: np.ndarray) -> np.ndarray | None:
+    """Where the global frame indices ``want`` lie in a data file's sorted ``index`` column; None when any of them
+    is missing from it."""
+    rows = np.searchsorted(index, want)
+    if rows.size and not np.array_equal(index[np.minimum(rows, len(index) - 1)], want):
+        return None
+    return rows
 
 
 def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None, root: str,
