@@ -49,30 +49,25 @@ def diversity(groups: np.ndarray, batches: Sequence[np.ndarray]) -> dict[str, fl
     return {"episodes_per_batch": float(np.mean(episodes)), "spans_per_batch": float(np.mean(spans))}
 
 
-def decoded_per_delivered(root: str, delta: dict, k: int, batches: int) -> float:
-    """Frames the decoder produced per video frame delivered, over ``batches`` batches in this process."""
+def decoded_per_delivered(root: str, delta: dict, videos: Sequence[str], k: int, batches: int) -> float:
+    """Frames the decoder produced per frame of the video features ``videos`` delivered, over ``batches`` batches
+    in this process."""
     from mmfeed.codecs._pyav import decode_totals
 
-    loader = mmfeed_loader(root, delta, num_workers=0, reuse=k)
-    videos = [f for f in delta if loader.dataset.source.features[f].kind == "video"]
     before, delivered = decode_totals()["frames_decoded"], 0
-    for n, batch in enumerate(loader):
+    for n, batch in enumerate(mmfeed_loader(root, delta, num_workers=0, reuse=k)):
         if n == batches:
             break
         delivered += sum(int(batch.data[f].shape[0]) for f in videos if f in batch.data)
     return (decode_totals()["frames_decoded"] - before) / max(delivered, 1)
 
 
-def measure(root: str, delta: dict, k: int, steps: int) -> dict[str, Any]:
-    """One timed stretch of the loader with ``reuse=k``: rates per second and per CPU-second, and its batches'
-    diversity."""
+def measure(root: str, delta: dict, k: int, steps: int, groups: np.ndarray, frames: int) -> dict[str, Any]:
+    """One timed stretch of the loader with ``reuse=k``: rates per second and per CPU-second (``frames``: the
+    video frames a sample delivers), and its batches' diversity (``groups``: each sample's episode)."""
     got = time_mmfeed(root, delta, steps=steps, warmup=3, keep=True, reuse=k)
-    batches = got.pop("batches")
-    items = mmfeed_loader(root, delta, num_workers=0, reuse=k).dataset.items
-    groups = items.table.groups
-    frames = sum(len(v) for f, v in delta.items() if items.source.features[f].kind == "video")  # a sample's frames
     return {"samples_per_s": got["samples_per_s"], "samples_per_cpu_s": got["samples"] / got["cpu_s"],
-            "frames_per_cpu_s": frames * got["samples"] / got["cpu_s"], **diversity(groups, batches)}
+            "frames_per_cpu_s": frames * got["samples"] / got["cpu_s"], **diversity(groups, got["batches"])}
 
 
 def run(root: str | None = None, ks: Sequence[int] = (1, 2, 4, 8), rounds: int = 3, steps: int = 40
@@ -80,10 +75,13 @@ def run(root: str | None = None, ks: Sequence[int] = (1, 2, 4, 8), rounds: int =
     """The table: for each ``k``, the medians of ``rounds`` interleaved stretches of ``steps`` batches."""
     root = str(root or synthetic_root())
     delta = default_window(root)
+    items = mmfeed_loader(root, delta, num_workers=0).dataset.items  # the samples and episodes are the same for any k
+    videos = [f for f in delta if items.source.features[f].kind == "video"]
+    frames = sum(len(delta[f]) for f in videos)
     runs: dict[int, list[dict[str, Any]]] = {k: [] for k in ks}
     for r in range(rounds):
         for k in (ks if r % 2 == 0 else list(ks)[::-1]):  # alternate the order, so drift hits all alike
-            runs[k].append(measure(root, delta, k, steps))
+            runs[k].append(measure(root, delta, k, steps, items.table.groups, frames))
     base = runs[ks[0]]
     rows = []
     for k in ks:
@@ -95,7 +93,7 @@ def run(root: str | None = None, ks: Sequence[int] = (1, 2, 4, 8), rounds: int =
             row[f"{key}_spread"] = spread(values)
         for key in ("samples_per_s", "frames_per_cpu_s"):  # against k = ks[0] in the same rounds
             row[f"{key}_ratio"] = statistics.median(m[key] / b[key] for m, b in zip(runs[k], base))
-        row["decoded_per_delivered"] = decoded_per_delivered(root, delta, k, batches=steps)
+        row["decoded_per_delivered"] = decoded_per_delivered(root, delta, videos, k, batches=steps)
         row["decoded_frames_per_cpu_s"] = row["frames_per_cpu_s"] * row["decoded_per_delivered"]
         rows.append(row)
     return {"root": root, "rounds": rounds, "steps": steps, "batch_size": 32, "workers": 2, "rows": rows}
