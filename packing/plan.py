@@ -202,16 +202,12 @@ def plan_epoch(tokens: np.ndarray, config: PlanConfig, *, seed: int, epoch: int,
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     tokens = np.ascontiguousarray(tokens, dtype=np.int64)
     rng = np.random.default_rng([int(seed), int(epoch)])
+    by_episode = "reuse" if config.reuse > 1 else "episode_block" if config.episode_block else None
+    if by_episode is not None and (groups is None or np.shape(groups) != tokens.shape):
+        raise ValueError(f"PlanConfig.{by_episode} needs groups=: one episode id per sample")
     if config.reuse > 1:
-        if groups is None or np.shape(groups) != tokens.shape:
-            raise ValueError("PlanConfig.reuse needs groups=: one episode id per sample")
         order = _reuse_order(np.asarray(groups), config.reuse, rng, config.shuffle)
-        if config.mode == "pack":
-            return _plan_packed(tokens, order, config, seed=seed, epoch=epoch, world_size=world_size)
-        return _plan_padded(tokens, order, config, seed=seed, epoch=epoch, world_size=world_size)
-    if config.episode_block:
-        if groups is None or np.shape(groups) != tokens.shape:
-            raise ValueError("PlanConfig.episode_block needs groups=: one episode id per sample")
+    elif config.episode_block:
         blocks = _episode_blocks(np.asarray(groups), config.episode_block, rng, config.shuffle)
         if config.mode == "pack":
             return _plan_packed_blocks(tokens, blocks, config, seed=seed, epoch=epoch, world_size=world_size)
@@ -383,10 +379,10 @@ def _reuse_order(groups: np.ndarray, k: int, rng: np.random.Generator, shuffle: 
     starts = np.flatnonzero(position % k == 0)  # a span starts every k samples of a run
     spans = rng.permutation(len(starts)) if shuffle else np.arange(len(starts))
     lengths = np.diff(np.r_[starts, n])
+    taken = lengths[spans]
     # each chosen span's ids: its start, then start + 1, ... (a vectorized concatenation of the spans in order)
-    within = np.arange(int(lengths[spans].sum())) - np.repeat(np.cumsum(lengths[spans]) - lengths[spans],
-                                                             lengths[spans])
-    return np.repeat(starts[spans], lengths[spans]) + within
+    within = np.arange(int(taken.sum())) - np.repeat(np.cumsum(taken) - taken, taken)
+    return np.repeat(starts[spans], taken) + within
 
 
 def _episode_blocks(groups: np.ndarray, block: int, rng: np.random.Generator, shuffle: bool) -> list[np.ndarray]:
