@@ -9,10 +9,12 @@ thread each, every video opened beforehand and kept open, and times only the dec
 each variant (in turn first, so that both see the same moment's machine):
 
 - "raw": the decoder's frames only (no colour conversion);
-- "rgb": each wanted frame also converted to an RGB ``uint8 [H, W, 3]`` array, through one
-  ``VideoReformatter`` per video on one swscale thread (the array ``frame.to_ndarray(format="rgb24")`` gives;
-  that call builds a new swscale context for every frame, several ms where the reused one takes well under
-  0.1 ms at 320x240, so it would not be the limit).
+- "rgb": each wanted frame also converted to an RGB ``uint8 [H, W, 3]`` array, the fastest way this machine
+  has: swscale on one thread writing straight into one array reused for every frame
+  (:class:`~mmfeed.codecs._sws.DirectRGB`, the conversion mmfeed's PyAV reader makes into the batch), or, for a
+  layout it does not take, one ``VideoReformatter`` per video on one swscale thread (the array
+  ``frame.to_ndarray(format="rgb24")`` gives; that call builds a new swscale context for every frame, several
+  ms where the reused one takes well under 0.1 ms at 320x240, so it would not be the limit).
 
 Nothing is copied, collated, packed or sent to another process. ``frames_per_s`` are the frames the batches
 deliver (what mmfeed's delivered frames/s is measured in) per second of the slowest process; the report also
@@ -79,13 +81,16 @@ def batch_work(items: Any, samples: np.ndarray) -> tuple[list[tuple[tuple, Any, 
 
 
 class _Video:
-    """One open video: container, stream (one thread), its frames' pts and keyframes, a reused reformatter.
-    ``open_s``: the seconds opening took (probe, container, first frame decoded and converted, which builds the
-    reformatter's swscale context): what a loader pays again each time it reopens a video it had closed."""
+    """One open video: container, stream (one thread), its frames' pts and keyframes, a reused conversion and
+    the array it writes to. ``open_s``: the seconds opening took (probe, container, first frame decoded and
+    converted, which builds the swscale context): what a loader pays again each time it reopens a video it had
+    closed."""
 
     def __init__(self, video: Any) -> None:
         import av
         from av.video.reformatter import VideoReformatter
+
+        from mmfeed.codecs._sws import DirectRGB
 
         start = time.perf_counter()
         self.info = probe(video)
@@ -95,6 +100,11 @@ class _Video:
         self.index_of = {int(p): i for i, p in enumerate(self.info.pts)}
         self.reformatter = VideoReformatter()
         first = next(self.container.decode(self.stream))
+        self.direct = DirectRGB()
+        # 64-byte aligned, as a batch's frame slots in shared memory are
+        raw = np.empty(first.height * first.width * 3 + 64, dtype=np.uint8)
+        offset = (-raw.ctypes.data) % 64
+        self.out = raw[offset : offset + first.height * first.width * 3].reshape(first.height, first.width, 3)
         # swscale on one thread per call, where PyAV takes it (its default picks threads per call, which costs
         # more than converting a small frame): the fastest conversion, as mmfeed's reader converts
         self.one_thread = {"threads": 1}
@@ -105,12 +115,20 @@ class _Video:
             self.rgb(first)
         self.open_s = time.perf_counter() - start
 
-    def rgb(self, frame: Any) -> np.ndarray:
+    def reformat(self, frame: Any) -> np.ndarray:
         """``frame`` as uint8 RGB ``[H, W, 3]`` through this video's reformatter."""
         return self.reformatter.reformat(frame, format="rgb24", width=frame.width, height=frame.height,
                                          **self.one_thread).to_ndarray()
 
+    def rgb(self, frame: Any) -> np.ndarray:
+        """``frame`` as uint8 RGB ``[H, W, 3]``: straight into this video's array where swscale takes the
+        layout, else through the reformatter."""
+        if self.direct.convert_into(frame, self.out, self.reformat):
+            return self.out
+        return self.reformat(frame)
+
     def close(self) -> None:
+        self.direct.close()
         self.container.close()
 
 

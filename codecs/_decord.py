@@ -112,9 +112,11 @@ class DecordReader:
             ) from exc
         return np.ascontiguousarray(frames, dtype=np.uint8)
 
-    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None], chunk: int = 32) -> None:
+    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None],
+                    into: Callable[[int], np.ndarray | None] | None = None, chunk: int = 32) -> None:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order (``frame``: ``[H, W, 3]``
-        uint8, valid only during the call); decoded ``chunk`` frames at a time to bound memory."""
+        uint8, valid only during the call); decoded ``chunk`` frames at a time to bound memory. ``into`` is not
+        used: every frame goes through ``sink``."""
         each_in_chunks(self.decode, indices, sink, chunk)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from mmfeed.codecs.demux import VideoInfo, VideoSource, open_container
 from mmfeed.codecs.errors import DecodeError
+from mmfeed.codecs._sws import DirectRGB
 from mmfeed.codecs.nt_copy import copy_into
 
 __all__ = ["PyAVReader", "decode_totals", "seek_cost_frames"]
@@ -85,6 +86,7 @@ class PyAVReader:
         from av.video.reformatter import VideoReformatter
 
         self._reformatter = VideoReformatter()
+        self._direct = DirectRGB() if frame_format == "rgb24" else None
         self._index_of = {int(p): i for i, p in enumerate(info.pts)}
         self._frames = None  # the live decode generator, or None when the next read must seek
         self._pos = -1  # presentation index of the last frame the decoder produced
@@ -107,30 +109,36 @@ class PyAVReader:
         def store(k: int, frame: np.ndarray) -> None:
             out[k] = frame
 
-        self.decode_each(indices, store)
+        self.decode_each(indices, store, lambda k: out[k])
         return out
 
     def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None],
                     into: Callable[[int], np.ndarray | None] | None = None) -> None:
         """Call ``sink(k, frame)`` for each of the sorted, unique ``indices``, in order; ``frame`` is an
         ``[H, W, 3]`` (yuv420: ``[H * 3 // 2, W]``) uint8 array that is valid only during the call (copy what you
-        keep). yuv420 only: where ``into(k)`` gives a C-contiguous ``[H * 3 // 2, W]`` array, the frame's planes
-        are written straight into it and ``sink`` is not called for it (one copy less)."""
-        # A local bound method: one kept on the reader would make a reference cycle, and a reader freed by the
+        keep). Where ``into(k)`` gives an array (``[H, W, 3]``, yuv420: C-contiguous ``[H * 3 // 2, W]``), the
+        frame may be written straight into it instead, and ``sink`` is then not called for it (one copy less):
+        yuv420 planes always are, RGB pixels where :class:`~mmfeed.codecs._sws.DirectRGB` takes the frame's
+        layout."""
+        # Local bound methods: one kept on the reader would make a reference cycle, and a reader freed by the
         # cyclic collector may be freed in a forked worker, whose copy of swscale's threads never answers.
-        convert = self._rgb if self.frame_format == "rgb24" else self._yuv
-        direct = into if self.frame_format == "yuv420" else None
+        rgb = self.frame_format == "rgb24"
+        convert, direct = (self._rgb, self._direct) if rgb else (self._yuv, None)
         for k, target in enumerate(indices.tolist()):
             frame = self._decode_one(int(target))
-            out = direct(k) if direct is not None else None
-            if out is not None:
+            out = into(k) if into is not None else None
+            if out is None:
+                sink(k, convert(frame))
+            elif not rgb:
                 self._yuv(frame, out)
-            else:
+            elif not direct.convert_into(frame, out, convert):
                 sink(k, convert(frame))
 
     def close(self) -> None:
         """Close the container (idempotent)."""
         self._frames = None
+        if self._direct is not None:
+            self._direct.close()
         self._container.close()
 
     def _decode_one(self, target: int):

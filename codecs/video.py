@@ -64,10 +64,11 @@ class VideoReader(Protocol):
         ``[len(indices), H * 3 // 2, W]`` for a reader opened with ``frame_format="yuv420"``."""
         ...
 
-    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None]) -> None:
-        """``sink(k, frame)`` for each index in order; ``frame`` is valid only during the call. A reader of
-        yuv420 frames (PyAV's: the only backend that delivers them) also takes ``into``, where ``into(k)`` may
-        give the array frame ``k``'s planes are written to instead of calling ``sink``."""
+    def decode_each(self, indices: np.ndarray, sink: Callable[[int, np.ndarray], None],
+                    into: Callable[[int], np.ndarray | None] | None = None) -> None:
+        """``sink(k, frame)`` for each index in order; ``frame`` is valid only during the call. Where ``into(k)``
+        gives an array, the reader may write frame ``k`` straight into it instead of calling ``sink`` (PyAV's
+        does; a reader of yuv420 frames, PyAV's being the only one, always does)."""
         ...
 
     def close(self) -> None:
@@ -268,30 +269,31 @@ def decode_requests(
             targets[k].append((out, row))
         start += len(x)
 
-    if options.frame_format == "yuv420" and options.crop is not None:
-        def sink(k: int, frame: np.ndarray) -> None:
-            for out, row in targets[k]:
-                crop_yuv420(frame, out[row], top, left)
-    elif options.frame_format == "yuv420":
+    if options.crop is None:
         def sink(k: int, frame: np.ndarray) -> None:
             for out, row in targets[k]:
                 copy_into(out[row], frame)
 
-        def into(k: int) -> np.ndarray | None:  # a frame wanted once: its planes go straight to the batch
+        def into(k: int) -> np.ndarray | None:  # a frame wanted once may be written straight into the batch
             if len(targets[k]) != 1:
                 return None
             out, row = targets[k][0]
             return out[row] if out.flags.c_contiguous else None
 
         reader.decode_each(union, sink, into)
-        return outs
+    elif options.frame_format == "yuv420":
+        def sink(k: int, frame: np.ndarray) -> None:
+            for out, row in targets[k]:
+                crop_yuv420(frame, out[row], top, left)
+
+        reader.decode_each(union, sink)
     else:
         def sink(k: int, frame: np.ndarray) -> None:
             part = frame[top : top + oh, left : left + ow]
             for out, row in targets[k]:
                 copy_into(out[row], part)
 
-    reader.decode_each(union, sink)
+        reader.decode_each(union, sink)
     return outs
 
 
