@@ -9,12 +9,13 @@ thread each, every video opened beforehand and kept open, and times only the dec
 each variant (in turn first, so that both see the same moment's machine):
 
 - "raw": the decoder's frames only (no colour conversion);
-- "rgb": each wanted frame also converted to an RGB ``uint8 [H, W, 3]`` array, the fastest way this machine
-  has: swscale on one thread writing straight into one array reused for every frame
-  (:class:`~mmfeed.codecs._sws.DirectRGB`, the conversion mmfeed's PyAV reader makes into the batch), or, for a
-  layout it does not take, one ``VideoReformatter`` per video on one swscale thread (the array
-  ``frame.to_ndarray(format="rgb24")`` gives; that call builds a new swscale context for every frame, several
-  ms where the reused one takes well under 0.1 ms at 320x240, so it would not be the limit).
+- "rgb": each wanted frame also converted to RGB ``uint8 [H, W, 3]``, the fastest way this machine has: swscale on
+  one thread writing straight into the frame's slot of a batch-sized array, as a loader must hold a batch's
+  frames at once (the array is reused from batch to batch; :class:`~mmfeed.codecs._sws.DirectRGB`, the conversion
+  mmfeed's PyAV reader makes into its batch), or, for a layout that does not take, one ``VideoReformatter`` per
+  video on one swscale thread (the array ``frame.to_ndarray(format="rgb24")`` gives; that call builds a new
+  swscale context for every frame, several ms where the reused one takes well under 0.1 ms at 320x240, so it
+  would not be the limit).
 
 Nothing is copied, collated, packed or sent to another process. ``frames_per_s`` are the frames the batches
 deliver (what mmfeed's delivered frames/s is measured in) per second of the slowest process; the report also
@@ -101,10 +102,7 @@ class _Video:
         self.reformatter = VideoReformatter()
         first = next(self.container.decode(self.stream))
         self.direct = DirectRGB()
-        # 64-byte aligned, as a batch's frame slots in shared memory are
-        raw = np.empty(first.height * first.width * 3 + 64, dtype=np.uint8)
-        offset = (-raw.ctypes.data) % 64
-        self.out = raw[offset : offset + first.height * first.width * 3].reshape(first.height, first.width, 3)
+        self.out = _aligned(1, first.height, first.width)[0]  # where a frame converted on its own goes
         # swscale on one thread per call, where PyAV takes it (its default picks threads per call, which costs
         # more than converting a small frame): the fastest conversion, as mmfeed's reader converts
         self.one_thread = {"threads": 1}
@@ -120,11 +118,12 @@ class _Video:
         return self.reformatter.reformat(frame, format="rgb24", width=frame.width, height=frame.height,
                                          **self.one_thread).to_ndarray()
 
-    def rgb(self, frame: Any) -> np.ndarray:
-        """``frame`` as uint8 RGB ``[H, W, 3]``: straight into this video's array where swscale takes the
-        layout, else through the reformatter."""
-        if self.direct.convert_into(frame, self.out, self.reformat):
-            return self.out
+    def rgb(self, frame: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """``frame`` as uint8 RGB ``[H, W, 3]``: straight into ``out`` (or this video's own array) where
+        swscale takes the layout, else through the reformatter."""
+        out = self.out if out is None else out
+        if self.direct.convert_into(frame, out, self.reformat):
+            return out
         return self.reformat(frame)
 
     def close(self) -> None:
@@ -132,12 +131,22 @@ class _Video:
         self.container.close()
 
 
-def decode_work(video: _Video, targets: np.ndarray, convert: bool) -> tuple[int, int, float]:
-    """Decode ``targets`` (sorted, unique) of one video as a batch must, from a fresh seek; (frames decoded,
-    seeks, seconds seeking)."""
+def _aligned(n: int, height: int, width: int) -> np.ndarray:
+    """A 64-byte aligned uint8 ``[n, height, width, 3]`` array (as a batch's frame slots in shared memory are)."""
+    size = n * height * width * 3
+    raw = np.empty(size + 64, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    return raw[offset : offset + size].reshape(n, height, width, 3)
+
+
+def decode_work(video: _Video, targets: np.ndarray, convert: bool,
+                out: np.ndarray | None = None) -> tuple[int, int, float]:
+    """Decode ``targets`` (sorted, unique) of one video as a batch must, from a fresh seek; with ``convert``,
+    target ``k`` is converted into ``out[k]`` (its own array when ``out`` is None); (frames decoded, seeks,
+    seconds seeking)."""
     info, container, stream = video.info, video.container, video.stream
     frames, pos, decoded, seeks, seek_s = None, -1, 0, 0, 0.0
-    for target in targets.tolist():
+    for k, target in enumerate(targets.tolist()):
         key = int(info.gop_start[target])
         if frames is None or target <= pos or key > pos + 1:
             start = time.perf_counter()
@@ -157,7 +166,7 @@ def decode_work(video: _Video, targets: np.ndarray, convert: bool) -> tuple[int,
         if got is None:
             raise RuntimeError(f"{info.path}: the decoder did not produce frame {target} after seeking to {key}")
         if convert:
-            video.rgb(got)
+            video.rgb(got, None if out is None else out[k])
     return decoded, seeks, seek_s
 
 
@@ -174,17 +183,19 @@ def _measure(items: Any, videos: dict[tuple, _Video], batches: Sequence[np.ndarr
             if key not in videos:
                 videos[key] = _Video(video)
                 opened.append(videos[key].open_s)
+    slots = _BatchSlots()
     for batch, _ in work[:lead]:  # untimed: the loaders' last in-flight batches finish meanwhile
-        for key, _, targets in batch:
-            decode_work(videos[key], targets, True)
+        for (key, _, targets), slot in zip(batch, slots.of(batch, videos)):
+            decode_work(videos[key], targets, True, slot)
     out: dict[str, Any] = {"batches": len(work), "delivered": 0, "wanted": 0, "opened": len(opened),
                            "open_s": sum(opened)}
     out.update({f"{v}_{k}": 0.0 for v in _VARIANTS for k in ("seconds", "cpu_s", "decoded", "seeks", "seek_s")})
     for n, (batch, delivered) in enumerate(work):
+        outs = slots.of(batch, videos)
         for variant in _VARIANTS if n % 2 == 0 else _VARIANTS[::-1]:
             start, cpu = time.perf_counter(), time.process_time()
-            for key, _, targets in batch:
-                decoded, seeks, seek_s = decode_work(videos[key], targets, variant == "rgb")
+            for (key, _, targets), slot in zip(batch, outs):
+                decoded, seeks, seek_s = decode_work(videos[key], targets, variant == "rgb", slot)
                 out[f"{variant}_decoded"] += decoded
                 out[f"{variant}_seeks"] += seeks
                 out[f"{variant}_seek_s"] += seek_s
@@ -193,6 +204,31 @@ def _measure(items: Any, videos: dict[tuple, _Video], batches: Sequence[np.ndarr
         out["delivered"] += delivered
         out["wanted"] += sum(len(t) for _, _, t in batch)
     return out
+
+
+class _BatchSlots:
+    """The frame slots of one batch, per frame size one array for all of the batch's frames of that size, reused
+    from batch to batch (grown when a batch holds more)."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[tuple[int, int], np.ndarray] = {}
+
+    def of(self, batch: list[tuple[tuple, Any, np.ndarray]], videos: dict[tuple, _Video]) -> list[np.ndarray]:
+        """``[len(targets), H, W, 3]`` slots for each video of ``batch``, side by side in one array per size."""
+        need: dict[tuple[int, int], int] = {}
+        for key, _, targets in batch:
+            size = videos[key].out.shape[:2]
+            need[size] = need.get(size, 0) + len(targets)
+        for size, n in need.items():
+            if size not in self._arrays or len(self._arrays[size]) < n:
+                self._arrays[size] = _aligned(n, *size)
+        used = dict.fromkeys(need, 0)
+        outs = []
+        for key, _, targets in batch:
+            size = videos[key].out.shape[:2]
+            outs.append(self._arrays[size][used[size] : used[size] + len(targets)])
+            used[size] += len(targets)
+        return outs
 
 
 def _serve(conn: Any, items: Any) -> None:

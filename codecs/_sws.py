@@ -160,8 +160,8 @@ class DirectRGB:
 
     def __init__(self) -> None:
         self._lib = swscale_library()
-        self._sitings: dict[tuple, Any] = {}  # layout -> this stream's chroma siting, for scaled layouts
-        self._pending: dict[tuple, int] = {}  # layout -> frames that did not tell the sitings apart yet
+        self._sitings: dict[tuple, Any] = {}  # layout but alignment -> this stream's chroma siting, when it matters
+        self._pending: dict[tuple, int] = {}  # the same -> frames that did not tell the sitings apart yet
         self._src_p, self._src_s = (ctypes.c_void_p * 4)(), (ctypes.c_int * 4)()
         self._dst_p, self._dst_s = (ctypes.c_void_p * 4)(), (ctypes.c_int * 4)()
         self.taken = 0  # frames converted straight into the caller's array
@@ -191,7 +191,7 @@ class DirectRGB:
             return False
         siting = None
         if isinstance(verdict, tuple):  # the chroma siting matters: this stream's
-            siting = self._sitings.get(layout, _UNKNOWN)
+            siting = self._sitings.get(layout[:-1], _UNKNOWN)  # the stream's, whatever the alignment
             if siting == _UNKNOWN:
                 siting = self._find_siting(layout, frame, verdict, reference)
             if siting in (_UNKNOWN, _REFUSED):
@@ -257,12 +257,13 @@ class DirectRGB:
         such, or on one that none matches, the stream converts the layout through reformat (``_REFUSED``)."""
         got, want = self._try(layout, frame, sitings), reference(frame)
         matches = [i for i, g in enumerate(got) if g is not None and np.array_equal(g, want)]
+        key = layout[:-1]
         if len(matches) == 1:
-            self._sitings[layout] = sitings[matches[0]]
-            return self._sitings[layout]
-        self._pending[layout] = self._pending.get(layout, 0) + 1
-        if not matches or self._pending[layout] >= _PENDING_FRAMES:
-            self._sitings[layout] = _REFUSED
+            self._sitings[key] = sitings[matches[0]]
+            return self._sitings[key]
+        self._pending[key] = self._pending.get(key, 0) + 1
+        if not matches or self._pending[key] >= _PENDING_FRAMES:
+            self._sitings[key] = _REFUSED
             log.debug("direct swscale conversion not taken for %s on this stream: converting through reformat",
                       layout)
             return _REFUSED

@@ -183,4 +183,4 @@ def test_flat_first_frames_leave_the_siting_open(tmp_path):
         np.testing.assert_array_equal(direct.decode(np.array([i])), plain.decode(np.array([i])))
         taken.append(direct._direct.taken)
     assert taken[2] == 0 and taken[-1] > 0, taken
-    assert list(direct._direct._sitings.values()) == [(0, 128)]  # H.264: left
+    assert list(direct._direct._sitings.values()) == [(0, 128)]  # H.264: left (one layout, whatever the alignment)
