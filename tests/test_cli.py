@@ -371,7 +371,7 @@ def test_decoded_frames_counted_per_batch_are_the_limits_plan_of_that_batch(mixt
     batch's frames from their keyframes; the baseline's per-sample count likewise for each sample."""
     import av
 
-    from mmfeed.bench.limit import _Video, batch_work, decode_work
+    from mmfeed.bench.limit import _aligned, _Video, batch_work, decode_work
     from mmfeed.bench.loader import PerSampleDataset
     from mmfeed.bench.run import _Counted
     from mmfeed.loaders import open_dataset
@@ -406,6 +406,13 @@ def test_decoded_frames_counted_per_batch_are_the_limits_plan_of_that_batch(mixt
     frame = next(v.container.decode(v.stream))
     assert isinstance(frame, av.VideoFrame)
     assert np.array_equal(v.rgb(frame), frame.to_ndarray(format="rgb24"))
+    # converted into a batch's slots: each wanted frame in its own slot
+    _, video, targets = work[0]
+    with av.open(io.BytesIO(video) if isinstance(video, (bytes, bytearray)) else video) as container:
+        every = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    slots = _aligned(len(targets), *every[0].shape[:2])
+    decode_work(v, targets, True, slots)
+    assert np.array_equal(slots, np.stack([every[i] for i in targets.tolist()]))
     v.close()
 
 
