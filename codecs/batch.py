@@ -261,8 +261,9 @@ def _resolve_all(info: VideoInfo, requests: Sequence[FrameRequest]) -> list[np.n
                                  for r in requests):
         times = [np.atleast_1d(np.asarray(r.timestamps)) for r in requests]
         if all(t.ndim == 1 and t.dtype.kind == "f" for t in times):
-            return np.split(frames_at_times(info, np.concatenate(times), tolerance),
-                            np.cumsum([len(t) for t in times])[:-1])
+            found = frames_at_times(info, np.concatenate(times), tolerance)
+            bounds = np.cumsum([0, *(len(t) for t in times)]).tolist()
+            return [found[a:b] for a, b in zip(bounds[:-1], bounds[1:])]  # np.split costs more for many
     return [resolve_request(info, r.indices, r.timestamps, r.tolerance_s) for r in requests]
 
 

@@ -140,6 +140,36 @@ def test_array_source_reads_requested_frames_in_order_with_repeats():
         src.episode(2)
 
 
+def test_a_batch_of_requests_fails_as_its_first_bad_request_does():
+    """read_many checks a batch's requests at once; any problem is raised as the first request it concerns would
+    raise it on its own (its episode, feature and frames named), and a batch without one passes."""
+    src = ArraySource(arrays(3, 6))
+    good = [EpisodeRequest(e, {STATE: np.array([0, 5]), "action": np.array([2])}) for e in range(3)]
+    src._check_requests(good)
+    bad = {
+        "frames": EpisodeRequest(1, {STATE: np.array([6])}),
+        "negative": EpisodeRequest(2, {"action": np.array([-1, 0])}),
+        "feature": EpisodeRequest(0, {"depth": np.array([0])}),
+        "episode": EpisodeRequest(3, {STATE: np.array([0])}),
+        "bool episode": EpisodeRequest(True, {STATE: np.array([0])}),
+        "float frames": EpisodeRequest(0, {STATE: np.array([0.0, 9.0])}),
+    }
+    for name, request in bad.items():
+        for at in range(len(good) + 1):
+            batch = [*good[:at], request, *good[at:]]
+            with pytest.raises(Exception) as alone:
+                src._check_request(request)
+            with pytest.raises(type(alone.value)) as together:
+                src.read_many(batch)
+            assert str(together.value) == str(alone.value), name
+    two = [bad["frames"], bad["feature"]]  # the first in the batch is the one raised
+    with pytest.raises(IndexError, match="episode 1 feature 'observation.state': frames 6..6"):
+        src.read_many(two)
+    with pytest.raises(KeyError, match="no feature 'depth'"):
+        src.read_many(two[::-1])
+    src._check_requests([EpisodeRequest(0, {STATE: np.array([1.0, 2.0])})])  # in range, whatever the dtype
+
+
 def test_array_source_refuses_episodes_that_disagree():
     base = arrays(2, 6)
     with pytest.raises(ValueError, match="needs at least one episode"):

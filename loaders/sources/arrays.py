@@ -95,8 +95,8 @@ class ArraySource(EpisodeSource):
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
         out = []
         with stage("read"):
+            self._check_requests(requests)
             for request in requests:
-                self._check_request(request)
                 ep = self._episodes[request.episode]
                 out.append({k: ep[k][np.asarray(idx, dtype=np.int64)] for k, idx in request.indices.items()})
         return out

@@ -44,6 +44,7 @@ from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.sources.stats import from_json, step_shaped
+from mmfeed.packing.bins import split_rows
 from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["LeRobotSource", "is_lerobot_dir"]
@@ -147,8 +148,8 @@ class LeRobotSource(EpisodeSource):
         videos: dict[tuple[int, int] | None, list[tuple]] = {}  # size -> (r, feature, request, where, segment, idx)
         rows: dict[str, list[tuple[int, int, np.ndarray]]] = {}  # feature -> (r, episode, idx) of its data rows
         with stage("read"):
+            self._check_requests(requests)
             for r, request in enumerate(requests):
-                self._check_request(request)
                 e = request.episode
                 for feature, idx in request.indices.items():
                     idx = np.asarray(idx, dtype=np.int64)
@@ -337,9 +338,7 @@ class LeRobotSource(EpisodeSource):
             if values is None or isinstance(values, Exception) or at is None:
                 for k in members:  # raises, naming the request's episode
                     self._rows(wanted[k][1], feature, wanted[k][2])
-            gathered = values[at]
-            cuts = np.cumsum([len(i) for i in idx])[:-1]
-            for k, part in zip(members, np.split(gathered, cuts)):
+            for k, part in zip(members, split_rows(values[at], np.cumsum([0, *(len(i) for i in idx)]))):
                 got[k] = part
         return got  # type: ignore[return-value]
 

@@ -184,8 +184,8 @@ class WebDatasetSource(EpisodeSource):
         request of the batch decoded in one pass per frame size (each GOP once)."""
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
         videos: dict[tuple[int, int] | None, list[tuple]] = {}  # size -> (request, r, feature, where, segment, idx)
+        self._check_requests(requests)
         for r, request in enumerate(requests):
-            self._check_request(request)
             e = request.episode
             for feature, idx in request.indices.items():
                 idx = np.asarray(idx, dtype=np.int64)
