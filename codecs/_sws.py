@@ -5,16 +5,17 @@ the batch. A 240x320 RGB frame costs about 60 us that way and 40 us converted st
 this project's AV1 frames), a third of the colour conversion and copy a batch pays beside decoding.
 
 :class:`DirectRGB` drives the very libswscale PyAV is linked with (found among the libraries mapped into this
-process, so the bundled copy of a wheel or a system one alike) through ``ctypes``, with the settings PyAV's
-reformat passes (bilinear, one thread, the frame's own matrix and range), and checks itself: the first frame of
-each layout (pixel format, sizes, line sizes, matrix, range, the destination's alignment) is converted both ways,
-into a guarded scratch array laid out like the destination, and the direct path is taken for that layout only if
-the pixels are identical and nothing was written past the frame. swscale's SIMD converters take another path for
-some widths, and some write whole 16-pixel chunks past a row's end (a 24-pixel-wide frame gets 8 pixels written
-past it), so destinations are also limited to rows of a multiple of 16 pixels. When it scales, swscale needs to
-know where the chroma samples sit, which PyAV's reformat takes from the frame (H.264 decoders tag them left of
-centre, dav1d leaves AV1 frames untagged) and PyAV does not expose: each stream finds its own from its frames.
-Anything not checked, or that did not pass, goes through reformat as before; no sample changes.
+process at the versions PyAV reports: a wheel's bundled copy or a system one, never decord's own) through
+``ctypes``, with the settings PyAV's reformat passes (bilinear, one thread, the frame's own matrix and range),
+and checks itself: the first frame of each layout (pixel format, sizes, line sizes, matrix, range, the
+destination's alignment) is converted both ways, into a guarded scratch array laid out like the destination, and
+the direct path is taken for that layout only if the pixels are identical and nothing was written past the frame.
+swscale's SIMD converters take another path for some widths, and some write whole 16-pixel chunks past a row's
+end (a 24-pixel-wide frame gets 8 pixels written past it), so destinations are also limited to rows of a
+multiple of 16 pixels. When it scales, swscale needs to know where the chroma samples sit, which PyAV's reformat
+takes from the frame (H.264 decoders tag them left of centre, dav1d leaves AV1 frames untagged) and PyAV does
+not expose: each stream finds its own from its frames. Anything not checked, or that did not pass, goes through
+reformat as before; no sample changes.
 """
 
 from __future__ import annotations
@@ -37,35 +38,56 @@ _GUARD = 64  # bytes after the scratch frame that must come back untouched
 _lib: Any = None  # the loaded (swscale, avutil) pair, False when unavailable
 
 
-def _mapped(name: str) -> str | None:
-    """The path of the shared library ``name`` (``libswscale``) that this process has mapped, if any."""
+def _mapped(name: str) -> list[str]:
+    """The paths of the shared libraries ``name`` (``libswscale``) this process has mapped (decord or torchcodec
+    may bring copies of their own beside PyAV's)."""
+    found: list[str] = []
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 path = line.rstrip("\n").split(" ")[-1]
-                if os.path.basename(path).startswith(name + "-") or os.path.basename(path).startswith(name + "."):
-                    return path
+                base = os.path.basename(path)
+                if (base.startswith(name + "-") or base.startswith(name + ".")) and path not in found:
+                    found.append(path)
     except OSError:
+        pass
+    return found
+
+
+def _pyav_copy(name: str, version: tuple[int, int, int] | None) -> Any:
+    """The mapped library ``name`` whose version is the one PyAV reports for it (``av.library_versions``)."""
+    if version is None:
         return None
+    for path in _mapped(name):
+        try:
+            lib = ctypes.CDLL(path)
+            got = getattr(lib, name[3:] + "_version")()  # swscale_version(), avutil_version()
+        except (OSError, AttributeError):
+            continue
+        if (got >> 16, (got >> 8) & 0xFF, got & 0xFF) == tuple(version):
+            return lib
     return None
 
 
 def swscale_library() -> Any:
-    """``(libswscale, libavutil)`` as ``ctypes`` libraries with the prototypes used here: the copies PyAV's
-    extension modules loaded; ``None`` where they cannot be found (not Linux, PyAV missing)."""
+    """``(libswscale, libavutil)`` as ``ctypes`` libraries with the prototypes used here: the very copies PyAV
+    loaded (mapped in this process, at the versions PyAV reports); ``None`` where they cannot be found (not
+    Linux, PyAV missing)."""
     global _lib
     if _lib is None:
         _lib = False
         try:
+            av = importlib.import_module("av")
             importlib.import_module("av.video.reformatter")  # maps libswscale and libavutil into this process
         except ImportError:
             return None
-        paths = _mapped("libswscale"), _mapped("libavutil")
-        if None in paths:
-            log.debug("libswscale/libavutil not found among the mapped libraries: converting through reformat")
+        versions = getattr(av, "library_versions", {})
+        sws, avu = (_pyav_copy(name, versions.get(name)) for name in ("libswscale", "libavutil"))
+        if sws is None or avu is None:
+            log.debug("PyAV's libswscale/libavutil not found among the mapped libraries: converting through "
+                      "reformat")
             return None
         try:
-            sws, avu = ctypes.CDLL(paths[0]), ctypes.CDLL(paths[1])
             c_int, c_void_p, c_char_p = ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
             avu.av_get_pix_fmt.restype, avu.av_get_pix_fmt.argtypes = c_int, [c_char_p]
             avu.av_opt_set_int.restype = c_int
@@ -79,7 +101,7 @@ def swscale_library() -> Any:
             ptrs, ints = ctypes.POINTER(c_void_p), ctypes.POINTER(c_int)
             sws.sws_scale.restype = c_int
             sws.sws_scale.argtypes = [c_void_p, ptrs, ints, c_int, c_int, ptrs, ints]
-        except (OSError, AttributeError) as exc:
+        except AttributeError as exc:
             log.debug("libswscale through ctypes unavailable (%s): converting through reformat", exc)
             return None
         _lib = (sws, avu)

@@ -96,6 +96,20 @@ def test_direct_equals_reformat_or_declines(fmt):
     assert any(did for *_, did in taken if _[0] == (320, 240) and _[1] == (320, 240))
 
 
+def test_the_libraries_are_pyavs_own_even_beside_decords():
+    """decord maps FFmpeg libraries of its own (other major versions); the ones driven are those PyAV reports."""
+    pytest.importorskip("decord")
+    import decord  # noqa: F401
+
+    lib = swscale_library()
+    if lib is None:
+        pytest.skip("libswscale is not reachable through ctypes here")
+    for library, name in zip(lib, ("libswscale", "libavutil")):
+        got = getattr(library, name[3:] + "_version")()
+        assert (got >> 16, (got >> 8) & 0xFF, got & 0xFF) == tuple(av.library_versions[name])
+        assert "decord" not in library._name
+
+
 @needs_lib
 def test_a_layout_that_fails_its_check_is_declined():
     """The check is what admits a layout: against a reference it disagrees with, the layout is refused (for the
