@@ -27,7 +27,7 @@ Run it on a GPU machine (a CUDA build of torch 2.13 already installed) with::
 
     pip install torchcodec==0.13.0 --index-url https://download.pytorch.org/whl/cu128
     python -m mmfeed.codecs._torchcodec link /tmp/ffmpeg   # PyAV's bundled FFmpeg under the standard sonames
-    LD_LIBRARY_PATH=/tmp/ffmpeg python -m mmfeed.bench.gpu_decode --json gpu_decode.json
+    LD_LIBRARY_PATH=/tmp/ffmpeg mmfeed bench gpu-decode --json gpu_decode.json
 
 (2.5 minutes on 2 shared CPU cores with torchcodec's CPU decoder standing in for the GPU one, so less on a GPU
 machine; ``--quick`` reads two 240x320 videos of 90 frames). It has not run on a GPU yet, and CI has none.
@@ -153,7 +153,7 @@ def _write_videos(folder: str, videos: list[tuple[str, int, tuple[int, int]]], f
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (see the module docstring); exit 0 with one line when GPU decode is unavailable."""
-    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.gpu_decode", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmfeed bench gpu-decode", description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows and the environment here")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--frames", type=int, default=300, help="frames per video (default 300)")

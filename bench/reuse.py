@@ -16,7 +16,7 @@ interleaved round by round, and reports per ``k`` (medians of the rounds, with t
 
 ::
 
-    python -m mmfeed.bench.reuse [--root DIR] [--ks 1,2,4,8] [--rounds 3] [--steps 40] [--json out.json]
+    mmfeed bench reuse [--root DIR] [--ks 1,2,4,8] [--rounds 3] [--steps 40] [--json out.json]
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def run(root: str | None = None, ks: Sequence[int] = (1, 2, 4, 8), rounds: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.reuse", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="mmfeed bench reuse", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", help="a LeRobot v3 directory (default: lerobot_compare's synthetic one)")
     parser.add_argument("--ks", default="1,2,4,8", help="the reuse values, comma-separated (the first is the base)")
     parser.add_argument("--rounds", type=int, default=3)

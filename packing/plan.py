@@ -56,8 +56,8 @@ class PlanConfig:
     reuse: 1 shuffles samples one by one. ``k > 1`` shuffles *spans* of ``k`` consecutive samples of one episode
         (consecutive windows: their frames overlap or lie in the same groups of pictures) and lays each span out
         whole, so a batch of ``B`` windows holds about ``B / k`` spans and the workers decode each span's pictures
-        once for its ``k`` windows: more frames per CPU-second, fewer distinct episodes per batch (``python -m
-        mmfeed.bench.reuse`` measures the trade). Every sample still comes once an epoch; batch size, ranks,
+        once for its ``k`` windows: more frames per CPU-second, fewer distinct episodes per batch (``mmfeed bench
+        reuse`` measures the trade). Every sample still comes once an epoch; batch size, ranks,
         remainder and resume are as without it. Modes "fixed" and "bucket", and "pack" with an algorithm that
         keeps the order (not "bfd"/"ffd", which sort by length); not with episode blocks or samples drawn by
         weight (the plan needs each sample's episode, ``plan_epoch(..., groups=)``).

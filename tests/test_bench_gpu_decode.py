@@ -19,7 +19,7 @@ gpu_error = cuda_decode_error("cuda")
 @pytest.mark.skipif(gpu_error is None, reason="this machine decodes onto a GPU: the benchmark runs instead")
 def test_without_gpu_decode_it_says_what_is_missing_and_exits_0(tmp_path):
     out = tmp_path / "gpu.json"
-    done = subprocess.run([sys.executable, "-m", "mmfeed.bench.gpu_decode", "--json", str(out)],
+    done = subprocess.run([sys.executable, "-m", "mmfeed", "bench", "gpu-decode", "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()

@@ -63,6 +63,12 @@ def test_bench_packing_still_runs_the_packing_benchmark():
     assert out.returncode == 0 and "mmfeed bench packing" in out.stdout and "--quick" in out.stdout
 
 
+def test_named_benchmarks_answer_under_their_names():
+    for name, flag in (("reuse", "--ks"), ("gpu-decode", "--quick"), ("startup", "--json")):
+        out = mmfeed("bench", name, "--help")
+        assert out.returncode == 0 and f"mmfeed bench {name}" in out.stdout and flag in out.stdout, out.stderr
+
+
 @pytest.mark.parametrize("args", [
     ("bench", "--workers", "-1"),
     ("bench", "--steps", "zero"),
