@@ -472,7 +472,8 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
         # the same per CPU-second (mmfeed: its main process and workers; the limit: its decode processes), which
         # other processes on the machine disturb less, and which counts the main process's share of the cores
         cpu_key = key.replace("samples_per_s", "samples_per_cpu_s")
-        per_cpu = [m["samples"] / m["cpu_s"] / r[cpu_key] for m, r in zip(mmfeed_runs, limit_runs)]
+        per_cpu = [m["samples"] / m["cpu_s"] / r[cpu_key] if m["cpu_s"] > 0 else float("nan")  # < one clock tick
+                   for m, r in zip(mmfeed_runs, limit_runs)]
         out["limit_fraction_cpu"] = med(per_cpu)
         out["limit_fraction_cpu_spread"] = spread(per_cpu)
         out["limit_vs_lerobot"] = out["limit"][key] / lerobot["samples_per_s"]

@@ -66,8 +66,10 @@ def measure(root: str, delta: dict, k: int, steps: int, groups: np.ndarray, fram
     """One timed stretch of the loader with ``reuse=k``: rates per second and per CPU-second (``frames``: the
     video frames a sample delivers), and its batches' diversity (``groups``: each sample's episode)."""
     got = time_mmfeed(root, delta, steps=steps, warmup=3, keep=True, reuse=k)
-    return {"samples_per_s": got["samples_per_s"], "samples_per_cpu_s": got["samples"] / got["cpu_s"],
-            "frames_per_cpu_s": frames * got["samples"] / got["cpu_s"], **diversity(groups, got["batches"])}
+    # CPU seconds come in the kernel's clock ticks (10 ms): a stretch too short to register one has no figure
+    per_cpu = got["samples"] / got["cpu_s"] if got["cpu_s"] > 0 else float("nan")
+    return {"samples_per_s": got["samples_per_s"], "samples_per_cpu_s": per_cpu, "frames_per_cpu_s": frames * per_cpu,
+            **diversity(groups, got["batches"])}
 
 
 def run(root: str | None = None, ks: Sequence[int] = (1, 2, 4, 8), rounds: int = 3, steps: int = 40

@@ -270,17 +270,23 @@ def decode_requests(
         start += len(x)
 
     if options.crop is None:
+        sunk = [False] * len(union)
+
         def sink(k: int, frame: np.ndarray) -> None:
+            sunk[k] = True
             for out, row in targets[k]:
                 copy_into(out[row], frame)
 
-        def into(k: int) -> np.ndarray | None:  # a frame wanted once may be written straight into the batch
-            if len(targets[k]) != 1:
-                return None
+        def into(k: int) -> np.ndarray | None:  # the frame may be written straight into its first place
             out, row = targets[k][0]
             return out[row] if out.flags.c_contiguous else None
 
         reader.decode_each(union, sink, into)
+        for k, places in enumerate(targets):  # a frame written into its first place is copied to the others
+            if len(places) > 1 and not sunk[k]:
+                first = places[0][0][places[0][1]]
+                for out, row in places[1:]:
+                    copy_into(out[row], first)
     elif options.frame_format == "yuv420":
         def sink(k: int, frame: np.ndarray) -> None:
             for out, row in targets[k]:
