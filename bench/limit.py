@@ -215,17 +215,16 @@ class _BatchSlots:
 
     def of(self, batch: list[tuple[tuple, Any, np.ndarray]], videos: dict[tuple, _Video]) -> list[np.ndarray]:
         """``[len(targets), H, W, 3]`` slots for each video of ``batch``, side by side in one array per size."""
+        sizes = [videos[key].out.shape[:2] for key, _, _ in batch]
         need: dict[tuple[int, int], int] = {}
-        for key, _, targets in batch:
-            size = videos[key].out.shape[:2]
+        for size, (_, _, targets) in zip(sizes, batch):
             need[size] = need.get(size, 0) + len(targets)
         for size, n in need.items():
             if size not in self._arrays or len(self._arrays[size]) < n:
                 self._arrays[size] = _aligned(n, *size)
         used = dict.fromkeys(need, 0)
         outs = []
-        for key, _, targets in batch:
-            size = videos[key].out.shape[:2]
+        for size, (_, _, targets) in zip(sizes, batch):
             outs.append(self._arrays[size][used[size] : used[size] + len(targets)])
             used[size] += len(targets)
         return outs

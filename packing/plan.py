@@ -57,10 +57,10 @@ class PlanConfig:
         (consecutive windows: their frames overlap or lie in the same groups of pictures) and lays each span out
         whole, so a batch of ``B`` windows holds about ``B / k`` spans and the workers decode each span's pictures
         once for its ``k`` windows: more frames per CPU-second, fewer distinct episodes per batch (``mmfeed bench
-        reuse`` measures the trade). Every sample still comes once an epoch; batch size, ranks,
-        remainder and resume are as without it. Modes "fixed" and "bucket", and "pack" with an algorithm that
-        keeps the order (not "bfd"/"ffd", which sort by length); not with episode blocks or samples drawn by
-        weight (the plan needs each sample's episode, ``plan_epoch(..., groups=)``).
+        reuse`` measures the trade). Every sample still comes once an epoch; batch size, ranks, remainder and
+        resume are as without it. Modes "fixed" and "bucket", and "pack" with an algorithm that keeps the order
+        (not "bfd"/"ffd", which sort by length); not with episode blocks or samples drawn by weight (the plan
+        needs each sample's episode, ``plan_epoch(..., groups=)``).
     remainder: rows that do not fill the last step of all ranks (a key of ``mmfeed.packing.REMAINDER_POLICIES``):
         "drop" leaves them for no batch (listed in ``Plan.dropped``; the next epoch reshuffles), "replicate"
         completes the step with rows from the start (listed in ``Plan.replicated``), "pad" with empty rows.
