@@ -1,12 +1,19 @@
 """Recycled shared-memory payload buffers: the pool and tracker alone, then through real worker processes."""
 
+import os
+import subprocess
+import sys
+from multiprocessing.reduction import ForkingPickler
+
 import numpy as np
 import pytest
 import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders.loop import shm
 from mmfeed.loaders.loop.shm import FREE, IN_MAIN, IN_WORKER, BufferPool, ReleaseTracker, _is_pooled, _state
+from mmfeed.packing import PackedBatch
 from mmfeed.testing import make_episodes, write_webdataset
 
 KEY = "observation.images.cam_high"
@@ -83,6 +90,82 @@ def test_ordinary_tensors_are_not_taken_for_pooled_ones():
     assert len(tracker) == 0 and not _is_pooled(plain.untyped_storage())
     with pytest.raises(ValueError, match="at least 1"):
         BufferPool(per_key=0)
+
+
+@pytest.fixture
+def pool_here():
+    """This process as a worker that recycles buffers (its pool and PackedBatch reducer), restored afterwards."""
+    saved = shm._pool, shm._pool_pid, ForkingPickler._extra_reducers.get(PackedBatch)
+    shm.enable_pool(per_key=1)
+    yield shm._pool
+    shm._forget({shm._pool.nonce}, all=True)
+    shm._pool, shm._pool_pid = saved[:2]
+    if saved[2] is None:
+        ForkingPickler._extra_reducers.pop(PackedBatch, None)
+    else:
+        ForkingPickler._extra_reducers[PackedBatch] = saved[2]
+
+
+def _batch(frames: torch.Tensor) -> PackedBatch:
+    return PackedBatch.from_segments([[2]], 4, data={KEY: frames}, metadata={"sample": torch.arange(2)})
+
+
+def _send(batch: PackedBatch) -> tuple[bytes, PackedBatch]:
+    """``batch`` pickled as the worker's queue pickles it, and rebuilt as the training process rebuilds it."""
+    data = bytes(ForkingPickler.dumps(batch))
+    return data, ForkingPickler.loads(data)
+
+
+def test_a_buffers_descriptor_crosses_once_and_a_dropped_buffer_is_forgotten(pool_here):
+    a = pool_here.take(KEY, (2, 16, 16, 3))
+    a.copy_(torch.arange(a.numel(), dtype=torch.uint8).view(a.shape))
+    first, got = _send(_batch(a[:1]))
+    assert torch.equal(got.data[KEY], a[:1]) and got.data[KEY].data_ptr() == a.data_ptr()
+    assert torch.equal(got.metadata["sample"], torch.arange(2)) and got.num_documents == 1
+    received = shm._received[pool_here.nonce]
+    assert list(received) == [0]
+    again, got = _send(_batch(a[1:]))  # the same buffer once more: named, its descriptor not sent again
+    assert len(again) < len(first) and b"DupFd" in first and b"DupFd" not in again
+    assert got.data[KEY].data_ptr() == a.data_ptr() + a[0].numel() and torch.equal(got.data[KEY], a[1:])
+    b = pool_here.take(KEY, (2, 16, 16, 3))  # per_key=1 and buffer 0 never freed: dropped, buffer 1 made
+    assert pool_here.allocated == 2
+    _, got = _send(_batch(b))  # carries the drop: the training process forgets buffer 0
+    assert list(received) == [1] and got.data[KEY].data_ptr() == b.data_ptr()
+    tracker = ReleaseTracker()
+    tracker.watch(got)
+    assert tracker._pools == {pool_here.nonce}
+    tracker.clear()  # this process (the pool's "worker") is alive: its buffers stay received
+    assert pool_here.nonce in shm._received
+    del tracker  # the loader is gone: everything it received goes
+    assert pool_here.nonce not in shm._received
+
+
+def test_a_buffer_dropped_before_its_batch_was_pickled_goes_by_descriptor(pool_here):
+    a = pool_here.take(KEY, (1, 8, 8, 3))
+    batch = _batch(a)
+    pool_here.take(KEY, (1, 8, 8, 3))  # drops buffer 0 before the batch holding it is pickled (queue feeder lag)
+    data, got = _send(batch)
+    assert b"_PoolRef" not in data and got.data[KEY].data_ptr() == a.data_ptr()
+    assert pool_here.take_dropped() == []  # never sent by name: nothing to forget
+
+
+def test_a_batch_naming_a_buffer_never_received_is_an_error(pool_here):
+    a = pool_here.take(KEY, (1, 8, 8, 3))
+    ForkingPickler.dumps(_batch(a))  # "sent" somewhere else
+    with pytest.raises(RuntimeError, match=r"shared buffer 0 of worker pool [0-9a-f]{16}.*never received"):
+        _send(_batch(a))
+
+
+def test_pools_of_ended_workers_are_forgotten_on_clear():
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(child.stdout).to_bytes(4, "little") + b"dead"
+    live = os.getpid().to_bytes(4, "little") + b"live"
+    shm._received.update({dead: {0: torch.UntypedStorage(4)}, live: {0: torch.UntypedStorage(4)}})
+    try:
+        assert shm._forget({dead, live}) == {live}
+        assert dead not in shm._received and live in shm._received
+    finally:
+        shm._forget({live}, all=True)
 
 
 @pytest.fixture(scope="module")
