@@ -244,7 +244,8 @@ class VideoReaderCache:
     def _key(source: VideoSource) -> Any:
         if isinstance(source, (bytes, bytearray, memoryview)):
             return ("memory", id(source))
-        if isinstance(source, FileOpener):
+        # a path is the usual source, and isinstance against the FileOpener protocol costs 10 us
+        if not isinstance(source, str) and isinstance(source, FileOpener):
             return ("opener", source.key)
         path = os.path.abspath(os.fspath(source))
         try:

@@ -227,6 +227,8 @@ class LeRobotSource(EpisodeSource):
         state = self.__dict__.copy()
         state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
         state.pop("_segments", None)  # and stamps the videos it reads itself
+        state.pop("_video_columns", None)
+        state.pop("_videos_at", None)
         del state["_lock"]
         return state
 
@@ -270,9 +272,16 @@ class LeRobotSource(EpisodeSource):
     def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[str | RemoteFile, np.ndarray]:
         """What the decoder opens for the episode's ``feature`` (a path, or a remote file) and the times in it of
         frames ``idx``."""
-        start = float(self._meta[f"videos/{feature}/from_timestamp"][episode])
-        video = self.files.video(self.video_file(episode, feature))
-        return video, start + idx.astype(np.float64) / float(self._fps[episode])
+        columns = self.__dict__.setdefault("_video_columns", {}).get(feature)
+        if columns is None:
+            columns = self._video_columns[feature] = tuple(
+                self._meta[f"videos/{feature}/{c}"] for c in ("chunk_index", "file_index", "from_timestamp"))
+        chunk, number, start = columns
+        where = (feature, int(chunk[episode]), int(number[episode]))
+        video = self.__dict__.setdefault("_videos_at", {}).get(where)
+        if video is None:  # one per video file: formatting and joining its path costs more than the times
+            video = self._videos_at[where] = self.files.video(self.video_file(episode, feature))
+        return video, float(start[episode]) + idx.astype(np.float64) / float(self._fps[episode])
 
     def _segment(self, episode: int, feature: str) -> Segment | None:
         """The frame store's key of the episode's stretch of a camera's video (None without a store); the video's
