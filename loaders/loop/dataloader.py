@@ -18,7 +18,8 @@ after torch's:
 * ``recycle_buffers=True`` (default; planned datasets with workers, without ``pin_memory``): workers write the
   decoded frames of later batches into the shared memory of earlier ones once the loop holds no tensor of them
   any more (:mod:`mmfeed.loaders.loop.shm`), which spares the page faults of fresh shared memory in both processes;
-  each buffer's file descriptor crosses to the training process once, later batches name it. Set it False if batch tensors are handed on to other processes that may still read them.
+  each buffer's file descriptor crosses to the training process once, later batches name it. Set it False if
+  batch tensors are handed on to other processes that may still read them.
 * ``state_dict()`` / ``load_state_dict(sd)``: exact mid-epoch resume. For map-style datasets the state is
   self-contained: epoch, batches handed out, and what fixed the epoch's order (the shuffle seed drawn from torch's
   default RNG, or the state of ``generator`` at the moment the sampler drew from it, exactly as torch's

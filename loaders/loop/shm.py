@@ -6,7 +6,7 @@ in the training process (measured here: 45 ms to fill a fresh 52 MB buffer, 3 ms
 the large payloads (decoded frames) go into buffers that are used again:
 
 - in the worker, a :class:`BufferPool` keeps, per payload key, the buffers it has handed out. Each buffer ends
-  in a small trailer (a magic and a state) that both processes see;
+  in a small trailer (a magic, a state and the pool's nonce) that both processes see;
 - in the training process, a :class:`ReleaseTracker` (one per :class:`~mmfeed.loaders.DataLoader`) notes every
   pooled buffer that arrives and keeps it mapped. When nothing but the tracker refers to a buffer any more (no
   tensor, view or numpy array of it is left), it marks the buffer free, and the worker writes the next batch into
@@ -17,15 +17,17 @@ arrive) ``-> FREE`` (the tracker saw it unreferenced); each process writes only 
 is needed.
 
 A buffer's descriptor crosses to the training process once. torch sends a shared-memory tensor's file descriptor
-with every batch, over a fresh authenticated connection to the worker's resource-sharer thread (0.45 CPU-ms per
-batch between the two processes, measured, where pickling the rest of a batch's ids and metadata costs 0.03). So
-a worker that recycles buffers pickles a :class:`~mmfeed.packing.PackedBatch` for its queue with
-:func:`_reduce_batch`: each pooled buffer is named by its pool and serial (:class:`_PoolRef`), and its storage
-travels, by torch's descriptor, only the first time. The training process keeps each buffer it received in a
-registry (:func:`_rebuild_batch`) until the worker says, in a later batch, that it dropped the buffer, or the
-loader's tracker forgets the pool (its workers are gone). A buffer the worker dropped before the batch that first
-holds it was pickled goes the ordinary way, descriptor and all. A batch that never reaches a tracker (a plain torch DataLoader, pinned-memory copies) only costs the
-pool its buffers: the worker allocates new ones, and drops its oldest when it holds ``per_key`` of a key already.
+with every batch, over a fresh authenticated connection to the worker's resource-sharer thread: 0.45 CPU-ms a
+batch between the two processes (measured; pickling and unpickling the batch's ids and metadata by value costs
+about 0.17). So a worker that recycles buffers (and only such a worker) pickles a
+:class:`~mmfeed.packing.PackedBatch` for its queue with :func:`_reduce_batch`: each pooled buffer is named by its
+pool and serial (:class:`_PoolRef`), and its storage travels, by torch's descriptor, only the first time. The
+training process keeps each buffer it received in a registry (:func:`_rebuild_batch`) until the worker says, in a
+later batch, that it dropped the buffer, or the loader's tracker forgets the pool (its workers are gone). A buffer
+the worker dropped before the batch that first holds it was pickled goes the ordinary way, descriptor and all.
+
+A batch that never reaches a tracker (a plain torch DataLoader, pinned-memory copies) only costs the pool its
+buffers: the worker allocates new ones, and drops its oldest when it holds ``per_key`` of a key already.
 Recycling is turned on in the workers of an mmfeed DataLoader over a planned dataset (see ``recycle_buffers``).
 """
 
