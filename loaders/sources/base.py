@@ -273,7 +273,7 @@ class EpisodeSource:
             for feature, idx in request.indices.items():
                 episodes, indices = by_feature.setdefault(feature, ([], []))
                 episodes.append(e)
-                indices.append(np.asarray(idx).reshape(-1))
+                indices.append(idx if type(idx) is np.ndarray and idx.ndim == 1 else np.asarray(idx).reshape(-1))
         for feature, (episodes, indices) in by_feature.items():
             frames = self.frames(feature)  # raises for an unknown feature
             flat = np.concatenate(indices)

@@ -332,22 +332,29 @@ class LeRobotSource(EpisodeSource):
         batch instead of one per sample (which costs more than the gather once samples are many and small). Any
         problem is raised by :meth:`_rows` of the request it concerns, so errors read the same."""
         chunk, number = self._meta["data/chunk_index"], self._meta["data/file_index"]
-        by_file: dict[tuple[int, int], list[int]] = {}
-        for k, (_, e, _) in enumerate(wanted):
-            by_file.setdefault((int(chunk[e]), int(number[e])), []).append(k)
+        episodes = np.fromiter((w[1] for w in wanted), np.int64, len(wanted))
+        idx = [w[2] for w in wanted]
+        files = chunk[episodes].astype(np.int64) << 32 | number[episodes].astype(np.int64)
+        if not len(files) or (files == files[0]).all():  # the usual batch: one data file
+            groups = [np.arange(len(wanted))]
+        else:  # per data file, in the order the batch first names them (errors raise in the same order)
+            _, seen, inverse = np.unique(files, return_index=True, return_inverse=True)
+            groups = [np.flatnonzero(inverse == g) for g in np.argsort(seen, kind="stable")]
         got: list[np.ndarray | None] = [None] * len(wanted)
         first = self._meta["dataset_from_index"]
-        for members in by_file.values():
-            e0 = wanted[members[0]][1]
+        for members in groups:
+            e0 = int(episodes[members[0]])
             columns = self._data_file(self.data_file(e0), f"{self.describe(e0)} feature {feature!r}")
             values = columns.get(feature)
-            idx = [wanted[k][2] for k in members]
-            want = np.concatenate([int(first[wanted[k][1]]) + i for k, i in zip(members, idx)])
+            parts = [idx[k] for k in members.tolist()]
+            cuts = np.zeros(len(parts) + 1, np.int64)
+            np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), out=cuts[1:])
+            want = np.repeat(first[episodes[members]].astype(np.int64), np.diff(cuts)) + np.concatenate(parts)
             at = _positions(columns["index"], want)
             if values is None or isinstance(values, Exception) or at is None:
-                for k in members:  # raises, naming the request's episode
-                    self._rows(wanted[k][1], feature, wanted[k][2])
-            for k, part in zip(members, split_rows(values[at], np.cumsum([0, *(len(i) for i in idx)]))):
+                for k in members.tolist():  # raises, naming the request's episode
+                    self._rows(int(episodes[k]), feature, idx[k])
+            for k, part in zip(members.tolist(), split_rows(values[at], cuts)):
                 got[k] = part
         return got  # type: ignore[return-value]
 
