@@ -155,16 +155,17 @@ class LeRobotSource(EpisodeSource):
                     idx = np.asarray(idx, dtype=np.int64)
                     into = request.out.get(feature) if request.out else None
                     if feature in self._video_keys:
-                        segment = self._segment(e, feature)
-                        frames = stored(self._store, segment, idx, into)
-                        if frames is not None:
-                            out[r][feature] = frames  # no decode
-                            continue
+                        segment = None
+                        if self._store is not None:
+                            segment = self._segment(e, feature)
+                            frames = stored(self._store, segment, idx, into)
+                            if frames is not None:
+                                out[r][feature] = frames  # no decode
+                                continue
                         path, times = self._frame_times(e, feature, idx)
-                        where = f"{self.describe(e)} feature {feature!r} ({path})"
                         frame_request = FrameRequest(path, timestamps=times, tolerance_s=self.tolerance_s, out=into)
                         videos.setdefault(self._sizes[feature], []).append(
-                            (r, feature, frame_request, where, segment, idx))
+                            (r, feature, frame_request, _Where(self, e, feature, path), segment, idx))
                     else:
                         rows.setdefault(feature, []).append((r, e, idx))
             for feature, wanted in rows.items():
@@ -419,6 +420,18 @@ class LeRobotSource(EpisodeSource):
                 raise SampleError(f"{self.describe(episode)} feature {feature!r}: image {i} of the request cannot "
                                   f"be decoded: {err}") from err
         return out
+
+
+class _Where:
+    """How an error names a request's video: the episode, feature and file, written out only when one is raised."""
+
+    __slots__ = ("source", "episode", "feature", "path")
+
+    def __init__(self, source: LeRobotSource, episode: int, feature: str, path: Any) -> None:
+        self.source, self.episode, self.feature, self.path = source, episode, feature, path
+
+    def __str__(self) -> str:
+        return f"{self.source.describe(self.episode)} feature {self.feature!r} ({self.path})"
 
 
 def _positions(index: np.ndarray, want: np.ndarray) -> np.ndarray | None:
