@@ -20,6 +20,7 @@ import pytest
 
 from mmfeed.bench.lerobot_compare import PIXEL_TOLERANCE
 from mmfeed.loaders import WindowSpec, open_dataset
+from mmfeed.loaders.sources.base import EpisodeRequest
 from mmfeed.loaders.sources.lerobot import LeRobotSource
 from mmfeed.testing import read_index
 
@@ -109,6 +110,22 @@ def test_windows_over_every_feature_equal_lerobots_samples(name):
                 mine = mine.astype(np.float32)
             assert mine.dtype == theirs.dtype or key in INDEX_COLUMNS, f"{name} {key}: {mine.dtype} != {theirs.dtype}"
             assert np.array_equal(mine, theirs), f"{name} {key}: differs at {np.argwhere(mine != theirs)[:5].tolist()}"
+
+
+def test_a_batch_over_several_data_files_reads_each_requests_own_rows():
+    """read_many gathers a feature's rows once per data file for the whole batch: requests of episodes in several
+    data files, interleaved and repeated, each get the rows a lone read of that episode's file gives."""
+    ds = open_dataset(CORPUS / "chunked")
+    arrays = [f for f, spec in ds.features.items() if spec.kind == "array"]
+    rng = np.random.default_rng(0)
+    requests = []
+    for e in rng.permutation(len(ds)).tolist() * 2:
+        idx = np.sort(rng.integers(0, int(ds.lengths[e]), size=3))
+        requests.append(EpisodeRequest(e, {f: idx for f in arrays}))
+    assert len({ds.data_file(r.episode) for r in requests}) >= 3
+    for request, got in zip(requests, ds.read_many(requests)):
+        for f in arrays:
+            np.testing.assert_array_equal(got[f], ds._rows(request.episode, f, request.indices[f]), err_msg=f)
 
 
 @pytest.mark.parametrize("name", NAMES)
