@@ -107,19 +107,26 @@ class EpisodeItems:
         samples = np.asarray(samples, dtype=np.int64)
         tasks = self.table.tasks(samples)
         episodes, starts = self.table.locate(samples)
+        tasks = np.asarray(tasks).tolist()
         if self.window is not None:
             reads = window_requests(self.source, self.window, episodes, starts)
-            # a window's pieces are the spec's times of the features present: the names alone key its layout
-            layouts = [self.sample_layout({f: self.window.deltas[f] for f in request.indices}, int(task),
-                                          key=("window", tuple(request.indices)))
-                       for task, (request, _) in zip(tasks, reads)]
+            layouts = [self._window_layout(tuple(request.indices), task) for task, (request, _) in zip(tasks, reads)]
             pads = [p for _, p in reads]
         else:
             reads = chunk_requests(self.source, self.features, episodes, starts, self.table.lengths(samples))
-            layouts = [self.sample_layout(times, int(task)) for task, (_, _, times) in zip(tasks, reads)]
+            layouts = [self.sample_layout(times, task) for task, (_, _, times) in zip(tasks, reads)]
             pads = [p for _, p, _ in reads]
-        return [SampleRead(int(s), read[0], pad, lay, int(task), self._text(int(task)), int(start))
-                for s, read, pad, lay, task, start in zip(samples, reads, pads, layouts, tasks, starts)]
+        return [SampleRead(s, read[0], pad, lay, task, self._text(task), start)
+                for s, read, pad, lay, task, start in zip(samples.tolist(), reads, pads, layouts, tasks,
+                                                          np.asarray(starts).tolist())]
+
+    def _window_layout(self, names: tuple[str, ...], task: int) -> SampleLayout:
+        """:meth:`sample_layout` of a window: its pieces are the spec's times of the features present, so the
+        names alone key it (the pieces are built only the first time)."""
+        cached = self._layouts.get((task, ("window", names)))
+        if cached is None:
+            cached = self.sample_layout({f: self.window.deltas[f] for f in names}, task, key=("window", names))
+        return cached
 
     def _text(self, task: int) -> np.ndarray:
         return self.text[task] if task >= 0 else _NO_TEXT

@@ -54,6 +54,12 @@ def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarra
         filled = source.filled(feature)
         if filled is not None:  # delivered as zeros: every frame is padding
             pad[feature] = pad[feature] | filled[episodes][:, None]
+    features = list(idx)
+    if features and all(present[f].all() for f in features):  # every feature in every episode: no per-sample test
+        rows = zip(*(list(idx[f]) for f in features))
+        flags = zip(*(list(pad[f]) for f in features))
+        return [(EpisodeRequest(e, dict(zip(features, i))), dict(zip(features, p)))
+                for e, i, p in zip(episodes.tolist(), rows, flags)]
     return [(EpisodeRequest(int(e), {f: v[k] for f, v in idx.items() if present[f][k]}),
              {f: v[k] for f, v in pad.items() if present[f][k]}) for k, e in enumerate(episodes)]
 
