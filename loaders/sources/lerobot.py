@@ -336,7 +336,7 @@ class LeRobotSource(EpisodeSource):
         episodes = np.fromiter((w[1] for w in wanted), np.int64, len(wanted))
         idx = [w[2] for w in wanted]
         files = chunk[episodes].astype(np.int64) << 32 | number[episodes].astype(np.int64)
-        if not len(files) or (files == files[0]).all():  # the usual batch: one data file
+        if len(files) and (files == files[0]).all():  # the usual batch: one data file
             groups = [np.arange(len(wanted))]
         else:  # per data file, in the order the batch first names them (errors raise in the same order)
             _, seen, inverse = np.unique(files, return_index=True, return_inverse=True)
