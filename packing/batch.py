@@ -37,11 +37,12 @@ def _as_tensor(key: str, value: object) -> torch.Tensor:
     raise TypeError(f"data[{key!r}] must be a torch.Tensor or numpy array, got {type(value).__name__}")
 
 
-def _move(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    if isinstance(value, torch.Tensor):
+def _move(value: Any, fn: Callable[[Any], Any], kind: type = torch.Tensor) -> Any:
+    """``value`` with ``fn(x)`` in place of each ``x`` of type ``kind`` (a tensor), itself or in nested dicts."""
+    if isinstance(value, kind):
         return fn(value)
     if isinstance(value, dict):
-        return {k: _move(v, fn) for k, v in value.items()}
+        return {k: _move(v, fn, kind) for k, v in value.items()}
     return value
 
 

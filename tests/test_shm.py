@@ -98,7 +98,7 @@ def pool_here():
     saved = shm._pool, shm._pool_pid, ForkingPickler._extra_reducers.get(PackedBatch)
     shm.enable_pool(per_key=1)
     yield shm._pool
-    shm._forget({shm._pool.nonce}, all=True)
+    shm._forget({shm._pool.nonce}, alive_too=True)
     shm._pool, shm._pool_pid = saved[:2]
     if saved[2] is None:
         ForkingPickler._extra_reducers.pop(PackedBatch, None)
@@ -165,7 +165,7 @@ def test_pools_of_ended_workers_are_forgotten_on_clear():
         assert shm._forget({dead, live}) == {live}
         assert dead not in shm._received and live in shm._received
     finally:
-        shm._forget({live}, all=True)
+        shm._forget({live}, alive_too=True)
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from mmfeed.loaders.clock import TimedBatch
-from mmfeed.packing.batch import PackedBatch
+from mmfeed.packing.batch import PackedBatch, _move
 
 __all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "pooled_buffer"]
 
@@ -181,23 +181,12 @@ class _PoolRef:
     stride: tuple[int, ...]
 
 
-def _swap(value: Any, kind: type, fn: Any) -> Any:
-    """``value`` (a batch's state: tensors in dicts) with ``fn(x)`` for each ``x`` of type ``kind``, where that is
-    not None."""
-    if isinstance(value, kind):
-        got = fn(value)
-        return value if got is None else got
-    if isinstance(value, dict):
-        return {k: _swap(v, kind, fn) for k, v in value.items()}
-    return value
-
-
 def _reduce_batch(batch: PackedBatch) -> tuple:
     """How a worker that recycles buffers pickles a batch for its queue: :meth:`PackedBatch.__getstate__`, with
     each tensor in a pooled buffer as a :class:`_PoolRef`, plus the buffers dropped since the last batch."""
     if _pool is None or _pool_pid != os.getpid():  # a pool inherited through fork is not this process's
         return batch.__reduce_ex__(2)
-    state = {k: _swap(v, torch.Tensor, _pool.ref) for k, v in batch.__getstate__().items()}
+    state = {k: _move(v, lambda t: _pool.ref(t) or t) for k, v in batch.__getstate__().items()}
     return _rebuild_batch, (type(batch), state, _pool.nonce, _pool.take_dropped())
 
 
@@ -220,7 +209,7 @@ def _rebuild_batch(cls: type, state: dict[str, Any], nonce: bytes, dropped: list
                                    "another process too?)")
             return torch.empty(0, dtype=ref.dtype).set_(storage, ref.offset, ref.shape, ref.stride)
 
-        state = {k: _swap(v, _PoolRef, tensor) for k, v in state.items()}
+        state = {k: _move(v, tensor, _PoolRef) for k, v in state.items()}
         if dropped:
             buffers = _received.get(nonce, {})
             for serial in dropped:
@@ -230,13 +219,13 @@ def _rebuild_batch(cls: type, state: dict[str, Any], nonce: bytes, dropped: list
     return batch
 
 
-def _forget(nonces: set[bytes], *, all: bool = False) -> set[bytes]:
-    """Let go of the buffers received from those of these pools whose worker process has ended (``all``: of all
-    of them); the nonces kept."""
+def _forget(nonces: set[bytes], *, alive_too: bool = False) -> set[bytes]:
+    """Let go of the buffers received from those of these pools whose worker process has ended (``alive_too``:
+    of all of them); the nonces kept."""
     kept = set()
     with _received_lock:
         for nonce in nonces:
-            if all or not _alive(int.from_bytes(nonce[:4], "little")):
+            if alive_too or not _alive(int.from_bytes(nonce[:4], "little")):
                 _received.pop(nonce, None)
             else:
                 kept.add(nonce)
@@ -246,9 +235,7 @@ def _forget(nonces: set[bytes], *, all: bool = False) -> set[bytes]:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process took the pid: the worker has ended
+    except (ProcessLookupError, PermissionError):  # gone, or another user's process took its pid
         return False
     return True
 
@@ -268,7 +255,7 @@ class ReleaseTracker:
         self.released = 0
 
     def __del__(self) -> None:
-        _forget(self._pools, all=True)
+        _forget(self._pools, alive_too=True)
 
     def __len__(self) -> int:
         return len(self._seen)
