@@ -27,7 +27,6 @@ can hold (repeating its last value), so every batch of the epoch has the same te
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -262,9 +261,8 @@ def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) 
         buffers[feature] = buffer
     if not buffers:
         return requests, {}
-    # a request as it is made (the usual case) is rebuilt directly: dataclasses.replace costs 3 us a request
-    return [EpisodeRequest(r.episode, r.indices, o) if type(r) is EpisodeRequest else dataclasses.replace(r, out=o)
-            for r, o in zip(requests, outs)], buffers
+    # built directly: dataclasses.replace costs 3 us a request
+    return [EpisodeRequest(r.episode, r.indices, o) for r, o in zip(requests, outs)], buffers
 
 
 def _fill_direct(requests: list, read: list, direct: dict) -> None:

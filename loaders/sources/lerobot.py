@@ -105,6 +105,8 @@ class LeRobotSource(EpisodeSource):
                          for k, s in specs.items()}
         self.tasks = _read_tasks(self.files)
         self._meta, self._episode_tasks = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
+        self._video_columns = {f: tuple(self._meta[f"videos/{f}/{c}"] for c in _VIDEO_COLUMNS)
+                               for f in self._video_keys}
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
         self._frames = self._segment_frames(fps)
@@ -114,6 +116,7 @@ class LeRobotSource(EpisodeSource):
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache = LRU(2)  # path -> the non-video columns of one data file
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
+        self._videos_at: dict[tuple[str, int, int], str | RemoteFile] = {}  # (feature, chunk, file) -> what opens
         self._lock = threading.Lock()  # guards _videos: one source may serve loaders in several threads
         self._store = options.frame_store()
 
@@ -228,8 +231,7 @@ class LeRobotSource(EpisodeSource):
         state = self.__dict__.copy()
         state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
         state.pop("_segments", None)  # and stamps the videos it reads itself
-        state.pop("_video_columns", None)
-        state.pop("_videos_at", None)
+        state["_videos_at"] = {}
         del state["_lock"]
         return state
 
@@ -273,15 +275,11 @@ class LeRobotSource(EpisodeSource):
     def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[str | RemoteFile, np.ndarray]:
         """What the decoder opens for the episode's ``feature`` (a path, or a remote file) and the times in it of
         frames ``idx``."""
-        columns = self.__dict__.setdefault("_video_columns", {}).get(feature)
-        if columns is None:
-            columns = self._video_columns[feature] = tuple(
-                self._meta[f"videos/{feature}/{c}"] for c in ("chunk_index", "file_index", "from_timestamp"))
-        chunk, number, start = columns
-        where = (feature, int(chunk[episode]), int(number[episode]))
-        video = self.__dict__.setdefault("_videos_at", {}).get(where)
+        chunk, number, start = self._video_columns[feature]
+        at = (feature, int(chunk[episode]), int(number[episode]))
+        video = self._videos_at.get(at)
         if video is None:  # one per video file: formatting and joining its path costs more than the times
-            video = self._videos_at[where] = self.files.video(self.video_file(episode, feature))
+            video = self._videos_at[at] = self.files.video(self.video_file(episode, feature))
         return video, float(start[episode]) + idx.astype(np.float64) / float(self._fps[episode])
 
     def _segment(self, episode: int, feature: str) -> Segment | None:

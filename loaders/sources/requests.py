@@ -54,14 +54,11 @@ def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarra
         filled = source.filled(feature)
         if filled is not None:  # delivered as zeros: every frame is padding
             pad[feature] = pad[feature] | filled[episodes][:, None]
-    features = list(idx)
-    if features and all(present[f].all() for f in features):  # every feature in every episode: no per-sample test
-        rows = zip(*(list(idx[f]) for f in features))
-        flags = zip(*(list(pad[f]) for f in features))
-        return [(EpisodeRequest(e, dict(zip(features, i))), dict(zip(features, p)))
-                for e, i, p in zip(episodes.tolist(), rows, flags)]
-    return [(EpisodeRequest(int(e), {f: v[k] for f, v in idx.items() if present[f][k]}),
-             {f: v[k] for f, v in pad.items() if present[f][k]}) for k, e in enumerate(episodes)]
+    # per-sample rows and flags taken out as lists once: indexing numpy per sample and feature costs more
+    rows, flags = {f: list(v) for f, v in idx.items()}, {f: list(v) for f, v in pad.items()}
+    here = {f: p.tolist() for f, p in present.items()}
+    return [(EpisodeRequest(e, {f: v[k] for f, v in rows.items() if here[f][k]}),
+             {f: v[k] for f, v in flags.items() if here[f][k]}) for k, e in enumerate(episodes.tolist())]
 
 
 def chunk_requests(source: EpisodeSource, features: Sequence[str], episodes: np.ndarray, starts: np.ndarray,
