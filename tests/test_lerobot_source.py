@@ -295,3 +295,45 @@ def test_a_camera_segment_a_frame_short_is_padded_never_read_from_the_next_episo
 def test_a_camera_segment_two_frames_short_names_the_episode_and_camera(tmp_path):
     with pytest.raises(ValueError, match=rf"episode 0 feature '{CAM}' .*18 frames.*at least 19"):
         LeRobotSource(_short_segment(tmp_path, 2))
+
+
+def _one_by_one(ds, requests, feature):
+    return [ds.read_many([EpisodeRequest(r.episode, r.indices)])[0][feature] for r in requests]
+
+
+def test_a_batch_gives_each_request_what_reading_it_alone_gives(ds):
+    """A batch's requests of one video file are decoded together (frames asked twice included): each request
+    gets what reading it alone gives, also written into the outputs given, whether they lie back to back in one
+    buffer (a batch's payload) or apart."""
+    asked = [(0, [0, 1]), (2, [3, 4, 5]), (0, [1, 2]), (1, [7]), (2, [0])]
+    requests = [EpisodeRequest(e, {CAM: np.asarray(i)}) for e, i in asked]
+    alone = _one_by_one(ds, requests, CAM)
+    got = ds.read_many(requests)  # no outputs given
+    for frames, expected in zip(got, alone):
+        np.testing.assert_array_equal(frames[CAM], expected)
+    buffer = np.zeros((sum(len(i) for _, i in asked), *alone[0].shape[1:]), np.uint8)
+    starts = np.cumsum([0] + [len(i) for _, i in asked])
+    for outs in ([buffer[a:b] for a, b in zip(starts[:-1], starts[1:])],  # back to back: the batch's payload
+                 [np.zeros_like(x) for x in alone]):  # scattered: each request's own
+        buffer[:] = 0
+        with_out = [EpisodeRequest(r.episode, r.indices, {CAM: o}) for r, o in zip(requests, outs)]
+        for frames, out, expected in zip(ds.read_many(with_out), outs, alone):
+            assert np.shares_memory(frames[CAM], out)
+            np.testing.assert_array_equal(out, expected)
+
+
+def test_a_failing_request_in_a_batch_is_named_by_its_own_episode(fresh):
+    """Episode 1's camera segment is said to lie past the end of the file: decoding the batch's frames of that
+    file fails, and the error names episode 1, not the batch's first episode."""
+    path, root = fresh
+    episodes_file = path / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(episodes_file)
+    for column in (f"videos/{CAM}/from_timestamp", f"videos/{CAM}/to_timestamp"):
+        times = table[column].to_numpy().copy()
+        times[1] += 100.0
+        table = table.set_column(table.schema.get_field_index(column), column, pa.array(times))
+    pq.write_table(table, episodes_file)
+    ds = LeRobotSource(root)
+    assert ds.read_many([EpisodeRequest(0, {CAM: [0, 1]})])[0][CAM].shape[0] == 2
+    with pytest.raises(ValueError, match=rf"episode 1 feature '{CAM}' \(.*file-000.mp4\) times .*no frame within"):
+        ds.read_many([EpisodeRequest(0, {CAM: [0, 1]}), EpisodeRequest(1, {CAM: [2]})])
