@@ -275,12 +275,18 @@ class LeRobotSource(EpisodeSource):
     def _frame_times(self, episode: int, feature: str, idx: np.ndarray) -> tuple[str | RemoteFile, np.ndarray]:
         """What the decoder opens for the episode's ``feature`` (a path, or a remote file) and the times in it of
         frames ``idx``."""
-        chunk, number, start = self._video_columns[feature]
+        start = float(self._video_columns[feature][2][episode])
+        return self._video(episode, feature), start + idx.astype(np.float64) / float(self._fps[episode])
+
+    def _video(self, episode: int, feature: str) -> str | RemoteFile:
+        """What the decoder opens for the episode's ``feature``: a path, or a remote file (one per video file and
+        process: formatting and joining its path costs more than a request's frame times)."""
+        chunk, number, _ = self._video_columns[feature]
         at = (feature, int(chunk[episode]), int(number[episode]))
         video = self._videos_at.get(at)
-        if video is None:  # one per video file: formatting and joining its path costs more than the times
+        if video is None:
             video = self._videos_at[at] = self.files.video(self.video_file(episode, feature))
-        return video, float(start[episode]) + idx.astype(np.float64) / float(self._fps[episode])
+        return video
 
     def _segment(self, episode: int, feature: str) -> Segment | None:
         """The frame store's key of the episode's stretch of a camera's video (None without a store); the video's
@@ -290,7 +296,7 @@ class LeRobotSource(EpisodeSource):
         memo = self.__dict__.setdefault("_segments", {})
         segment = memo.get((episode, feature))
         if segment is None:
-            video = self.files.video(self.video_file(episode, feature))
+            video = self._video(episode, feature)
             if isinstance(video, RemoteFile):
                 identity = video.key
             else:
