@@ -1,7 +1,11 @@
 """Arrays from bytes and parquet columns without extra copies, checked against what the metadata promises.
 
 - :func:`load_npy` parses the ``.npy`` header itself and returns ``np.frombuffer`` over the payload: a read-only
-  view of the caller's bytes (pass ``copy=True`` for a writable array of its own).
+  view of the caller's bytes (pass ``copy=True`` for a writable array of its own). The header, a Python dict
+  literal, is read by a small parser of exactly the literals numpy writes (strings, integers, booleans, tuples,
+  lists, one dict), never by ``ast`` or ``compile``: those are not safe when several threads parse at once
+  (``worker_mode="thread"`` reads arrays in threads), and they would spend unbounded time and memory on a hostile
+  header. Headers are capped at numpy's own limit (:data:`MAX_HEADER_BYTES`), and parsed once per distinct header.
 - :func:`load_npz` reads every member of an ``.npz``; stored (uncompressed, ``np.savez``) members are views of the
   caller's bytes, compressed ones are inflated once.
 - :func:`column_to_numpy` turns a pyarrow column of fixed-size lists (or lists that all have one length, nested
@@ -16,8 +20,10 @@
 
 from __future__ import annotations
 
-import ast
+import functools
 import io
+import math
+import re
 import struct
 import zipfile
 from typing import Any, Sequence
@@ -26,9 +32,12 @@ import numpy as np
 
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["check_array", "column_to_numpy", "load_npy", "load_npz"]
+__all__ = ["MAX_HEADER_BYTES", "check_array", "column_to_numpy", "load_npy", "load_npz"]
 
 _MAGIC = b"\x93NUMPY"
+
+#: the longest ``.npy`` header read, numpy's own default (``np.load(max_header_size=10000)``)
+MAX_HEADER_BYTES = 10_000
 
 
 def check_array(
@@ -80,18 +89,20 @@ def load_npy(
         start = 12
     else:
         raise DecodeError(f"{key}: unsupported .npy format version {major}", path=key)
+    if header_len > MAX_HEADER_BYTES:
+        raise DecodeError(f"{key}: .npy header of {header_len} bytes is longer than {MAX_HEADER_BYTES}, numpy's limit",
+                          path=key)
     raw = bytes(view[start : start + header_len])
+    if len(raw) < header_len:
+        raise DecodeError(f"{key}: truncated .npy: the header needs {header_len} bytes, {len(raw)} follow", path=key)
     try:
-        header = ast.literal_eval(raw.decode("utf-8" if major == 3 else "latin1"))
-        dtype = np.lib.format.descr_to_dtype(header["descr"])
-        shape = tuple(int(s) for s in header["shape"])
-        fortran = bool(header["fortran_order"])
-    except (ValueError, SyntaxError, KeyError, TypeError) as exc:
-        raise DecodeError(f"{key}: malformed .npy header {raw[:80]!r}: {exc}", path=key) from exc
+        dtype, shape, fortran = _header(raw, "utf-8" if major == 3 else "latin1")
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"{key}: malformed .npy header {raw[:80]!r}: {_short(exc)}", path=key) from exc
     if dtype.hasobject:
         raise DecodeError(f"{key}: object arrays need pickle, which mmfeed never loads; save a numeric array", path=key)
     offset = start + header_len
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     need = count * dtype.itemsize
     if len(view) - offset < need:
         raise DecodeError(
@@ -103,6 +114,98 @@ def load_npy(
     if copy:
         array = np.array(array, order="C")
     return check_array(array, key=key, expect_dtype=expect_dtype, expect_shape=expect_shape)
+
+
+@functools.lru_cache(maxsize=1024)
+def _header(raw: bytes, encoding: str) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """``(dtype, shape, fortran_order)`` of a ``.npy`` header; ValueError/TypeError/KeyError when malformed."""
+    header = _Literal(raw.decode(encoding)).read()
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise ValueError("the header must be a dict of exactly 'descr', 'fortran_order' and 'shape'")
+    shape, fortran = header["shape"], header["fortran_order"]
+    if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape):
+        raise ValueError("'shape' must be a tuple of non-negative integers")
+    if len(shape) > 64:
+        raise ValueError(f"'shape' has {len(shape)} dimensions (at most 64)")
+    if not isinstance(fortran, bool):
+        raise ValueError("'fortran_order' must be True or False")
+    count = math.prod(shape)  # Python integers: an overflowing shape is refused here, not wrapped by int64
+    if count > 2**62:
+        raise ValueError(f"'shape' holds {count:.3g} elements")
+    return np.lib.format.descr_to_dtype(header["descr"]), shape, fortran
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _Literal:
+    """A reader of the Python literals a ``.npy`` header holds: ``{'descr': '<f4', 'fortran_order': False,
+    'shape': (2, 3), }``, structured ``descr`` lists of tuples included. Nesting is bounded (``MAX_DEPTH``)."""
+
+    MAX_DEPTH = 32
+    _TOKEN = re.compile(r"""\s*(?:(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?P<int>-?\d+)(?:L)?|(?P<name>True|False|None)|(?P<punct>[{}()\[\]:,]))""")
+    _ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r", "0": "\0"}
+
+    def __init__(self, text: str) -> None:
+        self.text, self.pos = text, 0
+
+    def read(self) -> object:
+        value = self._value(0)
+        if self.text[self.pos :].strip():
+            raise ValueError(f"unexpected text at offset {self.pos}")
+        return value
+
+    def _token(self) -> tuple[str, str]:
+        match = self._TOKEN.match(self.text, self.pos)
+        if match is None:
+            raise ValueError(f"unexpected text at offset {self.pos}")
+        self.pos = match.end()
+        kind = match.lastgroup
+        return kind, match.group(kind)
+
+    def _peek(self) -> str:
+        rest = self.text[self.pos :].lstrip()
+        return rest[:1]
+
+    def _value(self, depth: int) -> object:
+        if depth > self.MAX_DEPTH:
+            raise ValueError(f"nested deeper than {self.MAX_DEPTH}")
+        kind, token = self._token()
+        if kind == "str":
+            return re.sub(r"\\(.)", lambda m: self._ESCAPES.get(m.group(1), "\\" + m.group(1)), token[1:-1])
+        if kind == "int":
+            return int(token)
+        if kind == "name":
+            return {"True": True, "False": False, "None": None}[token]
+        if token == "{":
+            out = {}
+            for key in self._items("}", depth):
+                if not isinstance(key, str):
+                    raise ValueError("dict keys must be strings")
+                if self._token() != ("punct", ":"):
+                    raise ValueError(f"expected ':' at offset {self.pos}")
+                out[key] = self._value(depth + 1)
+            return out
+        if token in "([":
+            items = list(self._items(")" if token == "(" else "]", depth))
+            return tuple(items) if token == "(" else items
+        raise ValueError(f"unexpected {token!r} at offset {self.pos}")
+
+    def _items(self, close: str, depth: int):
+        """Yield the values of a comma-separated sequence up to ``close`` (a trailing comma allowed); a dict's
+        caller reads each key's ':' and value itself."""
+        while True:
+            if self._peek() == close:
+                self._token()
+                return
+            yield self._value(depth + 1)
+            _, token = self._token()
+            if token == close:
+                return
+            if token != ",":
+                raise ValueError(f"expected ',' or {close!r} at offset {self.pos}")
 
 
 def load_npz(data: bytes | bytearray | memoryview, *, key: str = "npz") -> dict[str, np.ndarray]:

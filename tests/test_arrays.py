@@ -1,6 +1,7 @@
 """npy/npz bytes and parquet list columns become numpy arrays without extra copies, checked against promises."""
 
 import io
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +57,79 @@ def test_npy_bad_bytes_raise_decode_errors_naming_the_key():
         load_npy(data[:-8], key="ep3.action.npy")
     with pytest.raises(DecodeError, match="object arrays need pickle"):
         load_npy(npy_bytes(np.array([{"a": 1}], dtype=object), allow_pickle=True), key="k")
+
+
+@settings(max_examples=60)
+@given(
+    dtype=st.sampled_from(["<f4", ">f8", "|b1", "<U7", "|S3", "<c16", "<M8[ns]", "<m8[s]", [("a", "<i4"), ("b", ">f8")],
+                           [("xyz", "<u2", (2, 3)), ("w", [("inner", "|u1")])], ("<f4", (2,))]),
+    shape=st.lists(st.integers(0, 3), min_size=0, max_size=4),
+    fortran=st.booleans(),
+    version=st.sampled_from([(1, 0), (2, 0), (3, 0)]),
+)
+def test_npy_header_is_read_as_numpy_reads_it(dtype, shape, fortran, version):
+    """Every header numpy writes (structured and sub-array dtypes, every format version) gives numpy's own dtype,
+    shape and order, read without ast or compile."""
+    array = np.zeros(shape, dtype=np.dtype(dtype))
+    array = np.asfortranarray(array) if fortran else array
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array, version=version)
+    data = buf.getvalue()
+    buf.seek(0)
+    want = np.lib.format.read_array(buf)
+    got = load_npy(data)
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert got.flags.f_contiguous == want.flags.f_contiguous
+
+
+def npy_with_header(header: str, payload: bytes = b"") -> bytes:
+    raw = header.encode("latin1")
+    return b"\x93NUMPY\x01\x00" + len(raw).to_bytes(2, "little") + raw + payload
+
+
+@pytest.mark.parametrize("header, match", [
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (__import__('os').getpid(),), }", "unexpected text"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'extra': 1}", "exactly 'descr'"),
+    ("{'descr': '<f4', 'fortran_order': 0, 'shape': (2,)}", "True or False"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}", "non-negative"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (2**40,)}", "unexpected text"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': " + "(" * 40 + ")" * 40 + "}", "nested deeper than 32"),
+    ("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4294967296)}", "holds 7.92e\\+28"),
+    ("[1, 2", "unexpected text|expected"),
+])
+def test_malformed_npy_headers_are_refused_in_one_short_line(header, match):
+    """Calls, unknown keys, wrong types, negative or overflowing shapes and deep nesting are refused by name;
+    the message stays short whatever the header holds."""
+    with pytest.raises(DecodeError, match=match) as err:
+        load_npy(npy_with_header(header), key="ep0.action.npy")
+    assert str(err.value).startswith("ep0.action.npy: malformed .npy header") and len(str(err.value)) < 400
+    assert "\n" not in str(err.value)
+
+
+def test_npy_header_longer_than_numpys_limit_is_refused_before_it_is_read():
+    """A 30 MB header (numpy caps headers at 10,000 bytes) is refused from its length field alone."""
+    data = b"\x93NUMPY\x02\x00" + (30_000_000).to_bytes(4, "little") + b"{"
+    with pytest.raises(DecodeError, match=r"ep0.action.npy: .npy header of 30000000 bytes is longer than 10000"):
+        load_npy(data, key="ep0.action.npy")
+    with pytest.raises(DecodeError, match=r"truncated .npy: the header needs 118 bytes, 50 follow"):
+        load_npy(npy_bytes(np.zeros(3))[:60], key="k")
+
+
+def test_npy_read_from_many_threads_at_once():
+    """Threads that read arrays at once (worker_mode="thread" does) each get their own array back exactly;
+    headers are all distinct, so none is served from the parse cache."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    blobs = [npy_bytes(np.arange(i % 97 + 1, dtype=np.float64).reshape(-1, 1) * i) for i in range(4000)]
+    blobs += [npy_bytes(np.zeros((2,) * (i % 5 + 1), np.dtype([("f%d" % i, "<i4")]))) for i in range(4000)]
+
+    def read(i):
+        got = load_npy(blobs[i])
+        buf = io.BytesIO(blobs[i])
+        return np.array_equal(got, np.lib.format.read_array(buf))
+
+    with ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(read, range(len(blobs)), chunksize=8))
 
 
 def test_expected_dtype_and_shape_with_wildcards():
@@ -123,3 +197,16 @@ def test_ragged_lists_nulls_and_wrong_types_raise_naming_the_key():
         column_to_numpy([1, 2, 3], key="action")
     with pytest.raises(DecodeError, match=r"action: dtype is float64, expected float32"):
         column_to_numpy(pa.array([[1.0, 2.0]]), key="action", expect_dtype=np.float32)
+
+
+def test_no_read_path_parses_python_source():
+    """ast, compile, eval and exec are neither thread-safe nor bounded on hostile input: the library uses none."""
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    found = []
+    for folder in ("mmfeed", "packing", "loaders", "codecs"):
+        for path in (root / folder).rglob("*.py"):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#")[0]
+                if re.search(r"\bimport ast\b|\bliteral_eval\(|(?<![.\w])(eval|exec|compile)\(", code):
+                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert not found, found
