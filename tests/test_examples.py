@@ -30,6 +30,13 @@ def test_every_example_is_tested():
                                                         "cross_embodiment.py"}
 
 
+def test_every_example_is_in_the_examples_readme():
+    """examples/README.md's table names every script (a link to it), and names no script that is gone."""
+    readme = (EXAMPLES / "README.md").read_text()
+    linked = set(re.findall(r"^\| \[`(\w+\.py)`\]\(\1\) \|", readme, flags=re.M))
+    assert linked == {p.name for p in EXAMPLES.glob("*.py")}, linked
+
+
 @slow
 def test_train_world_model_trains_and_reports_stalls():
     """The synthetic shards hold a 15 fps camera beside the 30 Hz clock; four optimizer steps each print a
