@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import time
 
 import pytest
@@ -144,9 +146,30 @@ def test_diagnose_rules():
     """Pure rules: slow copy -> copy advice; workers keep up on average -> deeper prefetch."""
     assert diagnose(0.3, 0.01, 0.05, {"decode": 0.01}, 2)["stage"] == "copy"
     assert diagnose(0.3, 0.05, None, {"decode": 0.02}, 2)["stage"] == "prefetch"
-    d = diagnose(0.6, 0.01, None, {"decode": 0.05, "read": 0.01}, 2)
-    assert d["stage"] == "decode" and "6 workers" in d["recommendation"]
+    d = diagnose(0.6, 0.01, None, {"decode": 0.05, "read": 0.01}, 2, cores=8)
+    assert d["stage"] == "decode" and "about 6 workers would keep up" in d["recommendation"]
     assert diagnose(0.3, 0.05, None, {}, 2)["stage"] == "unknown"
+
+
+def test_diagnose_never_advises_more_workers_than_cores():
+    """A 1 ms step whose batch takes 34 worker-ms: 34 workers would keep up, but on 2 cores the advice is 2
+    workers and a cheaper batch or more cores; where the workers already fill the cores, not more workers."""
+    inline = diagnose(0.6, 0.001, None, {"decode": 0.034}, 0, cores=2)["recommendation"]
+    assert "about 34 workers but this machine has 2 cores: use num_workers=2" in inline, inline
+    assert "cheaper" in inline and "more cores" in inline
+    assert "about 34 workers" in diagnose(0.6, 0.001, None, {"decode": 0.034}, 0, cores=64)["recommendation"]
+    staged = diagnose(0.6, 0.01, None, {"decode": 0.05, "read": 0.01}, 1, cores=2)["recommendation"]
+    assert "use num_workers=2" in staged and "6 workers would keep up" not in staged, staged
+    full = diagnose(0.6, 0.01, None, {"decode": 0.05}, 2, cores=2)
+    assert full["stage"] == "decode" and "already fill this machine's 2 cores" in full["recommendation"]
+    assert "more workers" not in full["recommendation"]
+    # by default the cores this process may run on: no advised count above them
+    from mmfeed.loaders.observe.diagnosis import usable_cores
+
+    cores = usable_cores()
+    assert 1 <= cores <= (os.cpu_count() or cores)
+    advice = diagnose(0.6, 1e-4, None, {"decode": 1.0}, 0)["recommendation"]
+    assert max(int(n) for n in re.findall(r"num_workers=(\d+)", advice)) <= cores, advice
 
 
 def test_report_reduced_across_ranks_with_gloo(tmp_path):

@@ -12,25 +12,33 @@ own. In order, the first that applies:
 5. the host-to-device copy is longer than loading and compute: copy;
 6. the workers' per-batch time (stage seconds over the workers) is at least the step: the slowest stage;
 7. otherwise the workers keep up on average and the loop waits on jitter: deeper prefetch.
+
+A worker count is never advised beyond the cores this process may run on (``cores``, default
+:func:`usable_cores`): where keeping up would take more, the advice is as many workers as cores and a cheaper
+batch (or more cores), since workers beyond the cores only share them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["diagnose"]
+__all__ = ["diagnose", "usable_cores"]
 
-# stage name (lower case, substring match) -> advice when that stage is the bottleneck
+_CHEAPER = ("make each batch cheaper to load (a lower decode resolution, fewer frames per sample, frames decoded "
+            "ahead with `mmfeed cache`) or run on a machine with more cores")
+
+# stage name (lower case, substring match) -> how to make that stage cheaper when it is the bottleneck
 _ADVICE = {
-    "read": "faster storage (local SSD, larger reads, fewer small files) or more workers to overlap I/O",
-    "fetch": "faster storage (local SSD, larger reads, fewer small files) or more workers to overlap I/O",
-    "open": "faster storage (local SSD, larger reads, fewer small files) or more workers to overlap I/O",
-    "decode": "more workers, or a lower decode resolution / fewer frames per sample",
-    "pack": "more workers, or a cheaper packing algorithm",
-    "collate": "more workers, or a cheaper collate (build tensors in the dataset, avoid Python loops)",
+    "read": "faster storage (local SSD, larger reads, fewer small files)",
+    "fetch": "faster storage (local SSD, larger reads, fewer small files)",
+    "open": "faster storage (local SSD, larger reads, fewer small files)",
+    "decode": "a lower decode resolution / fewer frames per sample (or frames decoded ahead with `mmfeed cache`)",
+    "pack": "a cheaper packing algorithm",
+    "collate": "a cheaper collate (build tensors in the dataset, avoid Python loops)",
 }
 
 
@@ -39,15 +47,36 @@ def _advice(stage_name: str) -> str:
     for key, text in _ADVICE.items():
         if key in low:
             return text
-    return "more workers, or make this stage cheaper"
+    return "make this stage cheaper"
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def _workers(load_s: float, compute_s: float, cores: int) -> str:
+    """The workers to advise for ``load_s`` worker seconds per batch and a ``compute_s`` step on ``cores`` cores:
+    as many as keep up, at most ``cores`` (then a cheaper batch or more cores as well)."""
+    need = max(1, int(np.ceil(load_s / max(compute_s, 1e-9))))
+    step = f"a {compute_s * 1e3:.1f} ms step"
+    if need <= cores:
+        return f"about {need} workers would keep up with {step}"
+    return (f"keeping up with {step} would take about {need} workers but this machine has {cores} cores: use "
+            f"num_workers={cores} and {_CHEAPER}")
 
 
 def diagnose(stall_fraction: float, compute_s: float, copy_s: float | None, stages: Mapping[str, float],
              num_workers: int | None, threshold: float = 0.05, *, comm_s: float | None = None,
-             refill_share: float | None = None, mfu: float | None = None) -> dict[str, Any]:
+             refill_share: float | None = None, mfu: float | None = None, cores: int | None = None) -> dict[str, Any]:
     """``{stage, recommendation}`` for per-step means: compute, exposed comm and copy seconds, worker ``stages``
     seconds per batch; ``refill_share`` = the share of all wait that falls in the first steps of epochs after
-    the first; ``num_workers`` None means unknown (not 0: loading inline)."""
+    the first; ``num_workers`` None means unknown (not 0: loading inline); ``cores``: the cores workers may use
+    (default :func:`usable_cores`), the most workers ever advised."""
+    cores = usable_cores() if cores is None else max(1, int(cores))
     if stall_fraction <= threshold:
         step = compute_s + (comm_s or 0.0)
         if comm_s is not None and step > 0 and comm_s >= 0.25 * step:
@@ -60,12 +89,11 @@ def diagnose(stall_fraction: float, compute_s: float, copy_s: float | None, stag
                 f"input is not the bottleneck (stall {stall_fraction:.1%} <= {threshold:.0%}); speed up the "
                 f"model{at}"}
     if num_workers == 0:
-        need = ""
-        if stages and compute_s > 0:
-            need = f" (about {int(np.ceil(sum(stages.values()) / compute_s))} for a {compute_s * 1e3:.1f} ms step)"
+        count = f"; {_workers(sum(stages.values()), compute_s, cores)}" if stages and compute_s > 0 else \
+            f" (at most this machine's {cores} cores)"
         return {"stage": "inline", "recommendation":
                 f"loading runs in the training loop (num_workers=0, stall {stall_fraction:.1%}): start worker "
-                f"processes with num_workers=N{need}, so batches are loaded while the model computes"}
+                f"processes with num_workers=N, so batches are loaded while the model computes{count}"}
     if refill_share is not None and refill_share >= 0.5:
         return {"stage": "epoch_boundary", "recommendation":
                 f"{refill_share:.0%} of the wait falls at the start of each epoch: the pipeline drains at the "
@@ -83,10 +111,13 @@ def diagnose(stall_fraction: float, compute_s: float, copy_s: float | None, stag
                 "host-to-device copy dominates: pin memory, use a deeper prefetch, or send smaller dtypes (uint8)"}
     if load_s >= compute_s:
         top = max(stages, key=stages.get)
-        need = int(np.ceil(sum(stages.values()) / max(compute_s, 1e-9)))
-        return {"stage": top, "recommendation":
-                f"stage '{top}' is the bottleneck ({stages[top] * 1e3:.1f} ms per batch): {_advice(top)}; about "
-                f"{need} workers would keep up with a {compute_s * 1e3:.1f} ms step"}
+        where = f"stage '{top}' is the bottleneck ({stages[top] * 1e3:.1f} ms per batch)"
+        if workers >= cores:  # every core already has a worker: more workers only share them
+            return {"stage": top, "recommendation":
+                    f"{where}, and its {workers} workers already fill this machine's {cores} cores: "
+                    f"{_advice(top)}, or a machine with more cores"}
+        return {"stage": top, "recommendation": f"{where}: more workers, or {_advice(top)}; "
+                                                f"{_workers(sum(stages.values()), compute_s, cores)}"}
     return {"stage": "prefetch", "recommendation":
             "the workers keep up on average but the loop still waits: deeper prefetch (prefetch=, "
-            "prefetch_factor=) to absorb jitter, or more workers"}
+            "prefetch_factor=) to absorb jitter" + (", or more workers" if workers < cores else "")}
