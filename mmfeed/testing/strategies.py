@@ -10,14 +10,20 @@ Users import these in their own property tests::
         from mmfeed.packing import pack
         assert (pack(lens, cap).bin_of >= 0).all()
 
-All strategies draw plain integers, so hypothesis shrinks failures to small, readable cases.
+All strategies draw plain integers, so hypothesis shrinks failures to small, readable cases. They need
+hypothesis, which mmfeed does not install by itself: ``pip install "mmfeed[testing]"``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import strategies as st
-from hypothesis.strategies import SearchStrategy
+
+try:
+    from hypothesis import strategies as st
+    from hypothesis.strategies import SearchStrategy
+except ModuleNotFoundError as exc:  # an optional extra: say which
+    raise ModuleNotFoundError(f"mmfeed.testing.strategies needs hypothesis: pip install \"mmfeed[testing]\" ({exc})",
+                              name=exc.name) from exc
 
 __all__ = sorted(["capacities", "lengths", "packed_layouts", "step_sizes_for"])
 
