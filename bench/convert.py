@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from mmfeed._parsing import FRAME_SIZE, frame_size
+
 __all__ = ["main", "measure"]
 
 log = logging.getLogger(__name__)
@@ -114,15 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.convert", description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--frames", type=int, default=100, help="steps (and frames per camera) of every episode")
-    parser.add_argument("--height", type=int, default=96)
-    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--size", type=frame_size(min_width=32, min_height=16), default="128x96", metavar=FRAME_SIZE,
+                        help=f"frame size of both cameras, {FRAME_SIZE} (default 128x96: 128 wide, 96 high)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", metavar="FILE", help="also write every run and the table as JSON")
     args = parser.parse_args(argv)
-    result = measure(args.episodes, args.frames, args.height, args.width, args.runs)
+    result = measure(args.episodes, args.frames, args.size.height, args.size.width, args.runs)
     rows = table(result)
     d = result["dataset"]
-    print(f"{d['episodes']} LeRobot AV1 episodes x {d['frames']} frames, 2 cameras {d['height']}x{d['width']} "
+    print(f"{d['episodes']} LeRobot AV1 episodes x {d['frames']} frames, 2 cameras {d['width']}x{d['height']} "
           f"({d['source_mb']:.1f} MB) -> H.264 shards of 4 episodes; {args.runs} runs each, interleaved; "
           f"{os.cpu_count()} CPUs")
     if "ray_start_seconds" in result:

@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmfeed._progress import progress_bar
 from mmfeed.bench.common import child_pids, cpu_seconds, environment, spread
 from mmfeed.bench.limit import LimitPool, limit_figures
 from mmfeed.bench.loader import Embodiment, LoaderBench, PerSampleDataset, data_spec, pad_collate
@@ -121,7 +122,7 @@ class BenchRun:
     worker_mode: mmfeed's workers: "process" (torch's worker processes) or "thread" (threads of this process).
     limit: measure the decode limit.
     sweep: worker counts for the scaling curve (empty: none).
-    progress: show progress bars on stderr.
+    progress: show progress bars on stderr (drawn only when it is a terminal).
     """
 
     data: str | None = None
@@ -386,10 +387,8 @@ def _measure_pair(cfg: LoaderBench, data: Any, run: BenchRun, step_s: float | No
     """Build both systems (and the limit's processes, forked first), measure them interleaved, let them go."""
     systems: list[_System] = []
     limit = None
-    from tqdm import tqdm
-
-    with tqdm(desc=f"mmfeed and baseline, interleaved ({cfg.workers} workers)", unit="batch", leave=False,
-              disable=not run.progress or None) as bar:
+    with progress_bar(desc=f"mmfeed and baseline, interleaved ({cfg.workers} workers)", unit="batch",
+                      enabled=run.progress) as bar:
         try:
             systems.append(_mmfeed(cfg, data, run))
             if with_limit:
@@ -421,11 +420,8 @@ def _source_settings(cfg: LoaderBench, run: BenchRun) -> tuple[LoaderBench, Any,
     start = time.perf_counter()
     if run.data is not None:
         return cfg.given(open_dataset(run.data, backend=cfg.backend)), str(run.data), 0.0
-    from tqdm import tqdm
-
     total = sum(d.episodes for d in cfg.datasets())
-    with tqdm(total=total, desc="synthesizing dataset (cached)", unit="episode", leave=False,
-              disable=not run.progress or None) as bar:
+    with progress_bar(total, desc="synthesizing dataset (cached)", unit="episode", enabled=run.progress) as bar:
         data = data_spec(cfg, progress=bar.update)
     return cfg, data, time.perf_counter() - start
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import time
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 
-from mmfeed._parsing import height_width, positive
+from mmfeed._parsing import FRAME_SIZE, frame_size, positive
+from mmfeed._progress import progress_bar
 from mmfeed.loaders.open import open_dataset
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.frame_store import FrameStore
@@ -36,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command's options."""
     p.add_argument("path", nargs="?", metavar="PATH", help="the dataset to decode into the cache")
     p.add_argument("--dir", required=True, metavar="DIR", help="the cache directory (open_dataset's cache=)")
-    p.add_argument("--frame-size", type=height_width, metavar="HxW",
-                   help="decoded frame size, HEIGHTxWIDTH (default: as stored)")
+    p.add_argument("--frame-size", type=frame_size(), metavar=FRAME_SIZE,
+                   help=f"decoded frame size, {FRAME_SIZE}, e.g. 224x224 (default: as stored); training opens the "
+                        "dataset with frame_size=(HEIGHT, WIDTH)")
     p.add_argument("--frame-format", choices=["rgb24", "yuv420"], default="rgb24")
     p.add_argument("--backend", default="auto", help="video backend (default auto)")
     p.add_argument("--budget", type=positive(int, 1), metavar="BYTES",
@@ -45,17 +47,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", type=positive(int, 1), default=2, help="decoding processes (default 2)")
     p.add_argument("--info", action="store_true", help="report what the cache holds; decode nothing")
     p.add_argument("--clear", action="store_true", help="delete the cache; decode nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (none is drawn unless stderr is a "
+                   "terminal)")
 
 
-def fill(source: EpisodeSource, processes: int = 2) -> int:
+CHUNKS_PER_PROCESS = 8
+"""Runs of episodes each decoding process is dealt (a progress bar moves as each run is done)."""
+
+
+def fill(source: EpisodeSource, processes: int = 2, progress: Callable[[int], object] | None = None) -> int:
     """Decode every video segment of ``source`` (opened with ``cache=``) into its store, the episodes dealt over
-    ``processes`` processes; returns the segments this call decoded."""
+    ``processes`` processes in runs of consecutive episodes; returns the segments this call decoded.
+    ``progress(n)`` is called as each run of ``n`` episodes is done (e.g. a tqdm bar's ``update``)."""
     episodes = np.arange(len(source))
-    parts = [p for p in np.array_split(episodes, max(1, min(processes, len(episodes)))) if len(p)]
-    if len(parts) == 1:
-        return _fill(source, parts[0])
-    with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return sum(pool.map(_fill, [source] * len(parts), parts))
+    if not len(episodes):
+        return 0
+    processes = max(1, min(processes, len(episodes)))
+    runs = [r for r in np.array_split(episodes, min(len(episodes), CHUNKS_PER_PROCESS * processes)) if len(r)]
+    done = progress if progress is not None else (lambda n: None)
+    if processes == 1:
+        filled = 0
+        for run in runs:
+            filled += _fill(source, run)
+            done(len(run))
+        return filled
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"), initializer=_adopt,
+                             initargs=(source,)) as pool:
+        futures = {pool.submit(_fill, None, run): len(run) for run in runs}
+        filled = 0
+        for future in as_completed(futures):
+            filled += future.result()
+            done(futures[future])
+        return filled
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,10 +92,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.info:
         if args.path is None:
             raise ValueError("mmfeed cache: give the dataset PATH to fill the cache from (or --info / --clear)")
-        source = open_dataset(args.path, cache=args.dir, cache_bytes=args.budget, frame_size=args.frame_size,
+        size = None if args.frame_size is None else args.frame_size.hw  # WIDTHxHEIGHT given, (H, W) taken
+        source = open_dataset(args.path, cache=args.dir, cache_bytes=args.budget, frame_size=size,
                               frame_format=args.frame_format, backend=args.backend)
         start = time.perf_counter()
-        filled = fill(source, args.processes)
+        with progress_bar(len(source), desc="decoding into the cache", unit="episode",
+                          enabled=not args.no_progress) as bar:
+            filled = fill(source, args.processes, bar.update)
         print(f"decoded {filled} segments of {len(source)} episodes into {args.dir} in "
               f"{time.perf_counter() - start:.1f} s")
     info = store.info()
@@ -81,17 +107,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fill(source: EpisodeSource, episodes: Sequence[int]) -> int:
+_SOURCE: EpisodeSource | None = None  # a decoding process's source (sent once, at its start)
+
+
+def _adopt(source: EpisodeSource) -> None:
+    global _SOURCE
+    _SOURCE = source
+
+
+def _fill(source: EpisodeSource | None, episodes: Sequence[int]) -> int:
+    """Decode the segments of ``episodes`` (``source`` None: the process's own); the segments decoded."""
+    source = _SOURCE if source is None else source
     cameras = [f for f, feature in source.features.items() if feature.kind == "video"]
     store = getattr(source, "_store", None)
     if store is None:
         raise ValueError(f"{source.name}: its format keeps no frame cache (cache= applies to LeRobot v3 "
                          "directories and webdataset shards)")
+    before = store.filled
     for e in episodes:
         present = [c for c in cameras if source.present(c)[e] and source.frames(c)[e] > 0]
         if present:
             source.read_many([EpisodeRequest(int(e), {c: np.zeros(1, dtype=np.int64) for c in present})])
-    return store.filled
+    return store.filled - before
 
 
 def _gib(n: int) -> str:

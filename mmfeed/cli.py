@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from mmfeed._parsing import FRAME_SIZE, frame_size
 from mmfeed._parsing import positive as _positive
 
 __all__ = ["build_parser", "main"]
@@ -51,14 +52,7 @@ NAMED_BENCHMARKS = {
 VIDEO_BACKENDS = ["auto", "decord", "pyav", "torchcodec"]
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        width, height = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write the frame size as WIDTHxHEIGHT, e.g. 320x240") from None
-    if width < 32 or height < 16 or width % 2 or height % 2:
-        raise argparse.ArgumentTypeError(f"{text!r}: width >= 32 and height >= 16, both even")
-    return width, height
+_size = frame_size(min_width=32, min_height=16)  # the synthetic frames carry their index in 32 columns, 16 rows
 
 
 def _cameras(text: str) -> tuple[str, ...]:
@@ -117,7 +111,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.chunk_steps is not None:
         cfg = replace(cfg, chunk_steps=args.chunk_steps or None)
     if args.size is not None:  # the first embodiment's frame size; the others keep their size relative to it
-        width, height = args.size
+        width, height = args.size.width, args.size.height
         first = cfg.embodiments[0] if cfg.embodiments else cfg
         scale = (width / first.width, height / first.height)
         even = lambda v: max(2, 2 * round(v / 2))  # noqa: E731 (H.264 wants even sizes)
@@ -163,18 +157,17 @@ def _synth(args: argparse.Namespace) -> int:
         raise ValueError(f"{out} exists and is not an empty directory; choose a new output directory")
     if args.min_length > args.max_length:
         raise ValueError(f"--min-length {args.min_length} is above --max-length {args.max_length}")
-    from tqdm import tqdm
-
+    from mmfeed._progress import progress_bar
     from mmfeed.testing.synth_dataset import SyntheticDataset, write_synthetic
 
     codec = args.codec or ("av1" if args.format == "lerobot" else "h264")
-    width, height = args.size
+    width, height = args.size.width, args.size.height
     cfg = SyntheticDataset(format=args.format, episodes=args.episodes, min_length=args.min_length,
                       max_length=args.max_length, height=height, width=width, codec=codec,
                       gop=args.gop or (30 if codec == "h264" else 2), fps=args.fps, cameras=args.cameras,
                       seed=args.seed)
-    with tqdm(total=args.episodes, desc=f"writing {args.format}", unit="episode", leave=False,
-              disable=args.no_progress or None) as bar:
+    with progress_bar(args.episodes, desc=f"writing {args.format}", unit="episode",
+                      enabled=not args.no_progress) as bar:
         write_synthetic(out, cfg, progress=bar.update)
     what = "webdataset shards + mmfeed-index.parquet" if args.format == "webdataset" else "a LeRobot v3 directory"
     videos = ",".join(f"observation.images.{c}" for c in cfg.cameras)
@@ -188,12 +181,14 @@ def _index(args: argparse.Namespace) -> int:
         _check_exists(spec, "give a directory of .tar shards, a brace pattern, a glob or shard files")
         if os.path.isfile(os.path.join(spec, "meta", "info.json")):
             raise ValueError(f"{spec} is a LeRobot directory: it carries its own index in meta/episodes/")
+    from mmfeed._progress import progress_bar
     from mmfeed.inspection import describe_features, format_features
     from mmfeed.loaders.sources.index import write_index
     from mmfeed.loaders.sources.webdataset import WebDatasetSource, expand_shards
 
     shards = expand_shards(list(args.shards))
-    path = write_index(shards, args.output)
+    with progress_bar(len(shards), desc="indexing", unit="shard", enabled=not args.no_progress) as bar:
+        path = write_index(shards, args.output, progress=bar.update)
     source = WebDatasetSource(path)
     steps = int(source.lengths.sum())
     print(f"wrote {path}: {len(source)} episodes, {steps} steps, {len(shards)} shard(s)")
@@ -248,8 +243,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--codec", choices=["h264", "av1"], default=None,
                    help="codec of the synthetic dataset (default h264; av1 for --format lerobot, as LeRobot)")
     p.add_argument("--episodes", type=INT1, help="episodes of each embodiment of the synthetic dataset (default 8)")
-    p.add_argument("--size", type=_size, metavar="WxH", help="frame size of the first embodiment's camera (default "
-                   "320x240; the other embodiment's cameras scale alike from 256x192)")
+    p.add_argument("--size", type=_size, metavar=FRAME_SIZE, help=f"frame size of the first embodiment's camera, "
+                   f"{FRAME_SIZE} (default 320x240; the other embodiment's cameras scale alike from 256x192)")
     p.add_argument("--capacity", type=INT1, help="tokens per packed row (default 8192)")
     p.add_argument("--rows-per-batch", type=INT1, help="packed rows per batch (default 2)")
     p.add_argument("--tokens-per-frame", type=INT1, help="tokens one frame costs (default 256)")
@@ -277,7 +272,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", type=_sweep, metavar="workers=1,2,4",
                    help="also measure at these worker counts (the scaling curve)")
     p.add_argument("--quick", action="store_true", help="tiny videos and few steps (a smoke run)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (drawn only when stderr is a "
+                   "terminal)")
     p.set_defaults(func=_bench)
 
 
@@ -323,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=INT1, default=10, help="number of episodes (default 10)")
     p.add_argument("--codec", choices=["h264", "av1"], default=None,
                    help="video codec (default h264; av1 for --format lerobot, as LeRobot)")
-    p.add_argument("--size", type=_size, default=(320, 240), metavar="WxH", help="frame size (default 320x240)")
+    p.add_argument("--size", type=_size, default="320x240", metavar=FRAME_SIZE,
+                   help=f"frame size, {FRAME_SIZE} (default 320x240: 320 wide, 240 high)")
     p.add_argument("--min-length", type=INT1, default=100, help="shortest episode in steps (default 100)")
     p.add_argument("--max-length", type=INT1, default=160, help="longest episode in steps (default 160)")
     p.add_argument("--fps", type=_positive(float, 1), default=30.0, help="steps and frames per second (default 30)")
@@ -331,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated; camera C is feature observation.images.C (default cam_high)")
     p.add_argument("--gop", type=INT1, default=None, help="keyframe interval (default 30 for h264, 2 for av1)")
     p.add_argument("--seed", type=INT0, default=0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when stderr is "
+                   "a terminal)")
     p.set_defaults(func=_synth)
 
     p = sub.add_parser("index", help="write the parquet index (features and stats) beside webdataset shards",
@@ -346,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("shards", nargs="+", metavar="SHARDS",
                    help="a directory of .tar shards, a brace pattern or glob, or shard files")
     p.add_argument("-o", "--output", metavar="PATH", help="index file (default <shard dir>/mmfeed-index.parquet)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when stderr is "
+                   "a terminal)")
     p.set_defaults(func=_index)
 
     import mmfeed.loaders.fill_cache as frame_cache

@@ -312,7 +312,8 @@ def test_options_are_checked():
 
 
 def test_cli_fills_the_cache_ahead_then_reads_never_decode(lerobot, tmp_path, capsys):
-    assert main(["cache", str(lerobot), "--dir", str(tmp_path / "c"), "--frame-size", "32x48"]) == 0
+    # WIDTHxHEIGHT on the command line: SIZE is (height, width), as open_dataset takes it
+    assert main(["cache", str(lerobot), "--dir", str(tmp_path / "c"), "--frame-size", f"{SIZE[1]}x{SIZE[0]}"]) == 0
     out = capsys.readouterr().out
     assert "3 segments" in out
     plain = windows(lerobot, 0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -184,14 +183,14 @@ def _take(iterator: Iterator, n: int) -> list:
 
 
 class Progress:
-    """A tqdm bar on stderr: episodes done (of the total, where known), MB written, MB/s, rate and ETA."""
+    """A tqdm bar on stderr: episodes done (of the total, where known), MB written, MB/s, rate and ETA; drawn
+    only when ``enabled`` and stderr is a terminal (:func:`mmfeed._progress.progress_bar`)."""
 
     def __init__(self, total: int | None, done: int, enabled: bool) -> None:
-        from tqdm import tqdm
+        from mmfeed._progress import progress_bar
 
         self.start, self.bytes = time.perf_counter(), 0
-        self.bar = tqdm(total=total, initial=done, unit="ep", desc="convert", file=sys.stderr, disable=not enabled,
-                        dynamic_ncols=True, mininterval=0.5)
+        self.bar = progress_bar(total, initial=done, unit="ep", desc="convert", enabled=enabled)
 
     def update(self, record: dict[str, Any]) -> None:
         self.bytes += record["size"]

@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mmfeed._parsing import height_width
+from mmfeed._parsing import FRAME_SIZE, frame_size
 from mmfeed.loaders.conversion.engines import ConvertError, Progress, encoder_versions, run_local, run_ray
 
 __all__ = ["MANIFEST", "ConvertError", "ConvertSummary", "add_arguments", "convert", "run"]
@@ -120,7 +120,8 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
         compressed bytes, scaled by the frame area when resized; generated frames at 50:1): how episodes are cut
         into shards. workers: processes (local) or CPUs of a local Ray.
         errors: "raise" stops at the first episode that fails, with a :class:`ConvertError` naming it and its
-        source file; "skip" records it in the manifest and converts the rest. progress: a tqdm bar on stderr.
+        source file; "skip" records it in the manifest and converts the rest. progress: a tqdm bar on stderr
+        (drawn only when stderr is a terminal).
     """
     from mmfeed.loaders.conversion.readers import iter_generator, open_reader  # heavy: not at `mmfeed --help`
 
@@ -420,8 +421,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                         "bytes when no --gop or --frame-size asks for a re-encode")
     parser.add_argument("--gop", type=_int(1), default=None, help="keyframe interval when encoding (default 30)")
     parser.add_argument("--crf", type=_int(0), default=None, help="encoder quality (default: the codec's)")
-    parser.add_argument("--frame-size", type=height_width, default=None, metavar="HxW",
-                        help="resize every video to HEIGHTxWIDTH (inside the decoder)")
+    parser.add_argument("--frame-size", type=frame_size(), default=None, metavar=FRAME_SIZE,
+                        help=f"resize every video to {FRAME_SIZE}, e.g. 320x240: 320 wide, 240 high (inside the "
+                             "decoder)")
     sizes = parser.add_mutually_exclusive_group()
     sizes.add_argument("--episodes-per-shard", type=_int(1), default=None, metavar="N",
                        help=f"episodes per shard (default {DEFAULT_EPISODES_PER_SHARD})")
@@ -438,12 +440,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace the shards, index and manifest in DST")
     parser.add_argument("--errors", choices=["raise", "skip"], default="raise",
                         help="raise: stop at an episode that fails (default); skip: record it in the manifest")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when "
+                        "stderr is a terminal)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``mmfeed convert`` from parsed arguments; print the summary; return the exit status (0)."""
-    summary = convert(args.src, args.dst, codec=args.codec, gop=args.gop, crf=args.crf, frame_size=args.frame_size,
+    size = None if args.frame_size is None else args.frame_size.hw  # WIDTHxHEIGHT on the command line, (H, W) here
+    summary = convert(args.src, args.dst, codec=args.codec, gop=args.gop, crf=args.crf, frame_size=size,
                       episodes_per_shard=args.episodes_per_shard, shard_size_mb=args.shard_size_mb,
                       workers=args.workers, engine=args.engine, ray_address=args.ray_address,
                       max_retries=args.max_retries, resume=args.resume, overwrite=args.overwrite, errors=args.errors,

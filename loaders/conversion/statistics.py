@@ -26,12 +26,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mmfeed._progress import progress_bar
 from mmfeed.loaders.conversion.engines import run_local, run_ray
 from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
@@ -68,13 +69,15 @@ class StatsJob:
 def compute_stats(paths: Any, *, names: Sequence[str] | None = None,
                   embodiments: Sequence[str] | Mapping[str, str] | None = None, features: Sequence[str] | None = None,
                   delta: Any = None, horizon: int = 1, workers: int = 1, engine: str = "local",
-                  ray_address: str | None = None, max_retries: int = 3) -> _stats.MixtureStats:
+                  ray_address: str | None = None, max_retries: int = 3,
+                  progress: Callable[[int], object] | None = None) -> _stats.MixtureStats:
     """The stats of each dataset of ``paths`` (one path or source, a list of them, or ``{name: path}``) and, given
     ``embodiments`` (one per dataset, or ``{name: embodiment}``), of each embodiment, as
     :class:`~mmfeed.loaders.sources.stats.MixtureStats`. ``features``: the array features to count (default every
     numeric one); ``delta``: a :class:`~mmfeed.loaders.planned.transforms.DeltaActions`, counted over ``horizon``
     action steps from each anchor; ``workers``, ``engine`` ("local" or "ray"), ``ray_address``, ``max_retries``
-    as for :func:`mmfeed.loaders.convert`."""
+    as for :func:`mmfeed.loaders.convert`; ``progress(n)`` is called as each range of ``n`` episodes is counted (e.g.
+    a tqdm bar's ``update``)."""
     from mmfeed.loaders.open import open_dataset
     from mmfeed.loaders.sources.base import EpisodeSource
 
@@ -108,6 +111,8 @@ def compute_stats(paths: Any, *, names: Sequence[str] | None = None,
     totals: list[dict] = [{} for _ in sources]
     for result in runner:
         _add(totals[result["dataset"]], result["counts"])
+        if progress is not None:
+            progress(result["episodes"])
     log.info("stats of %d datasets in %.1f s", len(sources), time.perf_counter() - start)
     per_dataset = [_finished(t) for t in totals]
     embodiment_stats, of = {}, None
@@ -138,7 +143,7 @@ def stats_task(job: StatsJob, k: int, unit: tuple[int, int, int]) -> dict[str, A
             action, state, dims = delta
             pairs = _deltas(arrays[action], arrays[state], source.frames(action)[episodes], dims, job.horizon)
             _add(counts, {_delta_key(action): _counted(pairs, source.features[action].shape)})
-    return {"dataset": d, "counts": counts}
+    return {"dataset": d, "episodes": hi - lo, "counts": counts}
 
 
 def _counted(values: np.ndarray, shape: tuple[int, ...]) -> dict[str, Any]:
@@ -277,6 +282,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["local", "ray"], default="local")
     p.add_argument("--ray-address", default=None, help="a Ray cluster to join (default: a running one, else local)")
     p.add_argument("--json", metavar="FILE", help="write the stats (Normalize(MixtureStats.load(FILE)) reads them)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when stderr is "
+                   "a terminal)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -294,10 +301,12 @@ def run(args: argparse.Namespace) -> int:
         delta = DeltaActions(_elements(args.delta), action=args.action, state=args.state)
     names = split(args.names) if args.names else None
     start = time.perf_counter()
-    result = compute_stats(args.paths, names=names, embodiments=split(args.embodiments) if args.embodiments else None,
-                           features=split(args.features) if args.features else None, delta=delta,
-                           horizon=args.horizon, workers=args.workers, engine=args.engine,
-                           ray_address=args.ray_address)
+    with progress_bar(desc="stats", unit="episode", enabled=not args.no_progress) as bar:
+        result = compute_stats(args.paths, names=names,
+                               embodiments=split(args.embodiments) if args.embodiments else None,
+                               features=split(args.features) if args.features else None, delta=delta,
+                               horizon=args.horizon, workers=args.workers, engine=args.engine,
+                               ray_address=args.ray_address, progress=bar.update)
     seconds = time.perf_counter() - start
     for name, stats in zip(result.dataset_names, result.datasets):
         print(f"{name}:")

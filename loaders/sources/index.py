@@ -51,7 +51,7 @@ import io
 import json
 import os
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -103,7 +103,8 @@ INDEX_SCHEMA = pa.schema(
 
 
 def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: str | os.PathLike | None = None, *,
-                quantiles: bool = False, record_mtime: bool = True) -> pa.Table:
+                quantiles: bool = False, record_mtime: bool = True,
+                progress: Callable[[int], object] | None = None) -> pa.Table:
     """Index ``shards`` (local paths or fsspec URLs of uncompressed ``.tar`` files) into one table.
 
     ``root`` is the directory the ``shard`` column is relative to (default: the first shard's). ``quantiles``
@@ -114,6 +115,7 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
     array at the control clock without one row per step, a stream more than one frame short of what the episode's
     span implies (:func:`~mmfeed.packing.windows.fewest_frames`; a stream up to one frame short, or longer, is
     indexed with the frames it holds), an episode id seen twice, or a feature whose kind, dtype or shape differs between two episodes.
+    ``progress(1)`` is called as each shard is indexed (e.g. a tqdm bar's ``update``).
     """
     shards = _paths(shards)
     root = os.fspath(root) if root is not None else _dirname(shards[0])
@@ -133,6 +135,8 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
             infos = dict(group)
             _add_row(rows, partials, shard, key, entries, lambda n: extract(tar, infos[n]), size, mtime_ns,
                      sketches)
+        if progress is not None:
+            progress(1)
     return _finish(rows, partials, root, sketches)
 
 
@@ -183,12 +187,14 @@ def _finish(rows: dict, partials: list, root: str | None, sketches: dict[str, Sk
 
 
 def write_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, path: str | os.PathLike | None = None,
-                *, quantiles: bool = False, record_mtime: bool = True) -> str:
+                *, quantiles: bool = False, record_mtime: bool = True,
+                progress: Callable[[int], object] | None = None) -> str:
     """Build the index of ``shards`` and write it as parquet at ``path`` (default: :func:`default_index_path`);
-    return the path. The ``shard`` column is relative to the directory of ``path``; ``quantiles`` and
-    ``record_mtime`` as in :func:`build_index`."""
+    return the path. The ``shard`` column is relative to the directory of ``path``; ``quantiles``,
+    ``record_mtime`` and ``progress`` as in :func:`build_index`."""
     path = os.fspath(path) if path is not None else default_index_path(shards)
-    table = build_index(shards, root=_dirname(path), quantiles=quantiles, record_mtime=record_mtime)
+    table = build_index(shards, root=_dirname(path), quantiles=quantiles, record_mtime=record_mtime,
+                        progress=progress)
     with open_file(path, "wb") as f:
         pq.write_table(table, f)
     return path
