@@ -15,6 +15,7 @@ Four panels (matplotlib, Agg backend, no display needed):
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -125,21 +126,52 @@ def _fmt(value: float | None, kind: str) -> str:
     return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
 
 
+def _note(text: str) -> str:
+    """A line that explains a figure, indented and wrapped at 116 columns."""
+    return textwrap.fill(text, 116, initial_indent="  ", subsequent_indent="    ")
+
+
+NOISY_SPREAD = 0.5
+"""A rate whose stretches disagree by more than this share of its median gets a line saying the load changed."""
+
+
 def _range(report: dict[str, Any], name: str, key: str, kind: str = "") -> str:
-    """The spread of a figure's repeats: (max - min) / median, or for a fraction max - min in points (a relative
-    spread of a fraction near 0, a stall of 0.1%, says nothing)."""
+    """The spread of a figure's repeats, in the figure's own terms: for a rate (max - min) / median; for a
+    fraction max - min in percentage points and for a time max - min in ms (a relative spread of a figure near 0,
+    a stall of 0.1% or a wait of 0.03 ms, says nothing: 0.03 ms against 0.5 ms would read 1500%)."""
     got = report["details"].get("spread", {}).get(name, {}).get(key)
     if not got:
         return ""
     if kind == "pct":
         return f"{(got['max'] - got['min']) * 100:.1f} pt"
+    if kind == "ms":
+        return f"{(got['max'] - got['min']) * 1e3:.2f} ms"
     return "" if got["range"] is None else f"{got['range']:.1%}"
+
+
+def _between(report: dict[str, Any], key: str, kind: str = "") -> str:
+    """``min-max`` of mmfeed's repeats of ``key`` (a fraction in %, else a number), or ""."""
+    got = report["details"].get("spread", {}).get("mmfeed", {}).get(key)
+    if not got:
+        return ""
+    if kind == "pct":
+        return f"{got['min']:.1%}-{got['max']:.1%}"
+    return f"{got['min']:.4g}-{got['max']:.4g}"
+
+
+def _signed(label: str, value: float, negative: str, why: str, notes: list[str]) -> tuple[str, float]:
+    """A breakdown part that is a difference (of medians, or of two timings) and can come out below 0: as it is
+    when >= 0; else its size under the label ``negative``, marked ``*`` with ``why`` added to ``notes``."""
+    if value >= 0:
+        return label, value
+    notes.append(f"* {negative.strip()}: {why}")
+    return f"{negative} *", -value
 
 
 def render(report: dict[str, Any]) -> str:
     """The tables ``mmfeed bench`` prints: every figure of mmfeed and the baseline, their spread over the repeats
-    ((max - min) / median; fractions: max - min in points) and their ratio; the decode limit; where a batch's
-    worker time goes."""
+    (rates: (max - min) / median; fractions: max - min in points; times: max - min in ms) and their ratio; the
+    decode limit; where a batch's worker time goes; each with lines saying what its figures are."""
     from mmfeed.bench.common import table
 
     base = report["baseline"]
@@ -158,8 +190,11 @@ def render(report: dict[str, Any]) -> str:
                     "ratio": _fmt(ratio, "x")})
     for name in sorted(set(report["stage_s"]) | set(base["stage_s"])):
         ours, theirs = report["stage_s"].get(name), base["stage_s"].get(name)
+        key = f"stage_s.{name}"
         out.append({"figure": f"{name} (ms/batch, workers)", "mmfeed": _fmt(ours, "ms"),
-                    "baseline": _fmt(theirs, "ms"), "ratio": _fmt(ours / theirs if ours and theirs else None, "x")})
+                    "m_spread": _range(report, "mmfeed", key, "ms"), "baseline": _fmt(theirs, "ms"),
+                    "b_spread": _range(report, "baseline", key, "ms"),
+                    "ratio": _fmt(ours / theirs if ours and theirs else None, "x")})
     s, d = report["settings"], report["details"]
     step = (f"{d['step_s'] * 1e3:.1f} ms ({s['load_fraction']:.0%} of mmfeed's capacity)"
             if s["step_ms"] is None else f"{d['step_s'] * 1e3:.1f} ms (--step-ms)")
@@ -167,12 +202,30 @@ def render(report: dict[str, Any]) -> str:
             " + ".join(f"{e['name']} ({len(e['cameras'])} cam {e['width']}x{e['height']})" for e in s["embodiments"])
             or f"{s['width']}x{s['height']} {s['codec']}")
     kinds = "windows + world-model chunks" if s["chunk_steps"] else "windows"
+    n = s["repeats"]
     head = (f"mmfeed bench: {s['data']}\n  {what}, {kinds}, {s['workers']} workers, capacity {s['capacity']} x "
             f"{s['rows_per_batch']} rows (baseline batch {s['baseline_batch_size']}), episode_block "
-            f"{s['episode_block']}, step {step}; median of {s['repeats']} interleaved stretches "
-            f"({d['steps']['mmfeed']} mmfeed / {d['steps']['baseline']} baseline batches)")
+            f"{s['episode_block']}, step {step}; median of {n} interleaved stretches "
+            f"(of {d['steps']['mmfeed']} mmfeed / {d['steps']['baseline']} baseline batches each)")
     text = [head, "", table(out, [("figure", "figure"), ("mmfeed", "mmfeed"), ("m_spread", "spread"),
                                   ("baseline", "baseline"), ("b_spread", "spread"), ("ratio", "mmfeed/baseline")])]
+    text.append(f"  mmfeed, baseline: a figure's median over the {n} measured stretches of that loader (taken in "
+                "turn)\n"
+                f"  spread: how far the {n} stretches disagree: (max - min) / median for a rate; max - min in "
+                "points for a %, in ms for a time\n"
+                "  mmfeed/baseline: mmfeed's median over the baseline's (above 1.00x: mmfeed's is the larger)\n"
+                "  (ms/batch, workers): worker seconds a stage took per batch, summed over the workers")
+    spreads = d.get("spread", {})
+    noisy = [got["range"] for _, key, kind in rows if not kind for name in ("mmfeed", "baseline")
+             for got in [spreads.get(name, {}).get(key)] if got and (got["range"] or 0) > NOISY_SPREAD]
+    if noisy:
+        load = d.get("loadavg", {})
+        cpus = report.get("environment", {}).get("cpu_count")
+        seen = (f" (load average {load['start'][0]:.1f} at the start, {load['end'][0]:.1f} at the end, on "
+                f"{cpus} CPUs)" if load and cpus else "")
+        text.append(_note(f"a spread above {NOISY_SPREAD:.0%} (up to {max(noisy):.0%} here): the stretches ran "
+                          f"under different loads{seen}; the medians stand, but read a ratio from the "
+                          "round-by-round figures below, where both loaders saw the same moment"))
     paired = d.get("paired_ratios")
     if paired:
         text.append("\nmmfeed / baseline round by round (each round both loaders in turn): " + "; ".join(
@@ -180,30 +233,58 @@ def render(report: dict[str, Any]) -> str:
             (("useful tokens/s", "tokens_per_s"), ("per CPU-second", "tokens_per_cpu_second"))))
     if report.get("decode_limit_frames_per_s") is not None:
         lim, b = d["limit"], d["breakdown"]
-        text.append(f"\ndecode limit ({lim['processes']} processes, plain PyAV, the same batches): "
-                    f"{report['decode_limit_frames_per_s']:.4g} delivered frames/s with RGB conversion "
-                    f"(spread {_range(report, 'mmfeed', 'decode_limit_frames_per_s')}), "
-                    f"{report['decode_limit_raw_frames_per_s']:.4g} without; {lim['decoded_frames_per_s']:.4g} "
-                    f"decoded frames/s ({lim['decoded_per_delivered']:.2f} decoded per delivered frame)\n"
-                    f"mmfeed delivers {report['limit_fraction']:.1%} of the limit "
-                    f"(spread {_range(report, 'mmfeed', 'limit_fraction')}); per CPU-second "
-                    f"{report['limit_fraction_cpu']:.1%} (spread {_range(report, 'mmfeed', 'limit_fraction_cpu')}; "
-                    f"the limit's processes had {lim['cpu_share']:.0%} of a CPU each)")
+        fraction, per_cpu = report["limit_fraction"], report["limit_fraction_cpu"]
+        text.append(f"\ndecode limit: the frames of mmfeed's batches decoded by plain PyAV and nothing else (no "
+                    f"copy, collate or transfer),\nevery other batch of each mmfeed stretch, right after it, in "
+                    f"{lim['processes']} processes:\n"
+                    f"  {report['decode_limit_frames_per_s']:.4g} delivered frames/s with RGB conversion "
+                    f"({_between(report, 'decode_limit_frames_per_s')} across the stretches), "
+                    f"{report['decode_limit_raw_frames_per_s']:.4g} without;\n  {lim['decoded_frames_per_s']:.4g} "
+                    f"decoded frames/s ({lim['decoded_per_delivered']:.2f} decoded per delivered frame: GOP "
+                    "dependencies)\n"
+                    f"mmfeed delivers {fraction:.1%} of the limit: its delivered frames/s over the limit's, stretch "
+                    f"by stretch ({_between(report, 'limit_fraction', 'pct')} across the {n} stretches)\n"
+                    f"per CPU-second {per_cpu:.1%} of the limit ({_between(report, 'limit_fraction_cpu', 'pct')}): "
+                    "the same ratio in frames per CPU-second, which other processes disturb less\n"
+                    f"  (the limit's processes had {lim['cpu_share']:.0%} of a CPU each)")
+        # why mmfeed can come out ahead of plain PyAV on the same batches: another moment, or fewer frames decoded
+        fewer, ours = "", report.get("decoded_frames_per_s")
+        if ours and report.get("delivered_frames_per_s"):
+            mine = ours / report["delivered_frames_per_s"]
+            if mine < lim["decoded_per_delivered"]:
+                fewer = (f"; and mmfeed decoded fewer frames per delivered frame ({mine:.2f} against the limit's "
+                         f"{lim['decoded_per_delivered']:.2f}: its readers go on from where an earlier read left "
+                         "them, the limit seeks afresh for every batch)")
+        moment = (f"the limit runs after mmfeed's stretch, at another moment of the machine's load (its processes "
+                  f"had {lim['cpu_share']:.0%} of a CPU each){fewer}")
+        if fraction > 1 or per_cpu > 1:
+            text.append(_note(f"above 100% does not mean mmfeed decodes faster than plain PyAV can: {moment}"))
+        notes: list[str] = []
         parts = [("limit: decode (seek + demux + decode)", b["limit_decode_s"]),
-                 ("limit: RGB conversion", b["limit_convert_s"]), ("  of which seeking", b["limit_seek_s"]),
+                 ("  of which seeking", b["limit_seek_s"]),
+                 _signed("limit: RGB conversion", b["limit_convert_s"], "limit: RGB conversion below 0, by",
+                         "the batches decoded with conversion took less than without it; the two timings differ by "
+                         "the machine's noise", notes),
                  *[(f"mmfeed stage {k[6:-2]}", v) for k, v in b.items() if k.startswith("stage_")],
-                 ("  decode stage beyond the limit", b["decode_beyond_limit_s"]),
-                 (f"    of which reopening videos ({report['readers_opened_per_batch']:.2g} per batch, "
+                 _signed("  decode stage beyond the limit's decode + conversion", b["decode_beyond_limit_s"],
+                         "  decode stage below the limit's decode + conversion, by",
+                         f"mmfeed's decode stage took less than plain PyAV's decode and conversion of the same "
+                         f"batches: {moment}", notes),
+                 (f"  of the decode stage, reopening videos ({report['readers_opened_per_batch']:.2g} per batch, "
                   f"{lim['open_s'] * 1e3:.1f} ms each)", b["reopen_s"]),
-                 ("unstaged worker time (plan, requests, send to main, idle)", b["unstaged_s"]),
+                 _signed("unstaged worker time (plan, requests, send to main, idle)", b["unstaged_s"],
+                         "stages beyond the worker budget, by", "the stages' medians and the wall time per batch "
+                         "come from different stretches; nothing is unaccounted for", notes),
                  (f"worker budget ({s['workers']} workers x wall per batch)", b["worker_budget_s"])]
-        text.append("\nwhere a batch goes (worker ms per mmfeed batch, capacity stretches):")
+        text.append(f"\nwhere a batch goes: worker ms per mmfeed batch, summed over the {s['workers']} workers "
+                    "(capacity stretches);\nthe limit's rows: plain PyAV's time for the same batches")
         text.append(table([{"part": p, "ms": _fmt(v, "ms")} for p, v in parts], [("part", "part"), ("ms", "ms")]))
+        text.extend(_note(note) for note in notes)
     text.append(f"\nbottleneck: {report['bottleneck']['recommendation']}")
     if "sweep" in report:
         sw = report["sweep"]
-        text.append("workers scaling (samples/s): " + ", ".join(
+        text.append("workers scaling (samples/s, mmfeed vs baseline): " + ", ".join(
             f"{w}: {a:.4g} vs {b:.4g}" for w, a, b in zip(sw["workers"], sw["mmfeed"]["samples_per_s"],
                                                            sw["baseline"]["samples_per_s"])))
-    text.append(f"({d['wall_s']['total']:.1f} s)")
+    text.append(f"(the run took {d['wall_s']['total']:.1f} s)")
     return "\n".join(text)

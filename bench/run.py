@@ -43,8 +43,8 @@ values]}``, nested figures dotted: ``stage_s.decode``);
 ``baseline`` the same figures (no limit) and its ``batch_size``; ``ratios`` mmfeed / baseline; ``bottleneck``
 the StepTimer's diagnosis; ``sweep`` (``--sweep``) ``{workers, mmfeed: {figure: [...]}, baseline: {...}}``;
 ``settings``; ``environment``; ``details``: ``spread`` (``{mmfeed|baseline|paired_ratios: {figure: {min, max,
-range}}}``, range = (max - min) / median; under ``details`` so that ``mmfeed compare`` does not judge min and
-max as figures), ``paired_ratios`` (mmfeed / baseline round by round), ``breakdown`` (where a batch's worker time
+range}}}``, range = (max - min) / median; the stages' seconds per batch as ``stage_s.<stage>``; under ``details``
+so that ``mmfeed compare`` does not judge min and max as figures), ``paired_ratios`` (mmfeed / baseline round by round), ``breakdown`` (where a batch's worker time
 goes, in seconds), ``limit`` (the limit's own figures, ``cpu_share`` below 1 when other processes took the CPUs
 too), ``steps`` and ``lead`` per system, ``slot_fraction``, the step time, capacities and wall seconds.
 """
@@ -459,6 +459,7 @@ def run_bench(cfg: LoaderBench = DEFAULT_DATASET, run: BenchRun = BenchRun()) ->
     keys = [k for k in (*_CAPACITY, "stall_fraction", "wait_s", "decode_limit_frames_per_s",
                         "decode_limit_raw_frames_per_s", "limit_fraction", "limit_fraction_cpu")
             if k in ours["repeats"]]
+    keys += sorted({k for f in (ours, base) for k in f["repeats"] if k.startswith("stage_s.")})  # worker s per batch
     report["details"] = {
         **details, "step_s": step_s, "capacity_batches_per_s": ours["capacity_batches_per_s"],
         "baseline_capacity_batches_per_s": base["capacity_batches_per_s"], "baseline_bottleneck": base["bottleneck"],
