@@ -76,6 +76,7 @@ def shows_the_delay(seconds: float) -> bool:
     return 0.9 * DELAY_S <= seconds <= 1.25 * DELAY_S
 
 
+@pytest.mark.slow  # a torchrun DDP job
 @pytest.mark.parametrize("scenario", ["hook_sleep", "slow_collective"])
 def test_delay_in_the_comm_hook_shows_in_comm_not_compute(comm, scenario):
     assert shows_the_delay(delta(comm, scenario, "comm_s")), delta(comm, scenario, "comm_s")
@@ -85,11 +86,13 @@ def test_delay_in_the_comm_hook_shows_in_comm_not_compute(comm, scenario):
     assert comm[scenario]["ranks"]["max"]["comm_s.median"] >= median(comm[scenario], "comm_s") - 1e-9
 
 
+@pytest.mark.slow  # a torchrun DDP job
 def test_delay_in_the_forward_shows_in_compute_not_comm(comm):
     assert shows_the_delay(delta(comm, "forward_sleep", "compute_s")), delta(comm, "forward_sleep", "compute_s")
     assert abs(delta(comm, "forward_sleep", "comm_s")) < 0.1 * DELAY_S
 
 
+@pytest.mark.slow  # a torchrun DDP job
 def test_a_collective_hidden_behind_backward_is_not_exposed(comm):
     """The slow collective runs while a layer below still computes its backward: comm_total_s holds it all,
     comm_s (what the optimizer step waited for) stays near 0."""
@@ -100,6 +103,7 @@ def test_a_collective_hidden_behind_backward_is_not_exposed(comm):
     assert report["phases"]["comm"] == pytest.approx(report["comm_s"]["mean"])
 
 
+@pytest.mark.slow  # a torchrun DDP job
 def test_comm_trace_has_the_buckets_and_the_exposed_tail(comm):
     events = comm["trace"]["traceEvents"]
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}

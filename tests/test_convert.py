@@ -121,6 +121,7 @@ def test_webdataset_library_reads_the_shards(converted):
     assert json.loads(first["meta.json"])["task_runs"][1][0] == (int(json.loads(first["meta.json"])["length"]) + 1) // 2
 
 
+@pytest.mark.slow  # a Ray cluster / a job killed and resumed
 def test_local_workers_and_ray_give_the_same_bytes_and_stats(tmp_path, lerobot, converted):
     dst, _ = converted
     reference = _files(dst)
@@ -262,6 +263,7 @@ def test_user_generator_module_function(tmp_path, monkeypatch, capsys):
     assert out.episode_tasks.tolist() == [out.tasks.index("wave"), -1, out.tasks.index("wave"), -1]
 
 
+@pytest.mark.slow  # a Ray cluster / a job killed and resumed
 def test_killed_job_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, monkeypatch):
     path = _generator_module(tmp_path, "slowgen", 6, delay=0.3)
     monkeypatch.syspath_prepend(path)

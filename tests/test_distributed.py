@@ -108,6 +108,7 @@ def drawn_samples(ds: PlannedDataset) -> np.ndarray:
     return np.arange(len(ds.items), dtype=np.int64) if drawn is None else drawn
 
 
+@pytest.mark.slow  # torchrun jobs
 @pytest.mark.parametrize("name", ["even", "uneven", "mixture"])
 def test_torchrun_ranks_cover_the_epoch_exactly_once_in_equal_steps(job, shards, name):
     """Each rank's batches are its plan's, in step order, in as many steps as every other rank (each step ended
@@ -141,6 +142,7 @@ def test_torchrun_ranks_cover_the_epoch_exactly_once_in_equal_steps(job, shards,
     assert {"wait_s.mean", "stall_fraction", "stages.decode.mean_s"} <= set(ranks["max"])
 
 
+@pytest.mark.slow  # torchrun jobs
 def test_torchrun_dist_info_and_round_robin_workers(job):
     """dist_info() gives each process its own rank of 2 (also inside DataLoader workers); a rank's two workers
     load the items round robin, item i on worker i % 2 as worker_steps says, and so do the packed batches: step
@@ -160,6 +162,7 @@ def test_torchrun_dist_info_and_round_robin_workers(job):
                 worker_steps(len(per_step), 2, worker).tolist()
 
 
+@pytest.mark.slow  # torchrun jobs
 @pytest.mark.parametrize("name", ["uneven", "mixture"])
 def test_torchrun_elastic_resume_from_2_to_3_ranks_loses_and_repeats_nothing(job, shards, name):
     """A loader state saved after 3 steps at 2 ranks (the same state on both) resumes at 3 ranks: every new rank

@@ -25,6 +25,8 @@ import pytest
 from mmfeed.bench.compare import compare, figures, load_report
 from mmfeed.cli import main as cli
 
+pytestmark = pytest.mark.slow  # torchrun jobs at several world sizes
+
 COMPUTE_MS = 150.0  # the base runs' extra forward sleep; the regressed run sleeps 20% longer
 STEPS = ("--steps", "3")  # with --quick: 5 stretches of 3 steps, 2 warm-up steps
 RUN = ("--world-sizes", "2", *STEPS)  # the runs compared with the curve

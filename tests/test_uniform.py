@@ -247,6 +247,7 @@ def ten_million(tmp_path_factory):
 
 @pytest.mark.parametrize("tokenizer, kind, k", [(FixedLengthTokenizer(ByteTokenizer(), 48, pad_id=0), UniformPlan, 4),
                                                 (ByteTokenizer(), ClassPlan, 16)], ids=["one-price", "by-class"])
+@pytest.mark.slow  # a 40,000-episode index, 1e7 windows
 def test_a_ten_million_window_epoch_holds_every_sample_once_across_ranks_and_after_a_resume(ten_million, tokenizer,
                                                                                            kind, k):
     source = open_dataset(ten_million)
