@@ -194,3 +194,38 @@ def test_normalize_of_the_mixture_is_each_datasets_own_and_leaves_the_padding_ze
             for f in (STATE, ACTION):
                 assert torch.equal(got[f][..., : DIMS[d]], expected[f]), (mode, i, f)
                 assert not got[f][..., DIMS[d]:].any(), "padding stays zero"
+
+
+# ------------------------------------------------------------------------------- openpi's idle filter form
+
+
+def test_openpi_keep_ranges_file_keeps_exactly_those_steps(mix, tmp_path):
+    """A frame-filter file in openpi's form, {dataset: {episode: [[start, end], ...]}} (and {episode: ...} for
+    one dataset), keeps the steps start <= step < end of the episodes it names and every step of the others."""
+    from mmfeed.loaders.planned.filters import FrameFilter
+
+    spec = WindowSpec.from_delta_timestamps({STATE: [0.0], ACTION: [0.0, 1 / 30]})  # anchored at its first frame
+    path = tmp_path / "idle.json"
+    path.write_text('{"franka": {"0": [[2, 5]], "2": [[0, 2], [6, 8]]}, "base": {"1": [[1, 3]]}}')
+    packing = Packing(window=spec, plan=PlanConfig(capacity=64, rows_per_batch=1), frame_filter=str(path))
+    table = packing.dataset(mix).items.table
+    episode, start = table.locate(np.arange(len(table)))
+    kept = {(int(e), int(s)) for e, s in zip(episode, start)}
+    lengths = mix.lengths.tolist()
+    franka, base = 0, 6  # first episodes of the datasets in the mixture (three each)
+    want = {(e, s) for e in range(len(lengths)) for s in range(lengths[e])
+            if e not in (franka, franka + 2, base + 1)}
+    want |= {(franka, 2), (franka, 3), (franka, 4), (franka + 2, 0), (franka + 2, 1), (franka + 2, 6),
+             (franka + 2, 7), (base + 1, 1), (base + 1, 2)}
+    assert kept == want
+    for batch in DataLoader(mix, packing=packing):
+        assert set(zip(batch.metadata["episode"].tolist(), batch.metadata["start_step"].tolist())) <= want
+
+    one = tmp_path / "one.json"
+    one.write_text('{"1": [[0, 3]]}')
+    assert FrameFilter.load(one).keep == [(None, 1, 0, 3)] and FrameFilter.load(one).drop == []
+    both = tmp_path / "both.json"
+    both.write_text('{"keep": [[0, 0, 2]], "1": [[0, 3]]}')
+    with pytest.raises(ValueError, match=r"both.json: a frame filter is .* or \{episode: \[\[start, end\], \.\.\.\]\} "
+                                         r"\(openpi's keep ranges\), not both; got keys \['1', 'keep'\]"):
+        FrameFilter.load(both)

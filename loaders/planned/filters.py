@@ -13,6 +13,9 @@ The file is JSON or parquet:
 - JSON ``{"keep": [...], "drop": [...]}``, each a list of ``{"dataset", "episode", "start", "end"}`` objects or
   ``[episode, start, end]`` lists, or ``{episode: [[start, end], ...]}`` (openpi's form), or
   ``{dataset: {episode: [[start, end], ...]}}``;
+- JSON ``{episode: [[start, end], ...]}`` or ``{dataset: {episode: [[start, end], ...]}}`` alone, as openpi's
+  DROID idle filter is written: its ranges are the steps to **keep** (openpi keeps the frames where the robot
+  moves), so it means ``{"keep": {...}}``; an episode it does not name keeps every step;
 - parquet with columns ``episode``, ``start``, ``end`` and optionally ``dataset`` and ``keep`` (bool, default
   True: False rows are dropped ranges).
 
@@ -74,9 +77,15 @@ class FrameFilter:
                 raw = json.load(f)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not JSON ({err}); a frame filter is JSON or parquet") from err
-        if not isinstance(raw, Mapping) or not set(raw) <= {"keep", "drop"} or not raw:
-            raise ValueError(f"{path}: a frame filter is {{\"keep\": [...], \"drop\": [...]}}, got keys "
-                             f"{sorted(raw) if isinstance(raw, Mapping) else type(raw).__name__}")
+        if not isinstance(raw, Mapping) or not raw:
+            raise ValueError(f"{path}: a frame filter is {{\"keep\": [...], \"drop\": [...]}} or {{episode: [[start, "
+                             f"end], ...]}} (openpi's keep ranges), got "
+                             f"{'{}' if isinstance(raw, Mapping) else type(raw).__name__}")
+        if not set(raw) & {"keep", "drop"}:  # openpi's form: {episode: ranges} or {dataset: {episode: ranges}}
+            return cls.of(raw, None, where=path)
+        if not set(raw) <= {"keep", "drop"}:
+            raise ValueError(f"{path}: a frame filter is {{\"keep\": [...], \"drop\": [...]}} or {{episode: [[start, "
+                             f"end], ...]}} (openpi's keep ranges), not both; got keys {sorted(raw)}")
         return cls.of(raw.get("keep"), raw.get("drop"), where=path)
 
     def segments(self, source: Any) -> Ranges:
