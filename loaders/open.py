@@ -83,20 +83,37 @@ def _renames(rename: Any, names: list[str], datasets: list[EpisodeSource]) -> li
     if rename is None:
         return [{} for _ in datasets]
     if isinstance(rename, Mapping) and all(isinstance(v, str) for v in rename.values()):
+        nowhere = sorted(k for k in rename if not any(k in d.features for d in datasets))
+        if nowhere:
+            raise ValueError(f"rename names features {nowhere}, which no dataset of {names} has; give rename only "
+                             "features a dataset has (or per dataset: {dataset: {name: new name}})")
         return [{k: v for k, v in rename.items() if k in d.features} for d in datasets]
     if isinstance(rename, Mapping):
         unknown = sorted(set(rename) - set(names))
         if unknown:
             raise ValueError(f"rename names datasets {unknown}; the datasets are {names} (give rename={{name: "
                              "new name}} for all of them, or one dict per dataset)")
-        return [dict(rename.get(n) or {}) for n in names]
-    if isinstance(rename, Sequence) and not isinstance(rename, (str, bytes)):
+        given = [dict(rename.get(n) or {}) for n in names]
+        keys = [f"rename[{n!r}]" for n in names]
+    elif isinstance(rename, Sequence) and not isinstance(rename, (str, bytes)):
         if len(rename) != len(datasets):
             raise ValueError(f"rename gives {len(rename)} dicts for {len(datasets)} datasets; give one per dataset "
                              "(an empty one where nothing is renamed)")
-        return [dict(m or {}) for m in rename]
-    raise TypeError(f"rename takes {{name: new name}}, a list of such dicts or {{dataset: {{name: new name}}}}; got "
-                    f"{type(rename).__name__}")
+        given = [dict(m or {}) for m in rename]
+        keys = [f"rename[{k}]" for k in range(len(names))]
+    else:
+        raise TypeError(f"rename takes {{name: new name}}, a list of such dicts or {{dataset: {{name: new name}}}}; "
+                        f"got {type(rename).__name__}")
+    for key, name, d, mapping in zip(keys, names, datasets, given):  # before RenamedSource, to name the dataset
+        missing = sorted(f for f in mapping if f not in d.features)
+        if missing:
+            raise ValueError(f"{key} renames {missing}, which dataset {name!r} does not have; its features are "
+                             f"{sorted(d.features)}")
+        new = [mapping.get(f, f) for f in d.features]
+        twice = sorted({n for n in new if new.count(n) > 1})
+        if twice:
+            raise ValueError(f"{key} = {mapping} gives two features of dataset {name!r} the name(s) {twice}")
+    return given
 
 
 FORMATS: tuple[type[EpisodeSource], ...] = (WebDatasetSource, LeRobotSource)

@@ -196,6 +196,87 @@ def test_normalize_of_the_mixture_is_each_datasets_own_and_leaves_the_padding_ze
                 assert not got[f][..., DIMS[d]:].any(), "padding stays zero"
 
 
+# ------------------------------------------------------------------------ per-dataset options that do not fit
+
+
+GRIPPERS = {"arm": {ACTION: [6]}, "bimanual": {ACTION: [6, 13]}}  # per embodiment: the base has no gripper
+
+
+def test_leave_that_a_dataset_lacks_is_refused_when_normalize_is_built_naming_it(mix):
+    """leave={"action": [6]} over robots of 7, 14 and 2 dims was an IndexError in a worker mid-epoch; Normalize
+    refuses it when it is built, naming the 2-dim base and the per-name form that fits."""
+    with pytest.raises(ValueError, match=r"leave keeps element\(s\) \[6\] of 'action', which has 2 element\(s\) of "
+                                         r"dataset 'base' \(embodiment 'base'\); give leave per dataset or "
+                                         r"embodiment name.*leave=\{name: \{'action': \[indices\]\}\}"):
+        Normalize(mix, features=[STATE, ACTION], leave={ACTION: [6]})
+    with pytest.raises(ValueError, match=r"leave names \['ur5'\], which are neither datasets nor embodiments"):
+        Normalize(mix, features=[STATE, ACTION], leave={"ur5": {ACTION: [6]}})
+    with pytest.raises(ValueError, match=r"leave keeps element\(s\) \[7\] of 'action', which has 7 element\(s\) of "
+                                         r"dataset 'franka' \(embodiment 'arm'\)"):
+        Normalize(mix, features=[STATE, ACTION], leave={"arm": {ACTION: [7]}})
+    with pytest.raises(ValueError, match=r"leave names feature\(s\) \['gripper'\], which it does not normalize"):
+        Normalize(mix, features=[STATE, ACTION], leave={"gripper": [0]})
+    with pytest.raises(TypeError, match="mixes"):
+        Normalize(mix, features=[STATE, ACTION], leave={"arm": {ACTION: [6]}, STATE: [0]})
+    one = mix.sources[2]  # the base alone
+    with pytest.raises(ValueError, match=r"leave keeps element\(s\) \[6\] of 'action', which has 2 element\(s\); "
+                                         "give indices below it"):
+        Normalize(one, features=[ACTION], leave={ACTION: [6]})
+    with pytest.raises(ValueError, match="only a mixture's stats have"):
+        Normalize(one, features=[ACTION], leave={"base": {ACTION: [0]}})
+
+
+def test_leave_per_embodiment_keeps_the_grippers_through_an_epoch_in_workers(mix, alone):
+    """Given per embodiment, leave keeps each robot's own gripper elements as they are (and normalizes the rest),
+    through a whole epoch in worker processes."""
+    normalize = Normalize(mix, features=[STATE, ACTION], leave=GRIPPERS)
+    plain = Normalize(mix, features=[STATE, ACTION])
+    view = mix.windows(SPEC)
+    for i in range(0, len(view), 5):
+        sample = view[i]
+        kept = GRIPPERS.get(["arm", "bimanual", "base"][int(sample["dataset"])], {}).get(ACTION, [])
+        got, other = normalize(sample)[ACTION], plain(sample)[ACTION]
+        assert torch.equal(got[..., kept], sample[ACTION][..., kept])
+        rest = [j for j in range(DIMS[int(sample["dataset"])]) if j not in kept]
+        assert torch.equal(got[..., rest], other[..., rest]) and not got[..., DIMS[int(sample["dataset"])]:].any()
+    packing = Packing(layout=TokenLayout(tokens_per_frame={PRIMARY: 4, WRIST: 4}), window=SPEC,
+                      plan=PlanConfig(capacity=96, rows_per_batch=2), seed=1, transform=normalize)
+    robots = set()
+    for batch in DataLoader(mix, packing=packing, num_workers=2):
+        robots.update(batch.metadata["embodiment"].tolist())
+    assert robots == {0, 1, 2}
+
+
+def test_pad_to_that_a_dataset_does_not_fit_is_refused_naming_the_dataset(paths):
+    named = {"franka": paths["franka"], "aloha": paths["aloha"], "base": paths["base"]}
+    with pytest.raises(ValueError, match=r"feature 'action' is 14 wide in dataset 'aloha' \(.*\), more than "
+                                         r"pad_to\['action'\] = 8; raise the width"):
+        open_dataset(named, pad_to={**PAD, ACTION: 8})
+    with pytest.raises(ValueError, match=r"pad_to pads the last dimension of array features; "
+                                         r"'observation.images.front' in dataset 'franka' \(.*franka\) is video"):
+        open_dataset(named, pad_to={**PAD, "observation.images.front": 32})
+
+
+def test_rename_that_a_dataset_does_not_fit_is_refused_naming_the_dataset(paths):
+    named = {"franka": paths["franka"], "aloha": paths["aloha"], "base": paths["base"]}
+    front = "observation.images.front"
+    with pytest.raises(ValueError, match=r"rename\['aloha'\] renames \['observation.images.front'\], which dataset "
+                                         r"'aloha' does not have; its features are \[.*'observation.images.top'"):
+        open_dataset(named, pad_to=PAD, rename={"aloha": {front: PRIMARY}})
+    with pytest.raises(ValueError, match=r"rename\[1\] renames \['observation.images.front'\], which dataset "
+                                         r"'aloha' does not have"):
+        open_dataset(named, pad_to=PAD, rename=[{front: PRIMARY}, {front: PRIMARY}, {}])
+    with pytest.raises(ValueError, match=r"rename names features \['observation.images.side'\], which no dataset "
+                                         r"of \['franka', 'aloha', 'base'\] has"):
+        open_dataset(named, pad_to=PAD, rename={"observation.images.side": PRIMARY})
+    with pytest.raises(ValueError, match=r"rename\['franka'\] = .* gives two features of dataset 'franka' the "
+                                         r"name\(s\) \['observation.state'\]"):
+        open_dataset(named, pad_to=PAD, rename={"franka": {front: STATE}})
+    # the {name: new name} form renames in every dataset that has the feature, and only there
+    mix = open_dataset(named, pad_to=PAD, rename={front: PRIMARY, "observation.images.top": PRIMARY})
+    assert PRIMARY in mix.features and front not in mix.features
+
+
 # ------------------------------------------------------------------------------- openpi's idle filter form
 
 

@@ -88,7 +88,10 @@ class Normalize:
     eps: added to the denominator, so a constant feature does not divide by zero.
     by: for a mixture, "dataset" (default without embodiments) or "embodiment" (default with them).
     leave: ``{feature: element indices}`` kept as they are (grippers), for every dataset, or
-        ``{dataset or embodiment name: {feature: indices}}``.
+        ``{dataset or embodiment name: {feature: indices}}``. An index that a dataset's feature does not have (a
+        7-dim arm's gripper, 6, given to every robot of a mixture with a 2-dim base), a name that is neither a
+        dataset nor an embodiment, or a feature not normalized is refused here (ValueError naming the dataset),
+        not in a worker mid-epoch; ``delta`` dims are checked alike.
     clip: with "min_max" or "quantile", clamp the result to ``[-1, 1]``.
     delta: :class:`DeltaActions`: those action elements become deltas from the anchor state before being
         normalized with the stats under :func:`delta_key` (``mmfeed stats --delta``).
@@ -103,24 +106,37 @@ class Normalize:
             raise ValueError("clip=True clamps to [-1, 1], the range of modes 'min_max' and 'quantile'")
         self.mode, self.eps, self.clip, self.delta = mode, float(eps), bool(clip), delta
         self._features = None if features is None else list(features)
-        if isinstance(stats, Mapping):  # one set of stats (ds.stats), the form it always had
+        per_name = _leave_per_name(leave)
+        if isinstance(stats, Mapping) or (hasattr(stats, "stats") and hasattr(stats, "features")
+                                          and not hasattr(stats, "stats_of")):
+            # one set of stats (ds.stats, the form it always had) or one dataset, opened
+            if per_name:
+                raise ValueError(f"Normalize: leave={dict(leave)!r} gives elements per dataset or embodiment name, "
+                                 "which only a mixture's stats have (Normalize(mix) or MixtureStats); for one "
+                                 "dataset give leave={feature: [indices]}")
             self.by = None
-            self._groups = [self._params(stats, [], leave, "")]
+            self._groups = [self._params(stats if isinstance(stats, Mapping) else stats.stats, [], leave, "")]
+            self._check_elements(leave, [""])
             return
         if hasattr(stats, "stats_of") and hasattr(stats, "dataset_names"):
             has_embodiments = getattr(stats, "embodiment_of_dataset", None) is not None
             self.by = by or ("embodiment" if has_embodiments else "dataset")
-            self._groups = []
+            self._groups, labels = [], []
             for k, name in enumerate(stats.dataset_names):
-                names = [name]
+                names, label = [name], f" of dataset {name!r}"
                 if has_embodiments:
                     names.append(stats.embodiment_names[int(stats.embodiment_of_dataset[k])])
+                    label += f" (embodiment {names[1]!r})"
                 self._groups.append(self._params(stats.stats_of(k, self.by), names, leave, f" of dataset {name!r}"))
+                labels.append(label)
+            if per_name:
+                known = list(dict.fromkeys([*stats.dataset_names, *(stats.embodiment_names or [])]))
+                unknown = [n for n in leave if n not in known]
+                if unknown:
+                    raise ValueError(f"Normalize: leave names {unknown}, which are neither datasets nor embodiments "
+                                     f"of the mixture; give leave per name of {known}")
             self._check_every_dataset(stats.dataset_names)
-            return
-        if hasattr(stats, "stats") and hasattr(stats, "features"):  # one dataset, opened
-            self.by = None
-            self._groups = [self._params(stats.stats, [], leave, "")]
+            self._check_elements(leave, labels)
             return
         raise TypeError(f"Normalize takes stats ({{feature: {{stat: array}}}}), a dataset or a mixture, or "
                         f"MixtureStats; got {type(stats).__name__}")
@@ -168,6 +184,36 @@ class Normalize:
                                  f"{missing}, which other datasets of the mixture normalize; compute them with "
                                  "`mmfeed stats PATH... --json stats.json` and pass "
                                  "MixtureStats.load('stats.json'), or name the features to normalize")
+
+    def _check_elements(self, leave: Mapping | None, labels: Sequence[str]) -> None:
+        """Refuse, now rather than in a worker mid-epoch, ``leave`` elements or ``delta`` dims that a dataset's
+        feature does not have (a gripper index of a 7-dim arm given to every robot of a mixture), naming the
+        dataset and how to give them per dataset or embodiment; and ``leave`` features nothing normalizes."""
+        mixture = any(labels)
+        for label, group in zip(labels, self._groups):
+            for feature, (lo, _, kept) in group["params"].items():
+                width = int(lo.shape[-1]) if lo.dim() else 0
+                bad = [i for i in kept if not -width <= i < width]
+                if bad:
+                    fix = ("give leave per dataset or embodiment name, only to those that have the elements: "
+                           f"leave={{name: {{{feature!r}: [indices]}}}}" if mixture else "give indices below it")
+                    raise ValueError(f"Normalize: leave keeps element(s) {bad} of {feature!r}, which has {width} "
+                                     f"element(s){label}; {fix}")
+            for name in (self.delta.action, self.delta.state) if group["delta"] else ():
+                have = group["params"].get(name)
+                width = int(have[0].shape[-1]) if have is not None and have[0].dim() else None
+                bad = [i for i in group["delta"] if width is not None and not -width <= i < width]
+                if bad:
+                    fix = ("give DeltaActions dims per dataset or embodiment name, DeltaActions({name: [indices]})"
+                           if mixture else "give indices below it")
+                    raise ValueError(f"Normalize: delta=DeltaActions({self.delta.dims!r}) takes element(s) {bad} "
+                                     f"of {name!r}, which has {width} element(s){label}; {fix}")
+        if leave:
+            named = {f for v in leave.values() for f in v} if _leave_per_name(leave) else set(leave)
+            stray = sorted(named - set(self.features))
+            if stray:
+                raise ValueError(f"Normalize: leave names feature(s) {stray}, which it does not normalize (it "
+                                 f"normalizes {self.features})")
 
     @property
     def features(self) -> list[str]:
@@ -266,6 +312,21 @@ class Compose:
         for transform in self.transforms:
             sample = transform(sample, generator)
         return sample
+
+
+def _leave_per_name(leave: Mapping | None) -> bool:
+    """Whether ``leave`` is ``{dataset or embodiment name: {feature: indices}}`` (else ``{feature: indices}``);
+    TypeError for anything else, or a mix of the two forms."""
+    if leave is None:
+        return False
+    if not isinstance(leave, Mapping):
+        raise TypeError(f"Normalize: leave takes {{feature: [indices]}} or {{dataset or embodiment name: {{feature: "
+                        f"[indices]}}}}, got {type(leave).__name__}")
+    nested = [isinstance(v, Mapping) for v in leave.values()]
+    if any(nested) and not all(nested):
+        raise TypeError(f"Normalize: leave={dict(leave)!r} mixes {{feature: [indices]}} with {{name: {{feature: "
+                        "[indices]}}; give one form (per name: every entry a dict of features)")
+    return bool(nested) and all(nested)
 
 
 def _left(leave: Mapping | None, feature: str, names: Sequence[str]) -> list[int]:

@@ -60,7 +60,7 @@ class ConcatSource(EpisodeSource):
         self.dataset_names = [s.name for s in sources] if names is None else [str(n) for n in names]
         if len(self.dataset_names) != len(sources):
             raise ValueError(f"give one name per dataset: {len(sources)} datasets, {len(self.dataset_names)} names")
-        self.padded = _check_pad_to(sources, pad_to)
+        self.padded = _check_pad_to(sources, pad_to, self.dataset_names)
         check_features_agree(sources, self.padded)
         self.name = " + ".join(s.name for s in sources)
         self.features = {}
@@ -234,8 +234,10 @@ def _pad_last(values: np.ndarray, width: int) -> np.ndarray:
     return np.concatenate([values, np.zeros((*values.shape[:-1], extra), values.dtype)], axis=-1)
 
 
-def _check_pad_to(sources: Sequence[EpisodeSource], pad_to: Mapping[str, int] | None) -> dict[str, int]:
-    """``pad_to`` checked against the datasets: array features with a last dimension no wider than the width."""
+def _check_pad_to(sources: Sequence[EpisodeSource], pad_to: Mapping[str, int] | None,
+                  names: Sequence[str]) -> dict[str, int]:
+    """``pad_to`` checked against the datasets (``names``: the mixture's names of them): array features with a last
+    dimension no wider than the width, in every dataset that has them; ValueError names the dataset."""
     if pad_to is None:
         return {}
     if not isinstance(pad_to, Mapping):
@@ -244,19 +246,24 @@ def _check_pad_to(sources: Sequence[EpisodeSource], pad_to: Mapping[str, int] | 
     for feature, width in pad_to.items():
         if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
             raise ValueError(f"pad_to[{feature!r}] must be a width >= 1, got {width!r}")
-        having = [s for s in sources if feature in s.features]
+        having = [(s, n) for s, n in zip(sources, names) if feature in s.features]
         if not having:
             raise ValueError(f"pad_to names feature {feature!r}, which no dataset has")
-        for s in having:
-            f = s.features[feature]
+        for s, n in having:
+            f, where = s.features[feature], _dataset_label(n, s)
             if f.kind != "array" or not f.shape:
-                raise ValueError(f"pad_to pads the last dimension of array features; {feature!r} in {s.name} is "
-                                 f"{f.kind} {f.dtype} {list(f.shape)}")
+                raise ValueError(f"pad_to pads the last dimension of array features; {feature!r} in {where} is "
+                                 f"{f.kind} {f.dtype} {list(f.shape)}: drop it from pad_to")
             if f.shape[-1] > width:
-                raise ValueError(f"feature {feature!r} is {f.shape[-1]} wide in {s.name}, more than "
+                raise ValueError(f"feature {feature!r} is {f.shape[-1]} wide in {where}, more than "
                                  f"pad_to[{feature!r}] = {width}; raise the width")
         out[feature] = int(width)
     return out
+
+
+def _dataset_label(name: str, source: EpisodeSource) -> str:
+    """``dataset 'aloha' (aloha_shards/mmfeed-index.parquet)``: a dataset of a mixture in a message."""
+    return f"dataset {name!r}" + ("" if source.name == name else f" ({source.name})")
 
 
 def check_features_agree(sources: Sequence[EpisodeSource], padded: Mapping[str, int] | None = None, *,
