@@ -114,6 +114,22 @@ def test_record_and_report_statistics():
     assert "ranks" not in rep
 
 
+def test_summary_prints_the_report_in_a_few_lines():
+    """print(loader.timer.summary()) shows the report: stall over the steps, per-step phases, worker stages, MFU
+    when known and the bottleneck with its recommendation, each from the report's own figures."""
+    t = StepTimer(warmup=1, flops_per_step=2e9, peak_flops=1e12)
+    for i in range(5):
+        t.record(wait_s=0.02, compute_s=0.08, copy_s=0.004, stages={"decode": 0.3, "collate": 0.1})
+    rep = t.report()
+    lines = t.summary().splitlines()
+    assert lines[0] == "stall 20.0% over 4 step(s) (warm-up 1 left out)"
+    assert lines[1] == "per step: wait 20.00 ms, copy 4.00 ms, compute 80.00 ms"
+    assert lines[2] == "worker stages per batch: collate 100.00 ms (25%), decode 300.00 ms (75%)"
+    assert lines[3] == f"MFU {rep['mfu']:.1%}" and rep["mfu"] == pytest.approx(2e9 / 0.1 / 1e12)
+    assert lines[4] == f"bottleneck: {rep['bottleneck']['stage']}: {rep['bottleneck']['recommendation']}"
+    assert len(lines) == 5 and StepTimer().summary().startswith("stall 0.0% over 0 step(s)")
+
+
 def test_json_export_and_log_every(tmp_path, caplog):
     t = StepTimer(log_every=3)
     with caplog.at_level(logging.INFO, logger="mmfeed.loaders.observe.timing"):

@@ -43,7 +43,7 @@ from mmfeed.loaders.observe.comm import CommRecorder, resolve
 from mmfeed.loaders.observe.diagnosis import diagnose
 from mmfeed.loaders.observe.flops import count_flops, peak_flops
 
-__all__ = ["StepTimer", "count_flops", "diagnose"]
+__all__ = ["StepTimer", "count_flops", "diagnose", "format_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -352,6 +352,11 @@ class StepTimer:
             report["ranks"] = _reduce_ranks(report)
         return report
 
+    def summary(self) -> str:
+        """:meth:`report` in a few lines of text (:func:`format_report`): what ``print(loader.timer.summary())``
+        shows. Under torch.distributed every rank must call it, as :meth:`report`."""
+        return format_report(self.report())
+
     def to_json(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Write :meth:`report` to ``path`` as JSON and return it."""
         report = self.report()
@@ -365,6 +370,36 @@ class StepTimer:
         from mmfeed.loaders.observe.trace import chrome_trace, write_trace
 
         return write_trace(chrome_trace(list(self.trace), epoch_starts=self.epoch_starts), path)
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """A :meth:`StepTimer.report` in a few lines: the stall fraction over the steps, the mean seconds per step of
+    each phase, the workers' stages per batch, MFU where known, and the bottleneck with what to do about it.
+
+        >>> timer = StepTimer()
+        >>> timer.record(wait_s=0.01, compute_s=0.09, stages={"decode": 0.2})
+        >>> print(format_report(timer.report()))  # doctest: +ELLIPSIS
+        stall 10.0% over 1 step(s) (warm-up 0 left out)
+        per step: wait 10.00 ms, compute 90.00 ms
+        worker stages per batch: decode 200.00 ms (100%)
+        bottleneck: decode: stage 'decode' is the bottleneck (200.0 ms per batch): more workers, ...
+    """
+    lines = [f"stall {report['stall_fraction']:.1%} over {report['steps']} step(s) "
+             f"(warm-up {report['warmup_steps']} left out)"]
+    phases = [f"{name} {value * 1e3:.2f} ms" for name, value in report["phases"].items() if value is not None]
+    lines.append("per step: " + ", ".join(phases))
+    if report["stages"]:
+        lines.append("worker stages per batch: " + ", ".join(
+            f"{name} {v['mean_s'] * 1e3:.2f} ms ({v['share']:.0%})" for name, v in sorted(report["stages"].items())))
+    if report.get("mfu") is not None:
+        useful = report.get("useful_mfu")
+        lines.append(f"MFU {report['mfu']:.1%}" + ("" if useful is None else f" (useful {useful:.1%})"))
+    bottleneck = report["bottleneck"]
+    lines.append(f"bottleneck: {bottleneck['stage']}: {bottleneck['recommendation']}")
+    if report.get("ranks"):
+        ranks = report["ranks"]
+        lines.append(f"ranks: {ranks['world_size']}; slowest stall {ranks['max']['stall_fraction']:.1%}")
+    return "\n".join(lines)
 
 
 def _scalars(report: Mapping[str, Any]) -> dict[str, float]:
