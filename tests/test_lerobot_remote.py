@@ -3,7 +3,6 @@ server with range requests and no folder listings, and moto's S3), the same samp
 read by byte range, and every read (metadata, parquet, videos; the shards' index too) surviving a server that
 fails one request in five."""
 
-import os
 import threading
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from http_server import serve
+from s3_server import moto_s3
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.sources.lerobot import LeRobotSource
@@ -88,31 +88,13 @@ def s3_corpus():
     """moto's S3 server on 127.0.0.1 holding the corpus directories; the endpoint and credentials are set in the
     environment, where fsspec (s3fs) finds them, as a user's would be."""
     pytest.importorskip("s3fs", reason="s3fs (the dev extra) reads s3:// URLs")
-    server_module = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) is the local S3")
-    import boto3
-
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        client = boto3.client("s3")
+    with moto_s3() as client:
         client.create_bucket(Bucket="robots")
         for name in NAMES:
             for path in (CORPUS / name).rglob("*"):
                 if path.is_file():
                     client.upload_file(str(path), "robots", f"{name}/{path.relative_to(CORPUS / name).as_posix()}")
         yield "s3://robots"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 @pytest.mark.parametrize("name", NAMES)
