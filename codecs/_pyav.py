@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from mmfeed.codecs.demux import VideoInfo, VideoSource, open_container
+from mmfeed.codecs.demux import VideoInfo, VideoSource, frames_of, open_container
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs._sws import DirectRGB
 from mmfeed.codecs.nt_copy import copy_into
@@ -136,10 +136,17 @@ class PyAVReader:
 
     def close(self) -> None:
         """Close the container (idempotent)."""
-        self._frames = None
+        self._stop_decoding()
         if self._direct is not None:
             self._direct.close()
         self._container.close()
+
+    def _stop_decoding(self) -> None:
+        """End the live decode (its demuxing closed: PyAV frees its packet buffer only then, see
+        :func:`~mmfeed.codecs.demux.packets_of`); the next read seeks."""
+        frames, self._frames = self._frames, None
+        if frames is not None:
+            frames.close()
 
     def _decode_one(self, target: int):
         info = self.info
@@ -177,6 +184,7 @@ class PyAVReader:
         import av
 
         pts = int(self.info.pts[frame_index])
+        self._stop_decoding()
         try:
             self._container.seek(pts, stream=self._stream, backward=True, any_frame=False)
         except (av.error.FFmpegError, OSError) as exc:
@@ -189,7 +197,7 @@ class PyAVReader:
             ) from exc
         self.seeks += 1
         _counts()["seeks"] += 1
-        self._frames = self._container.decode(self._stream)
+        self._frames = frames_of(self._container, self._stream)
         self._pos = -1
 
     def _advance_to(self, target: int):
@@ -208,7 +216,7 @@ class PyAVReader:
                 if idx > target:
                     raise _Overshot
         except av.error.FFmpegError as exc:
-            self._frames = None
+            self._stop_decoding()
             raise DecodeError(
                 f"{self.info.path}: decoding failed on the way to frame {target}: {exc}; the video has "
                 f"{self.info.num_frames} frames ({self.info.duration:.3f} s)",
@@ -217,7 +225,7 @@ class PyAVReader:
                 num_frames=self.info.num_frames,
                 duration=self.info.duration,
             ) from exc
-        self._frames = None
+        self._stop_decoding()
         return None
 
     def _rgb(self, frame) -> np.ndarray:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import io
 import os
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -28,7 +28,8 @@ from numpy.typing import ArrayLike
 
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["FileOpener", "VideoInfo", "VideoSource", "frames_at_times", "probe", "source_name", "validate_indices"]
+__all__ = ["FileOpener", "VideoInfo", "VideoSource", "frames_at_times", "frames_of", "packets_of", "probe",
+           "source_name", "validate_indices"]
 
 
 @runtime_checkable
@@ -121,6 +122,30 @@ def open_container(source: VideoSource) -> "av.container.InputContainer":
         ) from exc
 
 
+def packets_of(container: "av.container.InputContainer", stream: "av.video.stream.VideoStream") -> Iterator:
+    """``container.demux(stream)``, closed whenever it stops. PyAV (18) frees the packet it reads into and its
+    stream mask in a ``finally`` that runs only when its demux generator ends or is closed: one merely dropped half
+    way (a ``break``, a seek, ``next(container.decode())``) keeps about 150 bytes of native memory for good, which
+    a reader seeking once per sample pays per sample. This one is plain Python, which CPython closes as soon as it
+    is dropped, and it closes PyAV's."""
+    packets = container.demux(stream)
+    try:
+        yield from packets
+    finally:
+        packets.close()
+
+
+def frames_of(container: "av.container.InputContainer", stream: "av.video.stream.VideoStream") -> Iterator:
+    """``container.decode(stream)`` (each packet of :func:`packets_of`, decoded), its demuxing closed whenever it
+    stops (``container.decode`` cannot close the demux generator it runs)."""
+    packets = packets_of(container, stream)
+    try:
+        for packet in packets:
+            yield from packet.decode()
+    finally:
+        packets.close()
+
+
 def probe(source: VideoSource) -> VideoInfo:
     """Demux ``source`` (no decoding) and return its :class:`VideoInfo`; cached per file path, size and mtime.
 
@@ -165,7 +190,7 @@ def _indexed(container, stream) -> tuple[list[int], list[bool], int] | None:
     if any(b <= a for a, b in zip(times, times[1:])):
         return None
     seen = 0
-    for packet in container.demux(stream):
+    for packet in packets_of(container, stream):
         if packet.size == 0:
             continue
         if packet.pts is None or packet.pts != packet.dts or seen >= len(times) or packet.pts != times[seen]:
@@ -199,7 +224,7 @@ def _probe(source: VideoSource, indexed: bool = False) -> VideoInfo:
         elif indexed:  # the check demuxed the first packets: demux the whole stream from the start
             container.seek(0, stream=stream, backward=True, any_frame=True)
         try:
-            for packet in (container.demux(stream) if from_index is None else ()):
+            for packet in (packets_of(container, stream) if from_index is None else ()):
                 if packet.size == 0:  # the flush packets PyAV yields at the end
                     continue
                 ts = packet.pts if packet.pts is not None else packet.dts

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
-from mmfeed.codecs.demux import VideoSource, open_container, probe
+from mmfeed.codecs.demux import VideoSource, open_container, packets_of, probe
 from mmfeed.codecs.encode import CODECS, encode_video
 from mmfeed.loaders.sources.base import EpisodeRequest
 from mmfeed.loaders.sources.lerobot import LeRobotSource
@@ -322,7 +322,7 @@ def remux_episode(path: VideoSource, start_s: float, count: int, fps: float) -> 
         base = stream.time_base
         container.seek(max(0, int(start_s / base)), stream=stream, backward=True, any_frame=False)
         packets = []
-        for packet in container.demux(stream):
+        for packet in packets_of(container, stream):  # closed at the break: PyAV's own would leak its buffer
             if packet.dts is None or packet.pts is None:
                 continue
             if float(packet.dts * base) > end + tolerance:

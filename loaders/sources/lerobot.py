@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
+from mmfeed.codecs.demux import frames_of
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.errors import SampleError
@@ -417,8 +418,8 @@ class LeRobotSource(EpisodeSource):
             try:
                 if data is None:
                     raise ValueError("the row holds no image bytes")
-                with av.open(io.BytesIO(data)) as container:
-                    frame = next(container.decode(video=0))
+                with av.open(io.BytesIO(data)) as container:  # frames_of: no packet buffer left behind
+                    frame = next(frames_of(container, container.streams.video[0]))
                 out[i] = frame.reformat(width=w, height=h, format=fmt).to_ndarray()
             except (av.error.FFmpegError, StopIteration, ValueError) as err:
                 raise SampleError(f"{self.describe(episode)} feature {feature!r}: image {i} of the request cannot "
