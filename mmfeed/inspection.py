@@ -125,7 +125,7 @@ def inspect_dataset(path: Any, packing: Packing, *, world_size: int = 1, backend
     source = path if isinstance(path, EpisodeSource) else open_dataset(path, backend=backend)
     lengths = np.asarray(source.lengths, dtype=np.int64)
     tasks = collections.Counter(source.task(e) for e in range(len(lengths)))
-    planned = packing.dataset(source, world_size=world_size)
+    planned = packing.dataset(source, world_size=world_size, refuse_unfit=False)  # an empty epoch is forecast too
     tokens = planned.items.table.tokens
     epoch_plan = planned.planned(0)
     plan = epoch_plan.plan

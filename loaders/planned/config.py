@@ -72,8 +72,9 @@ class Packing:
             raise TypeError(f"Packing.frame_filter must be a path or a FrameFilter, got "
                             f"{type(self.frame_filter).__name__}")
 
-    def dataset(self, source: Any, *, rank: int = 0, world_size: int = 1):
-        """The planned dataset of ``source`` for one rank (:class:`~mmfeed.loaders.planned.dataset.PlannedDataset`)."""
+    def dataset(self, source: Any, *, rank: int = 0, world_size: int = 1, refuse_unfit: bool = True):
+        """The planned dataset of ``source`` for one rank (:class:`~mmfeed.loaders.planned.dataset.PlannedDataset`;
+        ``refuse_unfit`` as there: a capacity no sample fits is a ValueError)."""
         from mmfeed.loaders.planned.dataset import PlannedDataset
         from mmfeed.loaders.planned.items import EpisodeItems
 
@@ -82,6 +83,7 @@ class Packing:
                              long_episodes=self.long_episodes, tokenizer=self.tokenizer, weights=self.weights,
                              frame_filter=self.frame_filter)
         dataset = PlannedDataset(items, plan=self.plan, seed=self.seed, rank=rank, world_size=world_size,
-                                 static_shapes=self.static_shapes, errors=self.errors, transform=self.transform)
+                                 static_shapes=self.static_shapes, errors=self.errors, transform=self.transform,
+                                 refuse_unfit=refuse_unfit)
         dataset.packing = self
         return dataset

@@ -26,6 +26,7 @@ earlier ``(world_size, steps)`` segments. :meth:`PlannedDataset.reshard_state` r
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,8 @@ from mmfeed.packing.uniform import UniformPlan
 
 __all__ = ["PLAN_VERSION", "PlanSampler", "PlannedDataset"]
 
+log = logging.getLogger(__name__)
+
 
 class PlannedDataset(torch.utils.data.Dataset):
     """Packed batches of one rank, planned from ``items`` (see :mod:`mmfeed.loaders.planned.items`).
@@ -53,11 +56,15 @@ class PlannedDataset(torch.utils.data.Dataset):
     transform: ``fn(sample: dict, generator) -> dict`` run on each sample after it is read, the generator seeded
         from ``(seed, epoch, sample id)``; it may change values, not the first dimension of any array (frames, or
         a record's tokens), since tokens are planned before reading.
+    refuse_unfit: a capacity (pack mode; the token budget in bucket mode) below the price of every sample, whose
+        epochs would have no step, is a ValueError naming the capacity that fits; samples dearer than the capacity
+        beside others that fit are left out of the plan by design (``Plan.dropped``) and counted in a warning.
+        False plans such empty epochs, as ``mmfeed inspect`` does to forecast them.
     """
 
     def __init__(self, items: Any, *, plan: PlanConfig | None = None, seed: int = 0, rank: int = 0,
                  world_size: int = 1, static_shapes: bool = False, errors: ErrorPolicy | None = None,
-                 transform: Callable | None = None) -> None:
+                 transform: Callable | None = None, refuse_unfit: bool = True) -> None:
         for name, value in (("seed", seed), ("rank", rank), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -80,6 +87,8 @@ class PlannedDataset(torch.utils.data.Dataset):
         # persistent ones included, which hold copies of this dataset made when they started.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         if self.config.capacity and len(items):
+            if refuse_unfit and self.config.mode != "fixed":
+                _check_fit(items.table, self.config.capacity, self.config.mode)
             cheapest = items.table.min_price
             self._max_documents = self.config.rows_per_batch * max(self.config.capacity // cheapest, 1)
 
@@ -224,6 +233,35 @@ class PlannedDataset(torch.utils.data.Dataset):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._plan_lock = threading.Lock()
+
+
+def _check_fit(table: Any, capacity: int, mode: str) -> None:
+    """ValueError when no sample of ``table`` fits ``capacity`` tokens; a warning counting those that do not when
+    some do (the plan leaves them out). From the prices' runs where the table has them: nothing per sample."""
+    price = table.uniform_price
+    runs = table.price_runs if price is None else None
+    if price is not None:
+        cheapest = dearest = price
+        over = len(table) if price > capacity else 0
+    elif runs is not None:
+        prices = runs[1][runs[0] > 0]
+        cheapest, dearest = int(prices.min()), int(prices.max())
+        over = int(runs[0][runs[1] > capacity].sum())
+    else:
+        tokens = table.tokens
+        cheapest, dearest = int(tokens.min()), int(tokens.max())
+        over = int((tokens > capacity).sum())
+    what = "capacity" if mode == "pack" else "token budget (capacity)"
+    if cheapest > capacity:
+        span = f"{cheapest} to {dearest}" if dearest > cheapest else f"{cheapest}"
+        also = f" ({cheapest} fits the cheapest)" if dearest > cheapest else ""
+        raise ValueError(f"PlanConfig(capacity={capacity}): every sample costs more than the {what} ({span} "
+                         f"tokens), so every epoch would be empty; give capacity >= {dearest}{also}, or price the "
+                         "samples lower (fewer frames, fewer tokens per frame)")
+    if over:
+        log.warning("%d of %d samples cost more than the %s of %d tokens (up to %d): the plan leaves them out of "
+                    "every epoch (Plan.dropped); capacity >= %d keeps them", over, len(table), what, capacity,
+                    dearest, dearest)
 
 
 class PlanSampler(torch.utils.data.Sampler):
