@@ -81,6 +81,7 @@ from mmfeed.loaders.loop.threads import ThreadedBatches
 from mmfeed.loaders.loop.workers import WorkerInit, start_torch_iterator
 from mmfeed.loaders.observe.timing import StepTimer
 from mmfeed.loaders.planned.dataset import PlannedDataset, PlanSampler
+from mmfeed.loaders.sources.base import EpisodeSource
 
 __all__ = ["DataLoader"]
 
@@ -192,6 +193,11 @@ class DataLoader(TorchDataLoader[_T_co]):
         worker_mode = _check_worker_mode(self, worker_mode)
         if packing is not None:
             dataset = _packed_dataset(dataset, packing)
+        elif isinstance(dataset, EpisodeSource):  # torch would fail at the first batch: 'not subscriptable'
+            raise TypeError(f"DataLoader got {type(dataset).__name__} {dataset.name!r}, a dataset of whole episodes "
+                            "(what open_dataset returns), which has no samples to batch; give ds.windows(WindowSpec"
+                            "(...)) (a map-style dataset of LeRobot-shaped samples) or packing=Packing(...) (packed "
+                            "batches planned from the episodes)")
         if _is_planned(dataset):
             if batch_size not in (None, 1) or shuffle or sampler is not None or batch_sampler is not None:
                 raise ValueError("a planned dataset makes its own batches: leave batch_size, shuffle, sampler and "
