@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import glob
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.concat import ConcatSource
+from mmfeed.loaders.sources.files import DatasetFiles, is_url
+from mmfeed.loaders.sources.index import INDEX_FILENAME
 from mmfeed.loaders.sources.lerobot import LeRobotSource, is_lerobot_dir
 from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.sources.remote import explained
 from mmfeed.loaders.sources.renamed import RenamedSource
 from mmfeed.loaders.sources.webdataset import WebDatasetSource
 
@@ -135,15 +140,59 @@ def _resolve(path: Any) -> Any:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"open_dataset takes a path, URL, list of them, or an open source; got {type(path).__name__}")
     spec = os.fspath(path)
-    if is_lerobot_dir(spec):  # a local directory or any fsspec URL with meta/info.json
-        return LeRobotSource, spec
+    with _reaching(spec):
+        if is_lerobot_dir(spec):  # a local directory or any fsspec URL with meta/info.json
+            return LeRobotSource, spec
+        if is_url(spec) and not spec.endswith((".tar", ".parquet")) and not any(c in spec for c in "{*?["):
+            if DatasetFiles(spec).exists(INDEX_FILENAME):  # a folder of shards: its index lists them
+                return WebDatasetSource, f"{spec.rstrip('/')}/{INDEX_FILENAME}"
+            raise FileNotFoundError(f"{spec}: no dataset there: looked for meta/info.json (a LeRobot v3 directory) "
+                                    f"and {INDEX_FILENAME} (webdataset shards); check the URL, or name the shards "
+                                    f"by pattern ({spec.rstrip('/')}/shard-{{000000..000009}}.tar)")
     if "://" not in spec and os.path.isdir(os.path.join(spec, "meta")) and not os.path.exists(
             os.path.join(spec, "meta", "info.json")):
         raise FileNotFoundError(f"{spec}: looks like a LeRobot dataset (it has meta/) but meta/info.json is missing")
     if "://" not in spec and not any(c in spec for c in "{*?[") and not os.path.exists(spec):
         raise FileNotFoundError(f"{spec}: no such file or directory (expected webdataset shards or a LeRobot v3 "
                                 "directory)")
+    local = spec.removeprefix("file://")
+    if os.path.isdir(local) and not os.path.isfile(os.path.join(local, INDEX_FILENAME)) \
+            and not glob.glob(os.path.join(glob.escape(local), "*.tar")):
+        raise _not_a_dataset(local)
+    if os.path.basename(local) == "info.json" and os.path.basename(os.path.dirname(os.path.abspath(local))) == "meta":
+        raise ValueError(f"{spec} is the metadata file of a LeRobot directory: open the directory itself, "
+                         f"{os.path.dirname(os.path.dirname(os.path.abspath(local)))}")
     return WebDatasetSource, spec
+
+
+def _not_a_dataset(directory: str) -> FileNotFoundError:
+    """The error for a local directory that holds no dataset, naming what was looked for (and the datasets among
+    its subdirectories, a few of them, when it is a folder of datasets)."""
+    inside = []
+    for sub in sorted(os.scandir(directory), key=lambda e: e.name):
+        if sub.is_dir() and (os.path.isfile(os.path.join(sub.path, "meta", "info.json"))
+                             or os.path.isfile(os.path.join(sub.path, INDEX_FILENAME))
+                             or glob.glob(os.path.join(glob.escape(sub.path), "*.tar"))):
+            inside.append(sub.name)
+    hint = ""
+    if inside:
+        shown = ", ".join(inside[:3]) + (f" and {len(inside) - 3} more" if len(inside) > 3 else "")
+        hint = f"; its subdirectories {shown} are datasets: open one, or a list of them (a mixture)"
+    return FileNotFoundError(f"{directory}: not a dataset: looked for webdataset shards (*.tar) or their "
+                             f"{INDEX_FILENAME}, and for meta/info.json (a LeRobot v3 directory), and found none"
+                             f"{hint}")
+
+
+@contextmanager
+def _reaching(spec: Any) -> Iterator[None]:
+    """Run the block; a remote dataset that cannot be reached fails naming its URL and what to set or install
+    (:func:`~mmfeed.loaders.sources.remote.explained`). Local paths fail as they do."""
+    first = os.fspath(spec[0]) if isinstance(spec, (list, tuple)) and spec else spec
+    if isinstance(first, str) and is_url(first):
+        with explained(first):
+            yield
+    else:
+        yield
 
 
 def _formats_in(resolved: Any) -> list[tuple[type[EpisodeSource], Any]]:
@@ -181,7 +230,8 @@ def _open(resolved: Any, options: ReadOptions) -> EpisodeSource:
         sources = [_open(item, options) for item in resolved]
         return sources[0] if len(sources) == 1 else ConcatSource(sources)
     cls, spec = resolved
-    return cls(spec, options.restricted(cls.READ_OPTIONS))
+    with _reaching(spec):
+        return cls(spec, options.restricted(cls.READ_OPTIONS))
 
 
 def _is_shard(path: str) -> bool:

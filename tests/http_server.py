@@ -1,6 +1,6 @@
 """A real HTTP file server on 127.0.0.1 for remote-read tests: range requests, a log of what it served, and
-faults on demand (``server.fault(n, path)`` -> None, "500", "404", "drop" (half the body, then the connection is
-closed) or "stall" (no answer for ``server.stall_s`` seconds) for the n-th request)."""
+faults on demand (``server.fault(n, path)`` -> None, "500", "404", "403", "drop" (half the body, then the connection
+is closed) or "stall" (no answer for ``server.stall_s`` seconds) for the n-th request)."""
 
 import http.server
 import itertools
@@ -26,9 +26,9 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
         url = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         path = os.path.join(self.server.root, url.lstrip("/"))
         fault = self.server.fault(next(self.server.count), url) if self.server.fault else None
-        if fault in ("500", "404"):
+        if fault in ("500", "404", "403"):
             self.server.faults.append((fault, url))
-            return self.send_error(int(fault), "flaky" if fault == "500" else "gone")
+            return self.send_error(int(fault), {"500": "flaky", "404": "gone", "403": "forbidden"}[fault])
         if fault == "stall":
             self.server.faults.append((fault, url))
             time.sleep(self.server.stall_s)

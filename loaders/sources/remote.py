@@ -25,7 +25,11 @@ Object stores and HTTP servers fail now and then. Every range request has its ow
 bounded exponential backoff on connection errors, timeouts and 5xx answers (never on 4xx: a missing file or a
 refused credential does not heal), so a flaky server costs time, not the epoch; after the last try the error
 names the URL, the byte range and the last cause (:class:`RetryPolicy`; ``MMFEED_REMOTE_RETRIES`` tries,
-``MMFEED_REMOTE_TIMEOUT_S`` seconds per request).
+``MMFEED_REMOTE_TIMEOUT_S`` seconds per request). A host name that does not resolve is not retried either.
+
+A failure that says what the user must change (no credentials, access refused, nothing at the URL, a host name
+that does not resolve, the store's fsspec package missing) comes out of :func:`explained` as one line naming the
+URL and what to set or install, instead of the storage client's own traceback.
 """
 
 from __future__ import annotations
@@ -33,13 +37,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-__all__ = ["CacheStats", "RangeCache", "RemoteReadError", "RetryPolicy", "default_cache", "read_range"]
+__all__ = ["CacheStats", "RangeCache", "RemoteReadError", "RetryPolicy", "default_cache", "explain", "explained",
+           "read_range"]
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +118,8 @@ class RetryPolicy:
     def run(self, attempt: Callable[[], T], what: str, on_retry: Callable[[], None] | None = None) -> T:
         """``attempt()``, tried again after a backoff while it fails in a way that may heal (:func:`retryable`),
         at most ``attempts`` times; ``on_retry`` is called before each further try. A failure that will not heal
-        is raised as it is; after the last try a :class:`RemoteReadError` names ``what`` (the URL, and the byte
-        range of a range read) and the last cause."""
+        is raised as it is, or as :func:`explain` words it (naming the URL); after the last try a
+        :class:`RemoteReadError` names ``what`` (the URL, and the byte range of a range read) and the last cause."""
         for tried in range(1, self.attempts + 1):
             try:
                 return attempt()
@@ -118,7 +127,10 @@ class RetryPolicy:
                 raise
             except Exception as err:
                 if not retryable(err):
-                    raise
+                    better = explain(what.split(" ", 1)[0], err)  # no credentials, refused, missing, no such host
+                    if better is None:
+                        raise
+                    raise better from None
                 if tried == self.attempts:
                     raise RemoteReadError(f"{what}: {self.attempts} tries failed; last: {type(err).__name__}: "
                                           f"{err or 'no answer within the timeout'}") from err
@@ -137,6 +149,8 @@ def retryable(err: BaseException) -> bool:
         status = getattr(err, "code", None)
     if isinstance(status, int) and 100 <= status < 600:
         return status >= 500 or status in (408, 429)
+    if _unresolved(err) is not None:  # a host name that does not exist will not exist on the next try either
+        return False
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError, ValueError, TypeError)):
         return False
     if isinstance(err, (TimeoutError, asyncio.TimeoutError, ConnectionError, OSError)):
@@ -278,6 +292,141 @@ class RangeCache:
             self._filesystems[key] = (fsspec.filesystem(protocol, **self.storage_options), protocol)
         fs, _ = self._filesystems[key]
         return fs, url if protocol in ("http", "https") else fs._strip_protocol(url)
+
+
+_NO_HOST = {socket.EAI_NONAME} | ({socket.EAI_NODATA} if hasattr(socket, "EAI_NODATA") else set())
+"""getaddrinfo's answers for a name that does not exist (a temporary failure, EAI_AGAIN, is retried)."""
+_NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                   "DefaultCredentialsError", "ClientAuthenticationError", "NoAuthTokenError"}
+"""Error types of the storage clients (botocore, google-auth, azure, ...) that mean no credentials were found."""
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """``err``, its causes and contexts, and the errors they wrap (``reason``, ``os_error``), each once."""
+    seen: set[int] = set()
+    todo = [err]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen or not isinstance(e, BaseException):
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend([e.__cause__, e.__context__, getattr(e, "reason", None), getattr(e, "os_error", None)])
+
+
+def _unresolved(err: BaseException) -> str | None:
+    """The resolver's words when ``err`` comes of a host name that does not exist, else None."""
+    for e in _chain(err):
+        if isinstance(e, socket.gaierror) and e.errno in _NO_HOST:
+            return e.strerror or str(e)
+    return None
+
+
+def _status(err: BaseException) -> int | None:
+    """The HTTP status a failed request was answered with, where any error of the chain carries one."""
+    for e in _chain(err):
+        for name in ("status", "code", "status_code"):
+            value = getattr(e, name, None)
+            if isinstance(value, int) and 100 <= value < 600:
+                return value
+        response = getattr(e, "response", None)  # botocore's ClientError
+        if isinstance(response, dict):
+            value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def _credentials_hint(protocol: str, verb: str = "set") -> str:
+    """What to set (or check: ``verb``) so that the store of ``protocol`` finds credentials that may read."""
+    if protocol in ("s3", "s3a"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+        where = f" (the endpoint is AWS_ENDPOINT_URL={endpoint})" if endpoint else \
+            " (and AWS_ENDPOINT_URL for an S3-compatible store other than AWS)"
+        return f"{verb} AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE{where}"
+    if protocol in ("gs", "gcs"):
+        return (f"{verb} GOOGLE_APPLICATION_CREDENTIALS (a service account key file), or run `gcloud auth "
+                "application-default login`")
+    if protocol in ("az", "abfs", "abfss", "adl"):
+        return f"{verb} AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY"
+    if protocol in ("http", "https"):
+        return "mmfeed sends no credentials over HTTP: serve the files to any client"
+    return f"{verb} the credentials the {protocol}:// store's fsspec filesystem reads"
+
+
+def explain(url: str, err: BaseException) -> BaseException | None:
+    """A one-line error of the same kind naming ``url`` and what to set or install, for a failure to reach what
+    ``url`` names (no credentials, 401/403, 404, a host name that does not resolve, the store's fsspec package
+    missing, a protocol fsspec does not know); None for any other failure (raise it as it is)."""
+    if getattr(err, "explained", False):
+        return None  # worded already, naming the file's URL
+    better = _explain(url, err)
+    if better is not None:
+        better.explained = True
+    return better
+
+
+def _explain(url: str, err: BaseException) -> BaseException | None:
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    cause = " ".join(str(err).split())
+    if isinstance(err, ImportError):
+        package = _package_of(protocol)
+        if package is None:
+            return None
+        return ImportError(f"{url}: reading {protocol}:// URLs needs the package {package}, which is not installed "
+                           f"(pip install {package})")
+    if isinstance(err, ValueError) and cause.startswith("Protocol not known"):
+        return ValueError(f"{url}: fsspec knows no protocol {protocol!r}; check the URL (s3://, gs://, https://, "
+                          "...) or install the package that reads it")
+    names = {type(e).__name__ for e in _chain(err)}
+    if names & _NO_CREDENTIALS:
+        return PermissionError(f"{url}: no credentials for {protocol}:// were found; {_credentials_hint(protocol)}")
+    host = _unresolved(err)
+    if host is not None:
+        name = urllib.parse.urlsplit(url).hostname if protocol in ("http", "https") else None
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") if protocol in ("s3", "s3a") else None
+        if endpoint:
+            name, what = urllib.parse.urlsplit(endpoint).hostname, f"the host of AWS_ENDPOINT_URL={endpoint}"
+        else:
+            what = "the host name in the URL" if name else "the store's host name"
+        return OSError(f"{url}: cannot resolve host {name or '?'} ({host}); check {what}")
+    if isinstance(err, RemoteReadError):
+        return None  # a flaky store that failed every try: its message names the URL, the range and the cause
+    status = _status(err)
+    if status in (401, 403) or isinstance(err, PermissionError):
+        why = "the server refuses it" if protocol in ("http", "https") else \
+            "the credentials are refused or may not read it"
+        return PermissionError(f"{url}: access denied ({status or cause or 'forbidden'}): {why}; "
+                               f"{_credentials_hint(protocol, 'check')}")
+    if status in (404, 410) or isinstance(err, FileNotFoundError):
+        if url in cause:
+            return None  # it names the file that is missing already
+        return FileNotFoundError(f"{url}: not found ({cause or status}); check the URL"
+                                 + (" (bucket and prefix)" if protocol in ("s3", "s3a", "gs", "gcs") else ""))
+    return None
+
+
+def _package_of(protocol: str) -> str | None:
+    """The package fsspec names for ``protocol``'s filesystem (``gcsfs`` for gs), or None."""
+    try:
+        from fsspec.registry import known_implementations
+    except ImportError:
+        return "fsspec"
+    known = known_implementations.get(protocol)
+    return known["class"].split(".", 1)[0] if known else None
+
+
+@contextmanager
+def explained(url: str) -> Iterator[None]:
+    """Run the block; a failure to reach ``url`` that :func:`explain` knows is raised as its one-line error (the
+    storage client's error stays reachable as the new error's ``__context__``)."""
+    try:
+        yield
+    except Exception as err:
+        better = explain(url, err)
+        if better is None:
+            raise
+        raise better from None
 
 
 def _runs(blocks: list[int]) -> list[tuple[int, int]]:
