@@ -117,8 +117,10 @@ def open_container(source: VideoSource) -> "av.container.InputContainer":
     try:
         return av.open(target, mode="r")
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+        # FFmpeg's words without the errno and the file name PyAV adds to them (the message names the file)
+        why = exc.strerror if isinstance(exc, av.error.FFmpegError) and exc.strerror else exc
         raise DecodeError(
-            f"{name}: not a readable video file (unknown format, truncated or corrupt): {exc}", path=name
+            f"{name}: not a readable video file (unknown format, truncated or corrupt): {why}", path=name
         ) from exc
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["SampleError", "decode_with_context"]
+__all__ = ["SampleError", "decode_with_context", "reason_of"]
 
 
 class SampleError(ValueError):
@@ -36,4 +36,21 @@ def decode_with_context(cache: VideoReaderCache, requests: list[FrameRequest], w
         request = requests[culprit]
         asked = request.indices if request.indices is not None else request.timestamps
         what = "frames" if request.indices is not None else "times"
-        raise SampleError(f"{where[culprit]} {what} {np.asarray(asked).tolist()}: {failed}") from failed
+        raise SampleError(f"{where[culprit]} {what} {_shown(asked)}: {reason_of(failed)}") from failed
+
+
+def reason_of(err: DecodeError) -> str:
+    """A decoder's error without the file name it starts with, for a message that names the file already (or
+    the shard, key and feature of bytes decoded in memory)."""
+    reason = str(err)
+    return reason[len(err.path) + 2:] if err.path and reason.startswith(f"{err.path}: ") else reason
+
+
+def _shown(values) -> str:
+    """Frame indices or times for a message: all of a few, else the first three, the last and how many (a whole
+    segment's 57 times would drown the reason); times to the microsecond."""
+    values = np.asarray(values)
+    items = [round(float(v), 6) if values.dtype.kind == "f" else int(v) for v in values.reshape(-1)]
+    if len(items) <= 8:
+        return str(items)
+    return f"[{', '.join(map(str, items[:3]))}, ..., {items[-1]}] ({len(items)} of them)"

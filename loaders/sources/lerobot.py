@@ -377,7 +377,8 @@ class LeRobotSource(EpisodeSource):
             names = [k for k in self.features if k not in self._video_keys and k in parquet.schema_arrow.names]
             table = parquet.read(columns=list(dict.fromkeys(["index", *names])))
         except (OSError, ValueError, pa.ArrowException) as err:
-            raise ValueError(f"{where}: cannot read data file {path}: {err}") from err
+            reason = " ".join(str(err).split()).removeprefix(f"{path}: ")  # the file is named once
+            raise ValueError(f"{where}: cannot read data file {path}: {reason}") from err
         order = np.argsort(table["index"].to_numpy(), kind="stable")
         columns: dict[str, object] = {"index": table["index"].to_numpy()[order]}
         for name in names:

@@ -31,7 +31,7 @@ from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.errors import SampleError
+from mmfeed.loaders.sources.errors import SampleError, reason_of
 from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.index import (
     INDEX_FILENAME,
@@ -71,7 +71,8 @@ def expand_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     if os.path.isdir(spec):
         shards = sorted(glob.glob(os.path.join(spec, "*.tar")))
         if not shards:
-            raise FileNotFoundError(f"{spec}: directory holds no .tar shards")
+            raise FileNotFoundError(f"{spec}: directory holds no .tar shards (webdataset shards are uncompressed "
+                                    "*.tar files; nor is it a LeRobot v3 directory, which holds meta/info.json)")
         return shards
     shards = []
     for pattern in braceexpand.braceexpand(spec):
@@ -311,7 +312,7 @@ class WebDatasetSource(EpisodeSource):
                 info = cache.info(data)
                 cache.reader(data, info)
             except DecodeError as err:
-                raise SampleError(f"{where}: {err}") from err
+                raise SampleError(f"{where}: {reason_of(err)}") from err
         promised, stored = int(self._frames[feature][episode]), self._stored_shape[feature]
         if info.num_frames < promised or (info.height, info.width) != stored[:2]:
             raise SampleError(f"{where}: the video holds {info.num_frames} frames of {info.height}x{info.width} but "
@@ -323,12 +324,21 @@ class WebDatasetSource(EpisodeSource):
 def _open_index(path, check_index: bool) -> tuple[IndexArrays, str, bool]:
     """The index arrays of ``path``, the path it is (or would be) stored at, and whether it was read from there."""
     index_path = _index_path(path)
-    if index_path is not None and os.path.isdir(os.fspath(path)) and index_version(index_path) == 1:
-        log.warning("%s is a version 1 index: indexing the shards in memory instead; rebuild it with `mmfeed index`",
-                    index_path)
-        index_path = None
+    try:
+        if index_path is not None and os.path.isdir(os.fspath(path)) and index_version(index_path) == 1:
+            log.warning("%s is a version 1 index: indexing the shards in memory instead; rebuild it with `mmfeed "
+                        "index`", index_path)
+            index_path = None
+        arrays = index_arrays(index_path) if index_path is not None else None
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+        # a torn or overwritten file, which the reader's words do not name (pyarrow's IO errors are plain OSError);
+        # a missing file, a refused credential or a failing store (OSError's subclasses) say what they are
+        if isinstance(err, OSError) and type(err) is not OSError:
+            raise
+        shards = os.path.dirname(index_path) or "."
+        raise ValueError(f"{index_path}: not a readable index (corrupt or not parquet: {' '.join(str(err).split())}); "
+                         f"rebuild it with `mmfeed index {shards}`") from err
     if index_path is not None:
-        arrays = index_arrays(index_path)
         changed = stale(index_path, arrays) if check_index else []
         if changed:
             raise ValueError(f"{index_path} is out of date with its shards (changed or missing: {changed[:5]}); "
