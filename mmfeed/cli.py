@@ -403,8 +403,25 @@ def _named_benchmark(argv: list[str]) -> tuple[str, list[str]] | None:
 
 
 def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
+    text = str(err)
+    if "\nOriginal Traceback (most recent call last):" in text:  # raised in a DataLoader worker: torch's message
+        text = _raised_in_worker(text)  # is the worker's whole traceback; the error is its last entry
+    text = " ".join(text.split())
     return text or type(err).__name__
+
+
+def _raised_in_worker(text: str) -> str:
+    """The message of the error at the end of a traceback (torch's re-raise of a worker's error), without the
+    error's qualified type name."""
+    lines = text.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")
+                or line.startswith("Original Traceback (most recent call last):"))
+    body = [i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()]
+    if not body:
+        return text
+    error = "\n".join(lines[body[0]:])
+    kind, sep, message = error.partition(": ")
+    return message if sep and kind.replace(".", "").replace("_", "").isalnum() else error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
