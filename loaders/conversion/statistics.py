@@ -98,10 +98,19 @@ def compute_stats(paths: Any, *, names: Sequence[str] | None = None,
     deltas = tuple(_delta_of(delta, s, [n] + ([groups[0][k]] if groups else [])) for k, (s, n) in
                    enumerate(zip(sources, names)))
     if features is not None:
+        if isinstance(features, str):
+            features = [features]
         for s in sources:
             unknown = [f for f in features if f in s.features and s.features[f].kind != "array"]
             if unknown:
                 raise ValueError(f"{s.name}: {unknown} are not array features; stats are of arrays")
+        nowhere = [f for f in features if not any(f in s.features for s in sources)]
+        if nowhere:
+            numeric = sorted({f for s in sources for f, spec in s.features.items() if _numeric(spec)})
+            where = f"{sources[0].name}: no" if len(sources) == 1 else \
+                f"{', '.join(s.name for s in sources)}: none of the {len(sources)} datasets has"
+            raise ValueError(f"{where} feature {_listed(nowhere)} to compute stats of; the numeric array features "
+                             f"are {_listed(numeric)}")
     job = StatsJob(tuple(p if isinstance(p, str) else s for p, s in zip(paths, sources)),
                    None if features is None else tuple(features), deltas, int(horizon))
     tasks = list(enumerate(_units(sources, workers)))
@@ -215,12 +224,26 @@ def _delta_of(delta: Any, source: Any, names: list[str]) -> tuple[str, str, tupl
         return None
     for feature in (delta.action, delta.state):
         if feature not in source.features:
-            raise ValueError(f"{source.name}: delta actions need feature {feature!r}, which the dataset lacks")
+            numeric = sorted(f for f, spec in source.features.items() if _numeric(spec))
+            raise ValueError(f"{source.name}: delta actions need feature {feature!r}, which the dataset lacks; its "
+                             f"numeric array features are {_listed(numeric)}")
     width = min(source.features[delta.action].shape[-1], source.features[delta.state].shape[-1])
     if max(dims) >= width:
         raise ValueError(f"{source.name}: delta elements {list(dims)} reach past the width {width} of "
                          f"{delta.action!r} and {delta.state!r}")
     return delta.action, delta.state, dims
+
+
+def _numeric(spec: Any) -> bool:
+    """Whether a feature is a numeric array (what stats are computed of)."""
+    return spec.kind == "array" and np.dtype(spec.dtype).kind in "biuf"
+
+
+def _listed(names: Sequence[str], most: int = 12) -> str:
+    """``names`` for a message: all of a few, else the first ``most`` and how many more."""
+    if len(names) <= most:
+        return str(list(names))
+    return f"{list(names[:most])} and {len(names) - most} more"
 
 
 def _groups(embodiments: Any, names: list[str]) -> tuple[list[str], list[str]] | None:
