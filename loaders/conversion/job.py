@@ -105,6 +105,11 @@ class ConvertSummary:
         return self.encode_seconds / self.busy_seconds if self.busy_seconds else 0.0
 
 
+CODEC_CHOICES = ("h264", "av1", "hevc", "copy")
+"""The codecs shards are written with: :data:`mmfeed.codecs.encode.CODECS` and "copy" (named here: the command's
+parser imports no codec)."""
+
+
 def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int | None = None,
             crf: int | None = None, frame_size: Any = None, episodes_per_shard: int | None = None,
             shard_size_mb: float | None = None, workers: int = 1, engine: str = "local",
@@ -112,7 +117,7 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
             errors: str = "raise", progress: bool = True) -> ConvertSummary:
     """Convert ``src`` into shards and their index in ``dst``; return a :class:`ConvertSummary`.
 
-    codec: "h264", "av1" (or another encoder :func:`~mmfeed.codecs.encode_video` knows) or "copy" (see the
+    codec: "h264", "av1", "hevc" (:data:`CODEC_CHOICES`; any other is a ValueError) or "copy" (see the
         module docstring). gop: keyframe interval when encoding (default 30; under "copy", asking for one
         re-encodes). crf: encoder quality (encode_video's default). frame_size: ``(H, W)`` for every video
         feature or ``{feature: (H, W)}``, resized inside the decoder. episodes_per_shard (default 8) or
@@ -176,8 +181,10 @@ def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size
     from mmfeed.codecs.encode import encoder_name
     from mmfeed.loaders.conversion.readers import source_kind
 
+    if codec not in CODEC_CHOICES:
+        raise ValueError(f"codec {codec!r} is not one mmfeed writes shards with; choose one of {list(CODEC_CHOICES)}")
     if codec != "copy":
-        encoder_name(codec)
+        encoder_name(codec)  # this PyAV has the encoder
     for name, value, low in (("gop", gop, 1), ("episodes_per_shard", episodes_per_shard, 1), ("workers", workers, 1),
                              ("max_retries", max_retries, 0)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -417,8 +424,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", metavar="SRC", help="LeRobot v3 directory or URL, webdataset shards (directory, "
                                                   "pattern) or module:function (a generator of episodes)")
     parser.add_argument("dst", metavar="DST", help="output directory (new or empty, unless --resume/--overwrite)")
-    parser.add_argument("--codec", default="h264", help="h264 (default), av1, or copy: keep the source's video "
-                                                        "bytes when no --gop or --frame-size asks for a re-encode")
+    parser.add_argument("--codec", default="h264", choices=CODEC_CHOICES,
+                        help="h264 (default), av1, hevc, or copy: keep the source's video bytes when no --gop or "
+                             "--frame-size asks for a re-encode")
     parser.add_argument("--gop", type=_int(1), default=None, help="keyframe interval when encoding (default 30)")
     parser.add_argument("--crf", type=_int(0), default=None, help="encoder quality (default: the codec's)")
     parser.add_argument("--frame-size", type=frame_size(), default=None, metavar=FRAME_SIZE,

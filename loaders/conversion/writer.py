@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from mmfeed.codecs.demux import probe
-from mmfeed.codecs.encode import encode_video, encoder_name
+from mmfeed.codecs.encode import CODECS, encode_video, encoder_name
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources import stats as _stats
 from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
@@ -54,7 +54,8 @@ _MTIME = 0
 class ShardWriter:
     """Episodes to ``out_dir/shard-000000.tar``, ... (``episodes_per_shard`` each) and their index, on close.
 
-    codec, gop, crf: how frame arrays are encoded (:func:`mmfeed.codecs.encode_video`).
+    codec, gop, crf: how frame arrays are encoded (:func:`mmfeed.codecs.encode_video`; codec one of
+        :data:`mmfeed.codecs.encode.CODECS`: "h264", "av1" or "hevc").
     Attributes: ``shards`` (the paths of the complete shards) and ``index_path`` (set by :meth:`close`).
     Leaving the ``with`` block by an exception discards the unfinished shard and writes no index.
     """
@@ -63,7 +64,10 @@ class ShardWriter:
                  episodes_per_shard: int = 8) -> None:
         if isinstance(episodes_per_shard, bool) or not isinstance(episodes_per_shard, int) or episodes_per_shard < 1:
             raise ValueError(f"episodes_per_shard must be an int >= 1, got {episodes_per_shard!r}")
-        encoder_name(codec)  # an unknown codec fails now, not at the first video
+        if codec not in CODECS:  # an unknown codec fails now, not at the first video
+            raise ValueError(f"ShardWriter codec {codec!r} is not one shards are written with; choose one of "
+                             f"{list(CODECS)}")
+        encoder_name(codec)  # this PyAV has the encoder
         self.out_dir = os.fspath(out_dir)
         os.makedirs(self.out_dir, exist_ok=True)
         existing = sorted(glob.glob(os.path.join(self.out_dir, "shard-*.tar")))
