@@ -4,7 +4,8 @@
 plus device prefetch, timing and exact resume), :mod:`~mmfeed.loaders.loop.prefetch` (batches copied to the device
 on a side stream ahead of the step), :mod:`~mmfeed.loaders.loop.threads` (workers as threads of the training
 process), :mod:`~mmfeed.loaders.loop.shm` (shared-memory buffers recycled between workers and the loop),
-:mod:`~mmfeed.loaders.loop.resume` (where the epoch stands, and how it resumes) and
+:mod:`~mmfeed.loaders.loop.resume` (where the epoch stands, and how it resumes),
+:mod:`~mmfeed.loaders.loop.heap` (the free heap a worker process gives back between epochs) and
 :mod:`~mmfeed.loaders.loop.dist` (rank, world size and worker of this process).
 """
 

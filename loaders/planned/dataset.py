@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmfeed.loaders.loop.heap import epoch_began
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.classes import ClassPlan
@@ -179,6 +180,7 @@ class PlannedDataset(torch.utils.data.Dataset):
             epoch, step, done = key if len(key) == 3 else (*key, ())
         else:
             epoch, step, done = self.epoch, key, ()
+        epoch_began(int(epoch))  # a worker gives back the free heap of its last epoch
         rows = self.batch_samples(int(epoch), int(step), done)
         plan = self.plan(int(epoch), done)
         num_rows = plan.max_rows if self.static_shapes else None
