@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from mmfeed.codecs.demux import VideoInfo, VideoSource, frames_of, open_container
+from mmfeed.codecs.demux import MAX_FRAME_PIXELS, VideoInfo, VideoSource, _pixel_limit, frames_of, open_container
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs._sws import DirectRGB
 from mmfeed.codecs.nt_copy import copy_into
@@ -62,7 +62,7 @@ class PyAVReader:
 
     def __init__(
         self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None,
-        frame_format: str = "rgb24",
+        frame_format: str = "rgb24", max_frame_pixels: int | None = MAX_FRAME_PIXELS,
     ) -> None:
         if frame_format not in ("rgb24", "yuv420"):
             raise ValueError(f"frame_format must be 'rgb24' or 'yuv420', got {frame_format!r}")
@@ -75,11 +75,12 @@ class PyAVReader:
         self.colour: tuple[str, bool] | None = None  # yuv420: (matrix, full_range) of the frames, once one is seen
         self._scratch: np.ndarray | None = None  # yuv420: the [H * 3 // 2, W] array each frame's planes go to
         self._planes: tuple[np.ndarray, ...] | None = None
-        self._container = open_container(source)
+        self._container = open_container(source, max_frame_pixels)
         if not self._container.streams.video:
             self._container.close()
             raise DecodeError(f"{info.path}: holds no video stream", path=info.path)
         self._stream = self._container.streams.video[0]
+        self._stream.codec_context.options = _pixel_limit(max_frame_pixels)  # a larger picture later in the stream
         self._stream.thread_count = int(threads)
         self._stream.thread_type = "AUTO" if threads > 1 else "SLICE"
         self._seek_cost = seek_cost_frames(threads)

@@ -166,7 +166,7 @@ class VideoReaderCache:
         self._after_fork()
         with self._lock:
             entry = self._readers.get((threading.get_ident(), self._key(source)))
-        return entry[0].info if entry is not None else probe(source)
+        return entry[0].info if entry is not None else probe(source, self.options.max_frame_pixels)
 
     def read(
         self,

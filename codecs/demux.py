@@ -28,8 +28,14 @@ from numpy.typing import ArrayLike
 
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["FileOpener", "VideoInfo", "VideoSource", "frames_at_times", "frames_of", "packets_of", "probe",
-           "source_name", "validate_indices"]
+__all__ = ["MAX_FRAME_PIXELS", "FileOpener", "FramesTooLarge", "VideoInfo", "VideoSource", "check_frame_pixels",
+           "frames_at_times", "frames_of", "packets_of", "probe", "source_name", "validate_indices"]
+
+MAX_FRAME_PIXELS = 4096 * 4096
+"""The largest frame area (height x width, 16.7 MP) a video may have by default: a stream whose header declares
+more is refused when it is opened, before any frame is decoded (an 8192x8192 H.264 file of 198 KB decodes into
+gigabytes). Raise it with ``max_frame_pixels=`` (``open_dataset``, :class:`~mmfeed.codecs.video.DecodeOptions`,
+:func:`probe`); None lifts it."""
 
 
 @runtime_checkable
@@ -97,8 +103,33 @@ def source_name(source: VideoSource) -> str:
     return os.fspath(source)
 
 
-def open_container(source: VideoSource) -> "av.container.InputContainer":
-    """``av.open`` on a path or in-memory bytes, turning every failure into a :class:`DecodeError`."""
+class FramesTooLarge(DecodeError):
+    """A video whose stream header declares frames larger than ``max_frame_pixels`` (``height``, ``width`` and
+    ``limit`` say by how much); refused before any frame is decoded."""
+
+    def __init__(self, name: str, height: int, width: int, limit: int) -> None:
+        super().__init__(f"{name}: frames of {height}x{width} ({height * width / 1e6:.1f} MP) exceed "
+                         f"max_frame_pixels={limit} ({limit / 1e6:.1f} MP); pass a larger max_frame_pixels= to read "
+                         "them", path=name)
+        self.height, self.width, self.limit = height, width, limit
+
+
+def check_frame_pixels(name: str, height: int, width: int, max_frame_pixels: int | None) -> None:
+    """Raise :class:`FramesTooLarge` naming ``name`` when ``height x width`` frames exceed ``max_frame_pixels``."""
+    if max_frame_pixels is not None and int(height) * int(width) > max_frame_pixels:
+        raise FramesTooLarge(name, int(height), int(width), max_frame_pixels)
+
+
+def _pixel_limit(max_frame_pixels: int | None) -> dict[str, str]:
+    """The FFmpeg codec option that makes decoders refuse larger pictures, also the ones ``av.open`` decodes to
+    find the stream's parameters (``avformat_find_stream_info`` decodes a few frames of an H.264 stream)."""
+    return {} if max_frame_pixels is None else {"max_pixels": str(min(int(max_frame_pixels), 2**31 - 1))}
+
+
+def open_container(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME_PIXELS
+                   ) -> "av.container.InputContainer":
+    """``av.open`` on a path or in-memory bytes, turning every failure into a :class:`DecodeError`; a first video
+    stream whose frames exceed ``max_frame_pixels`` (from its header: nothing of it is decoded) is refused."""
     import av
 
     name = source_name(source)
@@ -115,13 +146,21 @@ def open_container(source: VideoSource) -> "av.container.InputContainer":
             raise DecodeError(f"{name}: the video bytes are empty", path=name)
         target = io.BytesIO(source)
     try:
-        return av.open(target, mode="r")
+        container = av.open(target, mode="r", options=_pixel_limit(max_frame_pixels))
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
         # FFmpeg's words without the errno and the file name PyAV adds to them (the message names the file)
         why = exc.strerror if isinstance(exc, av.error.FFmpegError) and exc.strerror else exc
         raise DecodeError(
             f"{name}: not a readable video file (unknown format, truncated or corrupt): {why}", path=name
         ) from exc
+    if container.streams.video:
+        cc = container.streams.video[0].codec_context
+        try:
+            check_frame_pixels(name, cc.height, cc.width, max_frame_pixels)
+        except DecodeError:
+            container.close()
+            raise
+    return container
 
 
 def packets_of(container: "av.container.InputContainer", stream: "av.video.stream.VideoStream") -> Iterator:
@@ -148,33 +187,34 @@ def frames_of(container: "av.container.InputContainer", stream: "av.video.stream
         packets.close()
 
 
-def probe(source: VideoSource) -> VideoInfo:
+def probe(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME_PIXELS) -> VideoInfo:
     """Demux ``source`` (no decoding) and return its :class:`VideoInfo`; cached per file path, size and mtime.
 
-    Raises :class:`DecodeError` naming the file when it is missing, empty, unreadable or has no video stream.
+    Raises :class:`DecodeError` naming the file when it is missing, empty, unreadable or has no video stream, or
+    when its stream header declares frames larger than ``max_frame_pixels`` (:data:`MAX_FRAME_PIXELS`).
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _probe(source)
+        return _probe(source, max_frame_pixels=max_frame_pixels)
     if isinstance(source, FileOpener):
-        return _probe_opener(source)
+        return _probe_opener(source, max_frame_pixels)
     name = os.path.abspath(os.fspath(source))
     try:
         st = os.stat(name)
     except OSError as exc:
         raise DecodeError(f"{os.fspath(source)}: no such video file ({exc})", path=os.fspath(source)) from exc
-    return _probe_cached(name, st.st_size, st.st_mtime_ns)
+    return _probe_cached(name, st.st_size, st.st_mtime_ns, max_frame_pixels)
 
 
 @functools.lru_cache(maxsize=512)
-def _probe_cached(path: str, size: int, mtime_ns: int) -> VideoInfo:
+def _probe_cached(path: str, size: int, mtime_ns: int, max_frame_pixels: int | None) -> VideoInfo:
     # size and mtime_ns are only part of the key: a rewritten file is probed again.
-    return _probe(path)
+    return _probe(path, max_frame_pixels=max_frame_pixels)
 
 
 @functools.lru_cache(maxsize=512)
-def _probe_opener(source: FileOpener) -> VideoInfo:
+def _probe_opener(source: FileOpener, max_frame_pixels: int | None) -> VideoInfo:
     # the opener's key (URL and size, say) is what the cache keys on: a rewritten file is probed again
-    return _probe(source, indexed=True)
+    return _probe(source, indexed=True, max_frame_pixels=max_frame_pixels)
 
 
 _REORDER_CHECK = 32
@@ -204,11 +244,12 @@ def _indexed(container, stream) -> tuple[list[int], list[bool], int] | None:
     return times, [bool(e.is_keyframe) for e in entries], duration
 
 
-def _probe(source: VideoSource, indexed: bool = False) -> VideoInfo:
+def _probe(source: VideoSource, indexed: bool = False,
+           max_frame_pixels: int | None = MAX_FRAME_PIXELS) -> VideoInfo:
     import av
 
     name = source_name(source)
-    with open_container(source) as container:
+    with open_container(source, max_frame_pixels) as container:
         if not container.streams.video:
             kinds = sorted({s.type for s in container.streams}) or ["none"]
             raise DecodeError(f"{name}: holds no video stream (streams: {', '.join(kinds)})", path=name)

@@ -33,7 +33,8 @@ from mmfeed.codecs._decord import DecordReader
 from mmfeed.codecs._pyav import PyAVReader
 from mmfeed.codecs._torchcodec import TorchCodecReader, check_device, cuda_decode_error
 from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
-from mmfeed.codecs.demux import FileOpener, VideoInfo, VideoSource, frames_at_times, probe, validate_indices
+from mmfeed.codecs.demux import (MAX_FRAME_PIXELS, FileOpener, VideoInfo, VideoSource, check_frame_pixels,
+                                 frames_at_times, probe, validate_indices)
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.nt_copy import copy_into
 
@@ -96,6 +97,9 @@ class DecodeOptions:
       only) and deliver torch uint8 tensors on that GPU instead of numpy arrays; checked here, so a machine that
       cannot (no CUDA, no torchcodec, torchcodec's CPU build) fails when the options are made, saying what is
       missing. See :mod:`mmfeed.codecs._torchcodec`.
+    - ``max_frame_pixels``: the largest frame area (height x width) a video may have (default
+      :data:`~mmfeed.codecs.demux.MAX_FRAME_PIXELS`, 4096x4096); a larger stream is refused from its header when
+      it is probed, before any frame is decoded, whatever the backend. None lifts the limit.
     """
 
     backend: str = "auto"
@@ -104,8 +108,12 @@ class DecodeOptions:
     crop: tuple[int, int, int, int] | None = None
     frame_format: str = "rgb24"
     device: str | None = None
+    max_frame_pixels: int | None = MAX_FRAME_PIXELS
 
     def __post_init__(self) -> None:
+        limit = self.max_frame_pixels
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"max_frame_pixels must be an int >= 1 (height x width) or None, got {limit!r}")
         if self.backend != "auto" and self.backend not in BACKENDS:
             raise ValueError(f"unknown video backend {self.backend!r}; choose 'auto' or one of {sorted(BACKENDS)}")
         if self.device is not None:
@@ -183,13 +191,16 @@ def open_reader(
 ) -> VideoReader:
     """Open ``source`` with the backend ``options`` ask for."""
     options = options or DecodeOptions()
-    info = info if info is not None else probe(source)
+    info = info if info is not None else probe(source, options.max_frame_pixels)
+    check_frame_pixels(info.path, info.height, info.width, options.max_frame_pixels)  # every backend, before opening
     options.check_crop(info)
     name = choose_backend(info, options.backend)
     if name != "pyav" and isinstance(source, FileOpener):
         raise DecodeError(f"{info.path}: a video read through a file object (object storage, say) decodes with "
                           f"PyAV only, not {name!r}; use backend='pyav' or 'auto'", path=info.path)
     extra = {"frame_format": options.frame_format} if options.frame_format != "rgb24" else {}
+    if name == "pyav":
+        extra["max_frame_pixels"] = options.max_frame_pixels
     if options.device is not None:
         extra["device"] = options.device
     return BACKENDS[name](source, info, threads=options.threads, size=options.size, **extra)
@@ -207,6 +218,7 @@ def read_frames(
     crop: tuple[int, int, int, int] | None = None,
     frame_format: str = "rgb24",
     device: str | None = None,
+    max_frame_pixels: int | None = MAX_FRAME_PIXELS,
 ) -> np.ndarray:
     """Decode frames of one video as uint8 ``[N, H, W, 3]`` (C-contiguous: ``torch.from_numpy`` shares it), or
     as I420 planes ``[N, H * 3 // 2, W]`` with ``frame_format="yuv420"``, or with ``device="cuda"`` (and
@@ -215,12 +227,14 @@ def read_frames(
     Give ``indices`` (frame numbers in presentation order) or ``timestamps`` (seconds; the nearest frame by
     presentation time, an error when farther than ``tolerance_s``), or neither for every frame. Frames come back in
     the order asked, repeats included; each needed GOP is decoded once. Errors are :class:`DecodeError` naming the
-    path, the bad index or time and the video's length. For many requests use :func:`decode_batch` with a
-    :class:`VideoReaderCache`, which keeps files open between calls.
+    path, the bad index or time and the video's length. A video whose frames exceed ``max_frame_pixels`` (height x
+    width, 4096x4096 by default; None lifts it) is refused from its stream header, before anything is decoded.
+    For many requests use :func:`decode_batch` with a :class:`VideoReaderCache`, which keeps files open between
+    calls.
     """
     options = DecodeOptions(backend=backend, threads=threads, size=size, crop=crop, frame_format=frame_format,
-                            device=device)
-    info = probe(path)
+                            device=device, max_frame_pixels=max_frame_pixels)
+    info = probe(path, max_frame_pixels)
     wanted = resolve_request(info, indices, timestamps, tolerance_s)
     options.check_crop(info)
     if len(wanted) == 0:

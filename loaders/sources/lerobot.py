@@ -37,10 +37,11 @@ import pyarrow.parquet as pq
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
-from mmfeed.codecs.demux import frames_of
+from mmfeed.codecs.demux import FramesTooLarge, _pixel_limit, check_frame_pixels, frames_of
+from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.errors import SampleError
+from mmfeed.loaders.sources.errors import SampleError, reason_of
 from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
@@ -77,7 +78,7 @@ class LeRobotSource(EpisodeSource):
 
     FORMAT = "LeRobot v3"
     READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s", "cache", "cache_bytes",
-                    "device")
+                    "device", "max_frame_pixels")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, root: str | os.PathLike, options: ReadOptions | None = None, **kwargs: Any) -> None:
@@ -102,6 +103,9 @@ class LeRobotSource(EpisodeSource):
             raise ValueError(f"{where}: video features but no 'video_path'")
         cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
         self._sizes = options.frame_sizes(cameras, list(specs), self.root)
+        self._declared = {k: _declared_size(k, specs[k], self.root) for k in cameras}  # stored (height, width)
+        for k, (h, w) in self._declared.items():
+            options.check_frame_pixels(where, k, h, w)
         self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, self.frame_format)
                          for k, s in specs.items()}
         self.tasks = _read_tasks(self.files)
@@ -190,6 +194,8 @@ class LeRobotSource(EpisodeSource):
                             if self._sizes.get(k) is None and self.features[k].frame_size is not None]
                         cache = self._videos[size] = VideoReaderCache(max_open=readers_within(shapes),
                                                                       options=self.options.decode(size))
+                for r, feature, frame_request, where, *_ in items:
+                    self._check_stream(cache, feature, frame_request.path, where)
                 decoded = decode_stored(self._store, cache, [i[2] for i in items], [i[3] for i in items],
                                         [i[4] for i in items], [i[5] for i in items],
                                         lambda k, into: self._whole(requests[items[k][0]].episode, items[k][1], into))
@@ -232,6 +238,7 @@ class LeRobotSource(EpisodeSource):
         state = self.__dict__.copy()
         state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
         state.pop("_segments", None)  # and stamps the videos it reads itself
+        state.pop("_streams_checked", None)  # and checks them itself
         state["_videos_at"] = {}
         del state["_lock"]
         return state
@@ -309,6 +316,25 @@ class LeRobotSource(EpisodeSource):
                           self.options.backend),
                 frames=int(self.frames(feature)[episode]), shape=tuple(self.features[feature].shape))
         return segment
+
+    def _check_stream(self, cache: VideoReaderCache, feature: str, video: str | RemoteFile, where: _Where) -> None:
+        """Once per video file and process (before anything of it is decoded): its stream header declares frames of
+        the size meta/info.json does, and no larger than ``max_frame_pixels`` (the probe refuses those unopened)."""
+        checked = self.__dict__.setdefault("_streams_checked", set())
+        key = (feature, video if isinstance(video, str) else video.key)
+        if key in checked:
+            return
+        h, w = self._declared[feature]
+        try:
+            info = cache.info(video)
+        except FramesTooLarge as err:
+            raise SampleError(f"{where}: {reason_of(err)} (meta/info.json declares {h}x{w})") from err
+        except DecodeError as err:
+            raise SampleError(f"{where}: {reason_of(err)}") from err
+        if (info.height, info.width) != (h, w):
+            raise SampleError(f"{where}: the video's frames are {info.height}x{info.width} but meta/info.json declares "
+                              f"{h}x{w}")
+        checked.add(key)
 
     def _whole(self, episode: int, feature: str, out: np.ndarray) -> FrameRequest:
         """The request for every frame of the episode's stretch of a camera's video, decoded into ``out``."""
@@ -419,12 +445,16 @@ class LeRobotSource(EpisodeSource):
             try:
                 if data is None:
                     raise ValueError("the row holds no image bytes")
-                with av.open(io.BytesIO(data)) as container:  # frames_of: no packet buffer left behind
-                    frame = next(frames_of(container, container.streams.video[0]))
+                limit = self.options.max_frame_pixels  # FFmpeg refuses larger pictures; the header is checked too
+                with av.open(io.BytesIO(data), options=_pixel_limit(limit)) as container:
+                    stream = container.streams.video[0]
+                    check_frame_pixels(f"image {i}", stream.codec_context.height, stream.codec_context.width, limit)
+                    frame = next(frames_of(container, stream))  # frames_of: no packet buffer left behind
                 out[i] = frame.reformat(width=w, height=h, format=fmt).to_ndarray()
             except (av.error.FFmpegError, StopIteration, ValueError) as err:
+                why = reason_of(err) if isinstance(err, FramesTooLarge) else err
                 raise SampleError(f"{self.describe(episode)} feature {feature!r}: image {i} of the request cannot "
-                                  f"be decoded: {err}") from err
+                                  f"be decoded: {why}") from err
         return out
 
 
@@ -449,15 +479,22 @@ def _positions(index: np.ndarray, want: np.ndarray) -> np.ndarray | None:
     return rows
 
 
+def _declared_size(name: str, spec: Mapping, root: str) -> tuple[int, int]:
+    """``(height, width)`` of the frames one video or image entry of info.json's ``features`` declares."""
+    shape = tuple(int(s) for s in spec.get("shape") or ())
+    if len(shape) != 3:
+        raise ValueError(f"{root}: feature {name!r} ({spec.get('dtype')}) has shape {list(shape)}; expected [H, W, 3]")
+    channels_first = list(spec.get("names") or [])[:1] == ["channels"]
+    h, w = shape[1:3] if channels_first else shape[:2]
+    return h, w
+
+
 def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None, root: str,
              frame_format: str = "rgb24") -> Feature:
     """The :class:`Feature` that one entry of info.json's ``features`` declares (frames in ``frame_format``)."""
     dtype, shape = spec.get("dtype"), tuple(int(s) for s in spec.get("shape") or ())
     if dtype in _FRAMES:
-        if len(shape) != 3:
-            raise ValueError(f"{root}: feature {name!r} ({dtype}) has shape {list(shape)}; expected [H, W, 3]")
-        channels_first = list(spec.get("names") or [])[:1] == ["channels"]
-        h, w = size or (shape[1:3] if channels_first else shape[:2])
+        h, w = size or _declared_size(name, spec, root)
         try:
             step = frame_step_shape(h, w, frame_format)
         except ValueError as err:

@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from mmfeed.codecs.demux import MAX_FRAME_PIXELS
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.sources.frame_store import FrameStore
 
@@ -58,6 +59,11 @@ class ReadOptions:
         Decode in the training process (``num_workers=0`` or ``worker_mode="thread"``; a worker process refuses),
         through ``read_many``/``episode``/``windows()``; the packed loader's host payloads and ``cache`` refuse
         device frames, and ``pin_memory`` must stay off. See :mod:`mmfeed.codecs._torchcodec`. Every format.
+    max_frame_pixels: the largest frame area (height x width) a video or image feature may have, default
+        4096x4096 (16.7 MP); None lifts it. A dataset whose metadata declares larger frames is refused when it
+        opens (before ``features`` or a loader sizes anything by them), and a video whose stream header does when
+        it is first read, before any frame of it is decoded: a tiny file can declare frames of gigabytes. Every
+        format.
     """
 
     backend: str = "auto"
@@ -70,6 +76,7 @@ class ReadOptions:
     cache: str | os.PathLike | None = None
     cache_bytes: int | None = None
     device: str | None = None
+    max_frame_pixels: int | None = MAX_FRAME_PIXELS
 
     def __post_init__(self) -> None:
         if self.device is not None and self.cache is not None:
@@ -78,7 +85,7 @@ class ReadOptions:
         # an unknown backend or frame format (or decord asked for yuv420), or a device this machine cannot decode
         # onto, fails now, not at the first read
         checked = DecodeOptions(backend=self.backend, frame_format=self.frame_format, threads=self.decoder_threads,
-                                device=self.device)
+                                device=self.device, max_frame_pixels=self.max_frame_pixels)
         object.__setattr__(self, "device", checked.device)
         if self.frame_size is not None:
             sizes = self.frame_size.values() if isinstance(self.frame_size, Mapping) else [self.frame_size]
@@ -127,7 +134,16 @@ class ReadOptions:
     def decode(self, size: tuple[int, int] | None = None) -> DecodeOptions:
         """The decoder's options for frames resized to ``size`` (None: as stored)."""
         return DecodeOptions(backend=self.backend, size=size, frame_format=self.frame_format,
-                             threads=self.decoder_threads, device=self.device)
+                             threads=self.decoder_threads, device=self.device, max_frame_pixels=self.max_frame_pixels)
+
+    def check_frame_pixels(self, where: str, feature: str, height: int, width: int) -> None:
+        """Raise ValueError naming ``where`` and ``feature`` when the frames a dataset's metadata declares for it
+        exceed ``max_frame_pixels``."""
+        limit = self.max_frame_pixels
+        if limit is not None and int(height) * int(width) > limit:
+            raise ValueError(f"{where}: feature {feature!r} declares frames of {int(height)}x{int(width)} "
+                             f"({int(height) * int(width) / 1e6:.1f} MP), more than max_frame_pixels={limit} "
+                             f"({limit / 1e6:.1f} MP); pass a larger max_frame_pixels= to open it")
 
     def frame_sizes(self, cameras: Collection[str], features: Collection[str], where: str
                     ) -> dict[str, tuple[int, int] | None]:

@@ -94,7 +94,7 @@ class WebDatasetSource(EpisodeSource):
 
     FORMAT = "webdataset shards"
     READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "cache_episodes", "check_index",
-                    "cache", "cache_bytes", "device")
+                    "cache", "cache_bytes", "device", "max_frame_pixels")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], options: ReadOptions | None = None,
@@ -133,6 +133,8 @@ class WebDatasetSource(EpisodeSource):
         self._shards = [resolve_shard(index_path, s) for s in arrays.shards]
         self.tasks = list(arrays.tasks)
         videos = [f for f, c in arrays.features.items() if c["kind"] == "video"]
+        for f in videos:
+            options.check_frame_pixels(self.name, f, *arrays.features[f]["shape"][:2])
         self._sizes = options.frame_sizes(videos, list(arrays.features), self.name)
         self._bind()
         self.features = {f: self._feature(f, c) for f, c in arrays.features.items()}
@@ -307,17 +309,17 @@ class WebDatasetSource(EpisodeSource):
         if (episode, feature) in self._checked:
             return
         cache = self._cache(self._sizes.get(feature))
+        promised, stored = int(self._frames[feature][episode]), self._stored_shape[feature]
         with stage("decode"):
             try:
-                info = cache.info(data)
+                info = cache.info(data)  # the stream header, nothing decoded (frames past max_frame_pixels refused)
+                if info.num_frames < promised or (info.height, info.width) != stored[:2]:
+                    raise SampleError(f"{where}: the video holds {info.num_frames} frames of {info.height}x"
+                                      f"{info.width} but the index promises {promised} of {stored[0]}x{stored[1]}; "
+                                      "rebuild it with `mmfeed index`")
                 cache.reader(data, info)
             except DecodeError as err:
                 raise SampleError(f"{where}: {reason_of(err)}") from err
-        promised, stored = int(self._frames[feature][episode]), self._stored_shape[feature]
-        if info.num_frames < promised or (info.height, info.width) != stored[:2]:
-            raise SampleError(f"{where}: the video holds {info.num_frames} frames of {info.height}x{info.width} but "
-                              f"the index promises {promised} of {stored[0]}x{stored[1]}; rebuild it with "
-                              "`mmfeed index`")
         self._checked.add((episode, feature))
 
 
