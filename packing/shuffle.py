@@ -17,7 +17,8 @@ True
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 
 import numpy as np
 from numba import njit
@@ -43,12 +44,31 @@ def shuffle_keys(seed: int, epoch: int, stream: int = 0) -> np.ndarray:
     return _keys(int(seed), int(epoch), int(stream))
 
 
-@lru_cache(maxsize=256)
+_RECENT_EPOCHS = 4
+# (seed, epoch) -> stream -> keys, of the few epochs planned last (a chained loader plans the next epoch while the
+# loop is in this one): an epoch's steps ask for its keys again and again, a past epoch's never; a cache keyed by
+# epoch alone kept every epoch's keys in every persistent worker
+_recent: OrderedDict[tuple[int, int], dict[int, np.ndarray]] = OrderedDict()
+_recent_lock = threading.Lock()
+
+
 def _keys(seed: int, epoch: int, stream: int) -> np.ndarray:
-    entropy = [seed, epoch, 0x6D6D66656564]  # seed, epoch, "mmfeed"
-    state = np.random.SeedSequence(entropy + [stream] if stream else entropy)
-    keys = state.generate_state(_ROUNDS, dtype=np.uint64)
-    keys.flags.writeable = False
+    with _recent_lock:
+        streams = _recent.get((seed, epoch))
+        if streams is None:
+            streams = _recent[seed, epoch] = {}
+            while len(_recent) > _RECENT_EPOCHS:
+                _recent.popitem(last=False)
+        else:
+            _recent.move_to_end((seed, epoch))
+        keys = streams.get(stream)
+    if keys is None:
+        entropy = [seed, epoch, 0x6D6D66656564]  # seed, epoch, "mmfeed"
+        state = np.random.SeedSequence(entropy + [stream] if stream else entropy)
+        keys = state.generate_state(_ROUNDS, dtype=np.uint64)
+        keys.flags.writeable = False
+        with _recent_lock:
+            streams[stream] = keys
     return keys
 
 

@@ -115,6 +115,18 @@ def test_the_training_process_keeps_its_heap():
     assert [int(t) for t in torch.utils.data.DataLoader(EpochSteps(KEYS), batch_size=None)] == [before] * len(KEYS)
 
 
+def test_the_shuffle_keeps_the_keys_of_the_last_few_epochs_only():
+    from mmfeed.packing import shuffle
+
+    first = shuffle.index_shuffle(np.arange(100), 100, seed=3, epoch=0)
+    for epoch in range(300):  # a long fine-tuning run's epochs, two orders each (a ClassPlan's streams)
+        shuffle.index_shuffle(np.arange(100), 100, seed=3, epoch=epoch)
+        shuffle.index_shuffle(np.arange(100), 100, seed=3, epoch=epoch, stream=2)
+    assert len(shuffle._recent) <= 4 and (3, 299) in shuffle._recent
+    again = shuffle.index_shuffle(np.arange(100), 100, seed=3, epoch=0)  # recomputed: the same order
+    assert np.array_equal(first, again) and sorted(again.tolist()) == list(range(100))
+
+
 # ------------------------------------------------------------------------------------------------------ the soak
 
 IN_FLIGHT = {"torch.Tensor": 64, "mmfeed.packing.batch.PackedBatch": 2}
