@@ -6,6 +6,8 @@
   lists, one dict), never by ``ast`` or ``compile``: those are not safe when several threads parse at once
   (``worker_mode="thread"`` reads arrays in threads), and they would spend unbounded time and memory on a hostile
   header. Headers are capped at numpy's own limit (:data:`MAX_HEADER_BYTES`), and parsed once per distinct header.
+  The payload must be exactly the bytes the header promises: shorter is truncated, longer (trailing bytes) is
+  refused too. :func:`npy_header` reads the header alone, to check a member's size before reading it.
 - :func:`load_npz` reads every member of an ``.npz``; stored (uncompressed, ``np.savez``) members are views of the
   caller's bytes, compressed ones are inflated once.
 - :func:`column_to_numpy` turns a pyarrow column of fixed-size lists (or lists that all have one length, nested
@@ -32,7 +34,8 @@ import numpy as np
 
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["MAX_HEADER_BYTES", "check_array", "column_to_numpy", "load_npy", "load_npz"]
+__all__ = ["MAX_HEADER_BYTES", "check_array", "column_to_numpy", "check_npy_size", "load_npy", "load_npz",
+           "npy_header"]
 
 _MAGIC = b"\x93NUMPY"
 
@@ -78,6 +81,38 @@ def load_npy(
     if not view.c_contiguous:
         raise DecodeError(f"{key}: the .npy buffer is not contiguous", path=key)
     view = view.cast("B")
+    dtype, shape, fortran, offset = npy_header(view, key=key)
+    count = math.prod(shape)
+    need = count * dtype.itemsize
+    if len(view) - offset < need:
+        raise DecodeError(
+            f"{key}: truncated .npy: header promises {shape} {dtype} ({need} bytes) but {len(view) - offset} follow",
+            path=key,
+        )
+    if len(view) - offset > need:
+        raise DecodeError(
+            f"{key}: {len(view) - offset - need} trailing bytes after the {shape} {dtype} array ({need} bytes) the "
+            ".npy header promises: a .npy file holds its array and nothing after it",
+            path=key,
+        )
+    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+    array = array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
+    if copy:
+        array = np.array(array, order="C")
+    return check_array(array, key=key, expect_dtype=expect_dtype, expect_shape=expect_shape)
+
+
+def npy_header(data: bytes | bytearray | memoryview, *, key: str = "npy"
+               ) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """``(dtype, shape, fortran_order, data offset)`` of ``.npy`` bytes, from their first bytes alone (at most
+    ``12 + MAX_HEADER_BYTES`` are looked at: enough to check a member's size before reading the rest of it).
+    Object dtypes are refused; errors are :class:`DecodeError` naming ``key``.
+
+    >>> buf = io.BytesIO(); np.save(buf, np.zeros((4, 3), np.float32))
+    >>> npy_header(buf.getvalue()[:128], key="a.npy")
+    (dtype('float32'), (4, 3), False, 128)
+    """
+    view = memoryview(data).cast("B")
     if bytes(view[:6]) != _MAGIC or len(view) < 10:
         raise DecodeError(f"{key}: not .npy bytes (the file does not start with the NUMPY magic)", path=key)
     major = view[6]
@@ -85,6 +120,8 @@ def load_npy(
         (header_len,) = struct.unpack("<H", view[8:10])
         start = 10
     elif major in (2, 3):
+        if len(view) < 12:
+            raise DecodeError(f"{key}: truncated .npy: {len(view)} bytes end inside the header", path=key)
         (header_len,) = struct.unpack("<I", view[8:12])
         start = 12
     else:
@@ -101,19 +138,23 @@ def load_npy(
         raise DecodeError(f"{key}: malformed .npy header {raw[:80]!r}: {_short(exc)}", path=key) from exc
     if dtype.hasobject:
         raise DecodeError(f"{key}: object arrays need pickle, which mmfeed never loads; save a numeric array", path=key)
-    offset = start + header_len
-    count = math.prod(shape)
-    need = count * dtype.itemsize
-    if len(view) - offset < need:
-        raise DecodeError(
-            f"{key}: truncated .npy: header promises {shape} {dtype} ({need} bytes) but {len(view) - offset} follow",
-            path=key,
-        )
-    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
-    array = array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
-    if copy:
-        array = np.array(array, order="C")
-    return check_array(array, key=key, expect_dtype=expect_dtype, expect_shape=expect_shape)
+    return dtype, shape, fortran, start + header_len
+
+
+def check_npy_size(head: bytes | bytearray | memoryview, size: int, *, key: str = "npy"
+                   ) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """:func:`npy_header` of a ``.npy`` file (a tar member, say) of ``size`` bytes whose first bytes are ``head``
+    (``12 + MAX_HEADER_BYTES`` of them, or all), checked to be no longer than the header and the array it
+    promises, before the rest is read: a :class:`DecodeError` naming ``key`` for trailing bytes (a valid array
+    followed by gigabytes of anything). A shorter file costs nothing to read; :func:`load_npy` calls it
+    truncated."""
+    dtype, shape, fortran, offset = npy_header(head, key=key)
+    need = offset + math.prod(shape) * dtype.itemsize
+    if size > need:
+        shown = f"{dtype} {list(shape[:8])}{'...' if len(shape) > 8 else ''}"
+        raise DecodeError(f"{key}: {size - need} trailing bytes: the .npy holds {size} bytes but its header "
+                          f"promises {need} ({shown}); a .npy file holds its array and nothing after it", path=key)
+    return dtype, shape, fortran, offset
 
 
 @functools.lru_cache(maxsize=1024)

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mmfeed.loaders.sources.json_limits import check_json, check_json_size
 from mmfeed.loaders.sources.remote import RetryPolicy, default_cache
 
 __all__ = ["DatasetFiles", "RemoteFile", "is_url", "open_remote", "remote_info"]
@@ -196,8 +197,13 @@ class DatasetFiles:
         return _retried(lambda: fs.cat_file(inner), path)
 
     def read_json(self, relative: str) -> Any:
-        """The JSON file ``relative``; malformed JSON is a ValueError naming the file."""
+        """The JSON file ``relative``; malformed JSON is a ValueError naming the file, and so is one larger or
+        nested deeper than metadata may be (:mod:`~mmfeed.loaders.sources.json_limits`: its size is checked
+        before it is read, its depth before it is parsed)."""
+        if self.exists(relative):
+            check_json_size(self.size(relative), self.where(relative))
         data = self.read_bytes(relative)
+        check_json(data, self.where(relative))
         try:
             return json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -59,10 +59,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmfeed.codecs.arrays import load_npy
+from mmfeed.codecs.arrays import MAX_HEADER_BYTES, check_npy_size, load_npy
 from mmfeed.codecs.demux import probe
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources import stats as _stats
+from mmfeed.loaders.sources.json_limits import check_json, check_json_size
 from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
 from mmfeed.loaders.sources.tar import extract, member_groups, open_file, parse_meta, stat_file
 from mmfeed.packing.windows import check_stream_frames
@@ -209,6 +210,8 @@ def index_version(path: str | os.PathLike) -> int | None:
     """The ``INDEX_VERSION`` an index file was written with, or None when it is not an mmfeed index."""
     with open_file(os.fspath(path)) as f:
         metadata = pq.read_schema(f).metadata or {}
+    if b"mmfeed" in metadata:
+        check_json(metadata[b"mmfeed"], f"{os.fspath(path)}: its schema metadata")
     try:
         info = json.loads(metadata[b"mmfeed"])
         return int(info["version"]) if info.get("format") == _FORMAT else None
@@ -346,6 +349,8 @@ def _episode(shard: str, key: str, entries: list[tuple[str, int, int]], open_mem
     if "meta.json" not in names:
         raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member; every episode needs one "
                          "with fps, length and task")
+    meta_size = next(k for n, _, k in entries if n == "meta.json")
+    check_json_size(meta_size, f"{key}.meta.json in shard {shard!r}")  # before reading it
     meta = parse_meta(shard, key, open_member("meta.json").read())
     described, length, fps = meta.get("features", {}), meta["length"], float(meta["fps"])
     features, parts = [], {}
@@ -356,7 +361,8 @@ def _episode(shard: str, key: str, entries: list[tuple[str, int, int]], open_mem
         where = f"{shard!r} key {key!r} member {key}.{member}"
         if any(f["name"] == feature for f in features):
             raise ValueError(f"{where}: feature {feature!r} has two members in this episode")
-        kind, dtype, shape, frames, part = _member_feature(open_member(member), ext, described.get(feature), where)
+        kind, dtype, shape, frames, part = _member_feature(open_member(member), ext, described.get(feature), where,
+                                                           size)
         if part is not None:
             parts[feature] = part
         rate = meta["rates"].get(feature, fps)
@@ -374,9 +380,11 @@ def _episode(shard: str, key: str, entries: list[tuple[str, int, int]], open_mem
     return meta, features, parts
 
 
-def _member_feature(f: IO[bytes], ext: str, entry: Mapping | None, where: str):
-    """``(kind, dtype, step shape, frames, stats partial or None)`` of a member: from its meta.json ``features``
-    entry where there is one (an npy header is always read and must agree), else probed or read."""
+def _member_feature(f: IO[bytes], ext: str, entry: Mapping | None, where: str, size: int):
+    """``(kind, dtype, step shape, frames, stats partial or None)`` of a member of ``size`` bytes: from its
+    meta.json ``features`` entry where there is one (an npy header is always read and must agree, and the member
+    must be no longer than the header and the array it promises, checked before the array is read), else probed
+    or read."""
     said = part = None
     if entry is not None:
         try:
@@ -395,11 +403,9 @@ def _member_feature(f: IO[bytes], ext: str, entry: Mapping | None, where: str):
         if said[:2] != ("video", "uint8") or len(said[2]) != 3 or said[2][2] != 3:
             raise ValueError(f"{where}: meta.json describes {entry!r}; a video is kind video, uint8 [H, W, 3]")
         return "video", "uint8", said[2], said[3], None
-    try:
-        read = {(1, 0): np.lib.format.read_array_header_1_0}.get(np.lib.format.read_magic(f),
-                                                                  np.lib.format.read_array_header_2_0)
-        shape, _, dtype = read(f)
-    except (ValueError, OSError) as exc:
+    try:  # the header alone, and the member's size checked against it before the array is read
+        dtype, shape, _, _ = check_npy_size(f.read(min(size, 12 + MAX_HEADER_BYTES)), size, key=where)
+    except OSError as exc:
         raise ValueError(f"{where}: not .npy bytes: {exc}") from exc
     if dtype.hasobject or not shape:
         raise ValueError(f"{where}: an array feature holds numbers per step [T, ...], got {dtype} {list(shape)}"

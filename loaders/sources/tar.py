@@ -12,6 +12,9 @@ import tarfile
 from collections.abc import Iterator
 from typing import IO, Any
 
+from mmfeed.codecs.arrays import MAX_HEADER_BYTES, check_npy_size
+from mmfeed.loaders.sources.json_limits import check_json, check_json_size
+
 __all__ = ["extract", "iter_shard", "member_groups", "open_file", "parse_meta", "read_member", "split_member",
            "stat_file"]
 
@@ -29,6 +32,11 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
         data = read_range(shard_path, offset, size)
     else:
         with open(shard_path.removeprefix("file://"), "rb") as f:
+            have = os.fstat(f.fileno()).st_size
+            if offset + size > have:  # refused before a buffer of ``size`` bytes is allocated for the read
+                raise ValueError(f"{shard_path!r} ends at byte {have}, before the member the index places at "
+                                 f"{offset}..{offset + size}: the shard is truncated or the index is out of date; "
+                                 "rebuild it with `mmfeed index`")
             f.seek(offset)
             data = f.read(size)
     if len(data) != size:
@@ -46,10 +54,25 @@ def iter_shard(shard: str | os.PathLike, select=None) -> Iterator[tuple[str, dic
     for position, (key, group, tar) in enumerate(member_groups(shard)):
         if select is not None and not select(position):
             continue
-        data = {name: extract(tar, info).read() for name, info in group}
+        data = {name: _read_checked(tar, info, name, f"{shard!r} key {key!r} member {info.name}")
+                for name, info in group}
         if "meta.json" not in data:
             raise ValueError(f"episode {key!r} in shard {shard!r} has no {key}.meta.json member")
         yield key, data, parse_meta(shard, key, data["meta.json"])
+
+
+def _read_checked(tar: tarfile.TarFile, info: tarfile.TarInfo, name: str, where: str) -> bytes:
+    """A member's bytes, read only once its size is plausible: a meta.json within the metadata JSON limit, an npy
+    member no longer than the header and the array its header promises (from the header's bytes, before the
+    rest: a valid array followed by gigabytes is refused unread)."""
+    f = extract(tar, info)
+    if name == "meta.json":
+        check_json_size(info.size, where)
+    elif name.endswith(".npy"):
+        head = f.read(min(info.size, 12 + MAX_HEADER_BYTES))
+        check_npy_size(head, info.size, key=where)
+        return head + f.read()
+    return f.read()
 
 
 def split_member(name: str) -> tuple[str | None, str, str]:
@@ -71,6 +94,7 @@ def parse_meta(shard: str, key: str, raw: bytes) -> dict[str, Any]:
     step 0 and increasing) with ``task`` defaulted to "", ``task_runs`` to ``[]`` (else ``[(first step, text)]``)
     and ``rates`` = v1's ``camera_fps`` updated by ``rates``; ValueError naming the shard and key."""
     where = f"{key}.meta.json in shard {shard!r}"
+    check_json(raw, where)  # size and nesting depth, before parsing
     try:
         meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mmfeed.codecs.arrays import load_npy
+from mmfeed.codecs.arrays import MAX_HEADER_BYTES, load_npy
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
@@ -135,6 +135,7 @@ class WebDatasetSource(EpisodeSource):
         videos = [f for f, c in arrays.features.items() if c["kind"] == "video"]
         for f in videos:
             options.check_frame_pixels(self.name, f, *arrays.features[f]["shape"][:2])
+        _check_members(arrays, self._shards, self.name, options.check_index)
         self._sizes = options.frame_sizes(videos, list(arrays.features), self.name)
         self._bind()
         self.features = {f: self._feature(f, c) for f, c in arrays.features.items()}
@@ -321,6 +322,40 @@ class WebDatasetSource(EpisodeSource):
             except DecodeError as err:
                 raise SampleError(f"{where}: {reason_of(err)}") from err
         self._checked.add((episode, feature))
+
+
+def _check_members(arrays: IndexArrays, shards: Sequence[str], name: str, sized: bool) -> None:
+    """Every npy member's size is at most what its feature's dtype, step shape and frame count take, plus a
+    header of at most :data:`~mmfeed.codecs.arrays.MAX_HEADER_BYTES`, and, where ``sized`` (``check_index``: the
+    shards still have the sizes the index recorded), every member lies inside its shard's bytes: a reader never
+    asks for more bytes than a shard or an array can hold (without ``check_index``, :func:`.tar.read_member`
+    compares each read with the shard's size). Vectorized over the episodes; ValueError naming the index, the
+    shard and key, the feature and the limit."""
+    recorded = np.array([np.nan if size is None or not sized else size for size, _ in arrays.shard_stamps],
+                        np.float64)
+    shard_size = recorded[np.asarray(arrays.shard_of, np.int64)]
+    for feature, column in arrays.features.items():
+        offsets, sizes = (np.asarray(column[k], np.int64) for k in ("offset", "size"))
+        bad = (offsets < 0) | (sizes < 0) | (offsets.astype(np.float64) + sizes > shard_size)  # NaN: unknown size
+        if bad.any():
+            e = int(np.flatnonzero(bad)[0])
+            where = f"{shards[arrays.shard_of[e]]} key {arrays.ids[e].as_py()!r}"
+            raise ValueError(f"{name}: feature {feature!r} of {where}: the index places its member at bytes "
+                             f"{offsets[e]}..{offsets[e] + sizes[e]}, outside the shard's {shard_size[e]:.0f} bytes; "
+                             "rebuild the index with `mmfeed index`")
+        if column["kind"] != "array":
+            continue
+        per_frame = float(np.prod(column["shape"], dtype=object) * np.dtype(column["dtype"]).itemsize)
+        need = np.asarray(column["frames"], np.float64) * per_frame  # floats: a lying frame count cannot overflow
+        bad = ~(sizes - need <= 12 + MAX_HEADER_BYTES)  # longer than the .npy header and the array (shorter ones
+        # are read, and called truncated, as a sample's error)
+        if bad.any():
+            e = int(np.flatnonzero(bad)[0])
+            where = f"{shards[arrays.shard_of[e]]} key {arrays.ids[e].as_py()!r}"
+            raise ValueError(f"{name}: feature {feature!r} of {where}: the index gives its .npy member {sizes[e]} "
+                             f"bytes, but {int(column['frames'][e])} frames of {column['dtype']} "
+                             f"{list(column['shape'])} take {need[e]:.0f} bytes and a header of at most "
+                             f"{12 + MAX_HEADER_BYTES}; rebuild the index with `mmfeed index`")
 
 
 def _open_index(path, check_index: bool) -> tuple[IndexArrays, str, bool]:

@@ -5,7 +5,8 @@ The index has the schema of :data:`mmfeed.loaders.sources.index.INDEX_SCHEMA`: `
 steps at 15 Hz, ``episodes_per_shard`` per shard, two video features (``observation.images.cam_high`` and
 ``observation.images.wrist``, 224x224, one frame per step), ``observation.state`` and ``action`` (float32 ``[7]``)
 with their stats partials, one of 16 tasks each (every 1000th episode changes task half-way). The shard files
-are created empty, so that the index is not stale; they cannot be read.
+are created sparse (no disk blocks), as long as the members the index places in them, so that the index is
+neither stale nor out of its shards' bounds; they hold zeros, which cannot be decoded.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _strings(values) -> pa.Array:
 
 def write_synthetic_index(directory: str | os.PathLike, episodes: int, *, episodes_per_shard: int = 100,
                           seed: int = 0) -> str:
-    """Write ``mmfeed-index.parquet`` (and the empty shard files) into ``directory``; returns the index path."""
+    """Write ``mmfeed-index.parquet`` (and the sparse shard files) into ``directory``; returns the index path."""
     from mmfeed.loaders.sources import stats as _stats
     from mmfeed.loaders.sources.index import INDEX_FILENAME, INDEX_SCHEMA, INDEX_VERSION, _FORMAT
 
@@ -47,11 +48,6 @@ def write_synthetic_index(directory: str | os.PathLike, episodes: int, *, episod
     e = np.arange(n)
     length = rng.integers(100, 401, n).astype(np.int64)
     shard_names = [f"shard-{s:06d}.tar" for s in range((n + episodes_per_shard - 1) // episodes_per_shard)]
-    stamps = {}
-    for name in shard_names:
-        path = root / name
-        path.touch()
-        stamps[name] = os.stat(path).st_mtime_ns
     shard_of = e // episodes_per_shard
     shards = pa.DictionaryArray.from_arrays(pa.array(shard_of, pa.int32()), pa.array(shard_names)).cast(pa.string())
     ids = pa.array([f"ep{i:08d}" for i in range(n)], pa.string())
@@ -72,6 +68,14 @@ def write_synthetic_index(directory: str | os.PathLike, episodes: int, *, episod
     member_sizes = np.concatenate([sizes, np.full((n, 1), 200)], 1)  # + meta.json
     offsets = np.cumsum(member_sizes + 512, axis=1) - member_sizes  # each member after its 512-byte header
     within = offsets - offsets[:, :1] + 512
+    ends = np.zeros(len(shard_names), np.int64)
+    np.maximum.at(ends, shard_of, (within + member_sizes).max(axis=1))
+    stamps = {}
+    for name, end in zip(shard_names, ends.tolist()):
+        path = root / name
+        with open(path, "wb") as f:
+            f.truncate(end)  # sparse: as long as the members the index places in it, no disk blocks
+        stamps[name] = os.stat(path).st_mtime_ns
     key = ids.to_numpy(zero_copy_only=False)
     ext = [".mp4", ".mp4", ".npy", ".npy"]
     member = _strings(f"{key[i]}.{names[j]}{ext[j]}" for i in range(n) for j in range(k))
@@ -97,7 +101,7 @@ def write_synthetic_index(directory: str | os.PathLike, episodes: int, *, episod
     table = pa.Table.from_arrays(
         [ids, shards, pa.array(length), pa.array(np.full(n, 15.0)), task, _lists(run_offsets, runs),
          _lists(np.arange(0, n * k + 1, k), features), _lists(np.arange(0, n * (k + 1) + 1, k + 1), members),
-         _lists(np.arange(0, stat_rows + 1, 2), stats), pa.array(np.zeros(n, np.int64)),
+         _lists(np.arange(0, stat_rows + 1, 2), stats), pa.array(ends[shard_of]),
          pa.array([stamps[shard_names[s]] for s in shard_of], pa.int64())], schema=INDEX_SCHEMA)
     merged = {f: {"count": np.float64(length.sum()), "mean": np.full(_DIM, 0.5), "m2": np.full(_DIM, 1.0),
                   "min": np.zeros(_DIM), "max": np.ones(_DIM)} for f in _ARRAYS}
