@@ -19,9 +19,12 @@ __all__ = ["extract", "iter_shard", "member_groups", "open_file", "parse_meta", 
            "stat_file"]
 
 
-def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
+def read_member(shard_path: str | os.PathLike, offset: int, size: int, *, member: bool = False) -> bytes:
     """The ``size`` bytes at ``offset`` of a shard (one member's data): a seek and a read, a range request for URLs.
-    ValueError when offset or size is negative or the shard ends before ``offset + size``."""
+    ValueError when offset or size is negative or the shard ends before ``offset + size`` (a local shard's size is
+    compared first, so that no buffer of a size an index made up is allocated). ``member``: ``offset`` is where a
+    tar member's data starts, and the 512-byte tar header just before it must give ``size`` (an index placing a
+    member elsewhere, or with another size, is refused)."""
     shard_path = os.fspath(shard_path)
     offset, size = int(offset), int(size)
     if offset < 0 or size < 0:
@@ -29,6 +32,9 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
     if "://" in shard_path and not shard_path.startswith("file://"):
         from mmfeed.loaders.sources.remote import read_range  # range requests through a bounded block cache
 
+        header = read_range(shard_path, offset - 512, 512) if member and offset >= 512 else b""
+        if member:
+            _check_header(shard_path, header, offset, size)
         data = read_range(shard_path, offset, size)
     else:
         with open(shard_path.removeprefix("file://"), "rb") as f:
@@ -37,6 +43,9 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
                 raise ValueError(f"{shard_path!r} ends at byte {have}, before the member the index places at "
                                  f"{offset}..{offset + size}: the shard is truncated or the index is out of date; "
                                  "rebuild it with `mmfeed index`")
+            if member:
+                f.seek(max(offset - 512, 0))
+                _check_header(shard_path, f.read(512) if offset >= 512 else b"", offset, size)
             f.seek(offset)
             data = f.read(size)
     if len(data) != size:
@@ -44,6 +53,19 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int) -> bytes:
                          f"{offset}): the shard is truncated or the index is out of date; rebuild it with "
                          "`mmfeed index`")
     return data
+
+
+def _check_header(shard_path: str, block: bytes, offset: int, size: int) -> None:
+    """Raise ValueError unless ``block`` is a tar header giving a member of ``size`` bytes (the one whose data the
+    index places at ``offset``)."""
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape") if len(block) == 512 else None
+    except tarfile.HeaderError:
+        info = None
+    if info is None or info.size != size:
+        found = "no tar header precedes it" if info is None else f"its tar header gives {info.size}"
+        raise ValueError(f"{shard_path!r}: the index places a member of {size} bytes at byte {offset}, but {found}: "
+                         "the index is out of date or not this shard's; rebuild it with `mmfeed index`")
 
 
 def iter_shard(shard: str | os.PathLike, select=None) -> Iterator[tuple[str, dict[str, bytes], dict[str, Any]]]:

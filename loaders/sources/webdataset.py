@@ -277,7 +277,7 @@ class WebDatasetSource(EpisodeSource):
             return data
         offsets, sizes = self._members[feature]
         with stage("read"):
-            data = read_member(self._shards[self._shard_of[episode]], offsets[episode], sizes[episode])
+            data = read_member(self._shards[self._shard_of[episode]], offsets[episode], sizes[episode], member=True)
         self._bytes.put(key, data)
         return data
 
