@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mmfeed.loaders.sources.confine import Confined, UnsafePathError, shorten
 from mmfeed.loaders.sources.json_limits import check_json, check_json_size
 from mmfeed.loaders.sources.remote import RetryPolicy, default_cache
 
@@ -152,12 +153,17 @@ class DatasetFiles:
 
     Credentials and endpoints come from the usual fsspec places (environment variables such as
     ``AWS_ENDPOINT_URL``, config files), as for remote shards.
+
+    Every file read lies inside the root (:mod:`~mmfeed.loaders.sources.confine`: relative, no ``..``, locally
+    not through a symbolic link out of it; remotely under the same scheme, host and prefix): anything else is an
+    :class:`~mmfeed.loaders.sources.confine.UnsafePathError` naming the path, judged once per distinct path.
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.remote = is_url(root)
         self.root = os.fspath(root).rstrip("/") if self.remote else os.fspath(Path(os.fspath(root)))
         self._sizes: dict[str, int] = {}
+        self._confined = Confined(self.root, self.remote)
 
     def __repr__(self) -> str:
         return f"DatasetFiles({self.root!r})"
@@ -166,10 +172,24 @@ class DatasetFiles:
         """The full path or URL of ``relative``, as messages name it."""
         return f"{self.root}/{relative}" if self.remote else os.path.join(self.root, relative)
 
+    def outside(self, relative: str) -> str | None:
+        """Why ``relative`` lies outside the dataset (``"it climbs out with '..'"``, ...), or None where it may be
+        read (:class:`~mmfeed.loaders.sources.confine.Confined`; no request is made)."""
+        return self._confined.outside(relative)
+
+    def _inside(self, relative: str) -> str:
+        """The full path or URL of ``relative``, which must lie inside the dataset."""
+        reason = self._confined.outside(relative)
+        if reason is not None:
+            raise UnsafePathError(f"{self.root}: {shorten(relative)} lies outside the dataset ({reason}); mmfeed "
+                                  "reads only files inside a dataset's directory")
+        return self.where(relative)
+
     def exists(self, relative: str) -> bool:
         """Whether ``relative`` is a file (remote: a missing file is the answer, any other failure retried)."""
         if not self.remote:
-            return os.path.isfile(self.where(relative))
+            return os.path.isfile(self._inside(relative))
+        self._inside(relative)
         try:
             self.size(relative)
             return True
@@ -179,15 +199,15 @@ class DatasetFiles:
     def size(self, relative: str) -> int:
         """Bytes in ``relative`` (remote sizes asked once per process)."""
         if not self.remote:
-            return os.path.getsize(self.where(relative))
+            return os.path.getsize(self._inside(relative))
         size = self._sizes.get(relative)
         if size is None:
-            size = self._sizes[relative] = int(remote_info(self.where(relative))["size"])
+            size = self._sizes[relative] = int(remote_info(self._inside(relative))["size"])
         return size
 
     def read_bytes(self, relative: str) -> bytes:
         """The whole file ``relative`` (for small metadata files)."""
-        path = self.where(relative)
+        path = self._inside(relative)
         if not self.remote:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{path} does not exist")
@@ -212,8 +232,8 @@ class DatasetFiles:
     def open(self, relative: str) -> BinaryIO:
         """``relative`` as a seekable binary file (remote: read by range through the block cache)."""
         if not self.remote:
-            return open(self.where(relative), "rb")
-        return open_remote(self.where(relative), self.size(relative))
+            return open(self._inside(relative), "rb")
+        return open_remote(self._inside(relative), self.size(relative))
 
     def parquet(self, relative: str) -> pq.ParquetFile:
         """The parquet file ``relative``, opened to read its footer, then whichever columns and row groups the
@@ -226,8 +246,8 @@ class DatasetFiles:
     def video(self, relative: str) -> str | RemoteFile:
         """What the decoders open for the video ``relative``: its local path, or a :class:`RemoteFile`."""
         if not self.remote:
-            return self.where(relative)
-        return RemoteFile(self.where(relative), self.size(relative))
+            return self._inside(relative)
+        return RemoteFile(self._inside(relative), self.size(relative))
 
     def glob(self, pattern: str) -> list[str] | None:
         """Relative paths of the files matching ``pattern`` (``*`` within one folder), or None where the store
@@ -246,3 +266,4 @@ class DatasetFiles:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._sizes = {}
+        self._confined = Confined(self.root, self.remote)

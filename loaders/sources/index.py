@@ -20,8 +20,8 @@ Schema: one row per episode, in shard order then tar order (``INDEX_VERSION`` co
 column         type                                             meaning
 ============== ================================================ ===============================================
 episode_id     string                                           the webdataset key
-shard          string                                           path relative to the index's directory (posix,
-                                                                ``../`` allowed; remote ones elsewhere: URL)
+shard          string                                           path relative to the index's directory (posix;
+                                                                inside it: no ``..``, no link out, no other URL)
 length, fps    int64, float64                                   steps and rate of the control clock
 task           string                                           task text ("" where meta.json has none)
 task_runs      list<struct<start: int64, task: string>>         where the task changes within the episode: each
@@ -63,6 +63,7 @@ from mmfeed.codecs.arrays import MAX_HEADER_BYTES, check_npy_size, load_npy
 from mmfeed.codecs.demux import probe
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources import stats as _stats
+from mmfeed.loaders.sources.confine import UnsafePathError, check_shards, shard_outside, shorten
 from mmfeed.loaders.sources.json_limits import check_json, check_json_size
 from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
 from mmfeed.loaders.sources.tar import extract, member_groups, open_file, parse_meta, stat_file
@@ -196,6 +197,12 @@ def write_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, path: s
     path = os.fspath(path) if path is not None else default_index_path(shards)
     table = build_index(shards, root=_dirname(path), quantiles=quantiles, record_mtime=record_mtime,
                         progress=progress)
+    for shard in pc.unique(table["shard"]).to_pylist():  # what reading accepts (confine.shard_outside)
+        reason = shard_outside(path, shard)
+        if reason is not None:
+            raise UnsafePathError(f"{path}: shard {shorten(shard)} lies outside the index's folder ({reason}); an "
+                                  "index is read only with its shards inside its own folder: write it into a folder "
+                                  "that holds every shard (mmfeed index -o)")
     with open_file(path, "wb") as f:
         pq.write_table(table, f)
     return path
@@ -321,6 +328,7 @@ def stale_shards(index_path: str | os.PathLike, table: pa.Table | None = None) -
     """Shards (resolved paths) whose size or mtime differ from what the index recorded, or that are gone;
     ``table``: the index already read from ``index_path`` (else it is read)."""
     table = read_shard_index(index_path) if table is None else table
+    check_shards(os.fspath(index_path), pc.unique(table["shard"]).to_pylist())  # nothing stat'ed outside its folder
     recorded = zip(*(table[c].to_pylist() for c in ("shard", "shard_size", "shard_mtime_ns")))
     return changed_shards(index_path, dict.fromkeys(recorded))
 

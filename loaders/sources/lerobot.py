@@ -41,6 +41,7 @@ from mmfeed.codecs.demux import FramesTooLarge, _pixel_limit, check_frame_pixels
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.confine import PathTemplate, UnsafePathError, shorten
 from mmfeed.loaders.sources.errors import SampleError, reason_of
 from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
@@ -101,6 +102,10 @@ class LeRobotSource(EpisodeSource):
         self._video_keys = [k for k, s in specs.items() if s.get("dtype") == "video"]
         if self._video_keys and not self.info.get("video_path"):
             raise ValueError(f"{where}: video features but no 'video_path'")
+        self._data_path = PathTemplate(self.info["data_path"], ("chunk_index", "file_index"), where=where,
+                                       field="data_path")
+        self._video_path = PathTemplate(self.info["video_path"], ("video_key", "chunk_index", "file_index"),
+                                        where=where, field="video_path") if self._video_keys else None
         cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
         self._sizes = options.frame_sizes(cameras, list(specs), self.root)
         self._declared = {k: _declared_size(k, specs[k], self.root) for k in cameras}  # stored (height, width)
@@ -112,6 +117,7 @@ class LeRobotSource(EpisodeSource):
         self._meta, self._episode_tasks = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
         self._video_columns = {f: tuple(self._meta[f"videos/{f}/{c}"] for c in _VIDEO_COLUMNS)
                                for f in self._video_keys}
+        self._check_paths(where)
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
         self._frames = self._segment_frames(fps)
@@ -250,14 +256,31 @@ class LeRobotSource(EpisodeSource):
     # -- internals -------------------------------------------------------------------------------------------
     def video_file(self, episode: int, feature: str) -> str:
         """The video file (relative to the root) holding ``episode`` of the video ``feature``."""
-        return self.info["video_path"].format(
+        return self._video_path.fill(
             video_key=feature, chunk_index=int(self._meta[f"videos/{feature}/chunk_index"][episode]),
             file_index=int(self._meta[f"videos/{feature}/file_index"][episode]))
 
     def data_file(self, episode: int) -> str:
         """The data parquet file (relative to the root) holding the rows of ``episode``."""
-        return self.info["data_path"].format(chunk_index=int(self._meta["data/chunk_index"][episode]),
-                                             file_index=int(self._meta["data/file_index"][episode]))
+        return self._data_path.fill(chunk_index=int(self._meta["data/chunk_index"][episode]),
+                                    file_index=int(self._meta["data/file_index"][episode]))
+
+    def _check_paths(self, where: str) -> None:
+        """Every data and video file meta/episodes names lies inside the dataset (refused at open, naming info.json,
+        the field and the path): each distinct (chunk, file) pair filled and checked once, the pairs found
+        vectorized (a million episodes in a few files cost a few checks)."""
+        checks = [("data_path", self._data_path, None, self._meta["data/chunk_index"], self._meta["data/file_index"])]
+        checks += [("video_path", self._video_path, f, *self._video_columns[f][:2]) for f in self._video_keys]
+        for field, template, feature, chunk, number in checks:
+            for c, n in _distinct_pairs(chunk, number):
+                values = {"chunk_index": c, "file_index": n, **({"video_key": feature} if feature else {})}
+                relative = template.fill(**values)
+                reason = self.files.outside(relative)
+                if reason is not None:
+                    of = f"feature {feature!r}, " if feature else ""
+                    raise UnsafePathError(f"{where}: {field} {shorten(template.text)} names {shorten(relative)} ({of}"
+                                          f"chunk {c}, file {n}), outside the dataset ({reason}); a dataset's files "
+                                          "must lie inside its directory")
 
     def _segment_frames(self, fps: float) -> dict[str, np.ndarray]:
         """Frames each camera's segment of a video holds per episode (``to_timestamp - from_timestamp`` at the
@@ -468,6 +491,16 @@ class _Where:
 
     def __str__(self) -> str:
         return f"{self.source.describe(self.episode)} feature {self.feature!r} ({self.path})"
+
+
+def _distinct_pairs(chunk: np.ndarray, number: np.ndarray) -> list[tuple[int, int]]:
+    """The distinct ``(chunk, file)`` pairs of two per-episode columns, from the runs of equal pairs (vectorized)."""
+    chunk, number = np.asarray(chunk, dtype=np.int64), np.asarray(number, dtype=np.int64)
+    if not len(chunk):
+        return []
+    starts = np.flatnonzero(np.concatenate([[True], (chunk[1:] != chunk[:-1]) | (number[1:] != number[:-1])]))
+    pairs = np.unique(np.stack([chunk[starts], number[starts]], axis=1), axis=0)
+    return [(int(c), int(n)) for c, n in pairs.tolist()]
 
 
 def _positions(index: np.ndarray, want: np.ndarray) -> np.ndarray | None:

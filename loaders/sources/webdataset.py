@@ -32,6 +32,7 @@ from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.errors import SampleError, reason_of
+from mmfeed.loaders.sources.confine import check_shards
 from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.index import (
     INDEX_FILENAME,
@@ -376,6 +377,7 @@ def _open_index(path, check_index: bool) -> tuple[IndexArrays, str, bool]:
         raise ValueError(f"{index_path}: not a readable index (corrupt or not parquet: {' '.join(str(err).split())}); "
                          f"rebuild it with `mmfeed index {shards}`") from err
     if index_path is not None:
+        check_shards(index_path, arrays.shards)  # before anything stats or reads one: none outside the index's folder
         changed = stale(index_path, arrays) if check_index else []
         if changed:
             raise ValueError(f"{index_path} is out of date with its shards (changed or missing: {changed[:5]}); "
