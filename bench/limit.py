@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.codecs.demux import frames_at_times, probe
+from mmfeed.codecs.demux import frames_at_times, input_options, probe
 
 __all__ = ["LimitPool", "batch_work", "decode_work", "limit_figures"]
 
@@ -95,7 +95,9 @@ class _Video:
 
         start = time.perf_counter()
         self.info = probe(video)
-        self.container = av.open(io.BytesIO(video) if isinstance(video, (bytes, bytearray)) else video)
+        in_memory = isinstance(video, (bytes, bytearray))  # the demuxers and protocols mmfeed's reader allows
+        self.container = av.open(io.BytesIO(video) if in_memory else video,
+                                 container_options=input_options(path=not in_memory))
         self.stream = self.container.streams.video[0]
         self.stream.thread_count, self.stream.thread_type = 1, "SLICE"
         self.index_of = {int(p): i for i, p in enumerate(self.info.pts)}

@@ -28,8 +28,9 @@ from numpy.typing import ArrayLike
 
 from mmfeed.codecs.errors import DecodeError
 
-__all__ = ["MAX_FRAME_PIXELS", "FileOpener", "FramesTooLarge", "VideoInfo", "VideoSource", "check_frame_pixels",
-           "frames_at_times", "frames_of", "packets_of", "probe", "source_name", "validate_indices"]
+__all__ = ["IMAGE_FORMATS", "MAX_FRAME_PIXELS", "VIDEO_FORMATS", "FileOpener", "FramesTooLarge", "VideoInfo",
+           "VideoSource", "check_container", "check_frame_pixels", "frames_at_times", "frames_of", "input_options",
+           "is_container", "packets_of", "probe", "source_name", "validate_indices"]
 
 MAX_FRAME_PIXELS = 4096 * 4096
 """The largest frame area (height x width, 16.7 MP) a video may have by default: a stream whose header declares
@@ -103,6 +104,107 @@ def source_name(source: VideoSource) -> str:
     return os.fspath(source)
 
 
+VIDEO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm"
+"""The FFmpeg demuxers every video is opened with (``format_whitelist``): MP4/MOV and Matroska/WebM, which mmfeed
+writes (mp4) and LeRobot and webdataset shards hold. Any other format FFmpeg would recognise is refused, above all
+those that open other files or URLs themselves (HLS playlists, concat lists): a dataset's file cannot make the
+reader fetch another."""
+
+IMAGE_FORMATS = "png_pipe,jpeg_pipe,webp_pipe"
+"""The FFmpeg demuxers the images a LeRobot data file holds are opened with (PNG, JPEG, WebP)."""
+
+_FORMAT_NAMES = {VIDEO_FORMATS: "MP4/MOV and Matroska/WebM videos", IMAGE_FORMATS: "PNG, JPEG and WebP images"}
+
+_CONTAINER_MAGIC = (b"ftyp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pnot", b"uuid", b"styp", b"sidx",
+                    b"moof")
+"""The box types an MP4/MOV file can start with (bytes 4..8); Matroska/WebM starts with the EBML magic."""
+
+_EBML = b"\x1a\x45\xdf\xa3"
+
+
+def input_options(formats: str = VIDEO_FORMATS, path: bool = True) -> dict[str, str]:
+    """The options of every ``av.open`` that reads a dataset's file (PyAV's ``container_options``): only the
+    demuxers ``formats``, and only the ``file`` protocol for a path, none at all for a Python file object or bytes
+    (FFmpeg then opens nothing itself)."""
+    return {"format_whitelist": formats, "protocol_whitelist": "file" if path else "none"}
+
+
+def is_container(head: bytes) -> bool:
+    """Whether the first bytes of a file (12 or more) are those of an MP4/MOV or a Matroska/WebM file."""
+    return bytes(head[4:8]) in _CONTAINER_MAGIC or bytes(head[:4]) == _EBML
+
+
+def check_container(source: VideoSource) -> None:
+    """Raise :class:`DecodeError` naming ``source`` unless its first bytes are an MP4/MOV's or a Matroska/WebM's:
+    checked before a path or bytes go to a decoder that opens files itself (decord, torchcodec), whatever FFmpeg
+    inside it would make of them."""
+    if isinstance(source, FileOpener):
+        return  # read through PyAV only (open_reader refuses other backends for file objects)
+    name = source_name(source)
+    try:
+        head = _head(source)
+    except OSError as exc:
+        raise DecodeError(f"{name}: cannot read the video file ({exc.strerror or exc})", path=name) from exc
+    if not is_container(head):
+        what = _what(head) or "its first bytes are no MP4/MOV's or Matroska/WebM's"
+        raise DecodeError(f"{name}: not a video container ({what}); mmfeed opens only {_FORMAT_NAMES[VIDEO_FORMATS]}",
+                          path=name)
+
+
+def _head(source: VideoSource) -> bytes:
+    """The first 64 bytes of ``source``."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(memoryview(source)[:64])
+    if isinstance(source, FileOpener):
+        with source.open() as f:
+            return f.read(64)
+    with open(os.fspath(source), "rb") as f:
+        return f.read(64)
+
+
+def _what(head: bytes) -> str | None:
+    """What a file that FFmpeg would follow elsewhere is, by its first bytes (an HLS playlist, a concat list), or
+    None."""
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text.startswith(b"#EXTM3U"):
+        return "an HLS playlist"
+    if text.startswith(b"ffconcat") or text.startswith(b"file "):
+        return "an FFmpeg concat list"
+    if b"<MPD" in text:
+        return "a DASH manifest"
+    if text.startswith(b"v=0"):
+        return "an SDP session description"
+    return None
+
+
+def _refuse_other_format(source: VideoSource, exc: Exception, name: str) -> None:
+    """After ``av.open`` failed with the allow-list's EINVAL (FFmpeg took the file for a format not on it), raise
+    the :class:`DecodeError` that says what it is: an HLS playlist or a concat list (by its first bytes) is not a
+    video container; anything else gets the reason FFmpeg's MP4/MOV demuxer gives it, as a damaged file does. Any
+    other failure returns: FFmpeg's own reason stands."""
+    import av
+
+    if not isinstance(exc, av.error.ArgumentError):
+        return
+    try:
+        head = _head(source)
+    except OSError:
+        return
+    what = _what(head)
+    if what is not None:
+        raise DecodeError(f"{name}: not a video container ({what}); mmfeed opens only "
+                          f"{_FORMAT_NAMES[VIDEO_FORMATS]}", path=name) from exc
+    try:
+        target = source.open() if isinstance(source, FileOpener) else io.BytesIO(source) if isinstance(
+            source, (bytes, bytearray, memoryview)) else os.fspath(source)
+        with av.open(target, mode="r", format="mov", container_options=input_options(path=isinstance(target, str))):
+            why = "FFmpeg takes it for a format other than MP4/MOV or Matroska/WebM"
+    except (av.error.FFmpegError, OSError) as again:
+        why = again.strerror if isinstance(again, av.error.FFmpegError) and again.strerror else again
+    raise DecodeError(f"{name}: not a readable video file (unknown format, truncated or corrupt): {why}",
+                      path=name) from exc
+
+
 class FramesTooLarge(DecodeError):
     """A video whose stream header declares frames larger than ``max_frame_pixels`` (``height``, ``width`` and
     ``limit`` say by how much); refused before any frame is decoded."""
@@ -146,8 +248,10 @@ def open_container(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME
             raise DecodeError(f"{name}: the video bytes are empty", path=name)
         target = io.BytesIO(source)
     try:
-        container = av.open(target, mode="r", options=_pixel_limit(max_frame_pixels))
+        container = av.open(target, mode="r", options=_pixel_limit(max_frame_pixels),
+                            container_options=input_options(VIDEO_FORMATS, path=isinstance(target, str)))
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+        _refuse_other_format(source, exc, name)  # an HLS playlist, a concat list: not a video container
         # FFmpeg's words without the errno and the file name PyAV adds to them (the message names the file)
         why = exc.strerror if isinstance(exc, av.error.FFmpegError) and exc.strerror else exc
         raise DecodeError(

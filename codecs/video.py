@@ -33,6 +33,7 @@ from mmfeed.codecs._decord import DecordReader
 from mmfeed.codecs._pyav import PyAVReader
 from mmfeed.codecs._torchcodec import TorchCodecReader, check_device, cuda_decode_error
 from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
+from mmfeed.codecs.demux import check_container
 from mmfeed.codecs.demux import (MAX_FRAME_PIXELS, FileOpener, VideoInfo, VideoSource, check_frame_pixels,
                                  frames_at_times, probe, validate_indices)
 from mmfeed.codecs.errors import DecodeError
@@ -198,6 +199,8 @@ def open_reader(
     if name != "pyav" and isinstance(source, FileOpener):
         raise DecodeError(f"{info.path}: a video read through a file object (object storage, say) decodes with "
                           f"PyAV only, not {name!r}; use backend='pyav' or 'auto'", path=info.path)
+    if name != "pyav":
+        check_container(source)  # decord and torchcodec open it with their own FFmpeg, without PyAV's allow-list
     extra = {"frame_format": options.frame_format} if options.frame_format != "rgb24" else {}
     if name == "pyav":
         extra["max_frame_pixels"] = options.max_frame_pixels
