@@ -126,6 +126,22 @@ def test_a_symbolic_link_out_of_the_dataset_is_refused(lerobot, tmp_path):
         LeRobotSource(root)
 
 
+def test_a_folder_the_user_trusts_may_be_linked_into(lerobot, tmp_path, monkeypatch):
+    """videos/ linked to another disk, as users lay out their own data: refused until that disk is named in
+    MMFEED_TRUSTED_ROOTS, then read like any other folder of the dataset (and only that folder is trusted)."""
+    root = edited(lerobot, tmp_path)
+    shutil.rmtree(root / "videos" / CAM)
+    os.symlink(tmp_path / "elsewhere" / "videos" / CAM, root / "videos" / CAM)
+    with pytest.raises(UnsafePathError, match="MMFEED_TRUSTED_ROOTS"):
+        LeRobotSource(root)
+    monkeypatch.setenv("MMFEED_TRUSTED_ROOTS", os.pathsep.join(["/nonexistent", str(tmp_path / "elsewhere" / "videos")]))
+    source = LeRobotSource(root)
+    assert source.episode(0)[CAM].shape[0] == source.lengths[0]
+    monkeypatch.setenv("MMFEED_TRUSTED_ROOTS", str(tmp_path / "elsewhere" / "meta"))
+    with pytest.raises(UnsafePathError, match="through a symbolic link"):
+        LeRobotSource(root)
+
+
 def test_a_dataset_in_the_hugging_face_hub_cache_opens_through_its_blob_links(lerobot, tmp_path):
     """snapshots/<revision>/ holds links into the repository's blobs/, as huggingface_hub lays a download out."""
     repo = tmp_path / "hub" / "datasets--someone--robot"

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["MAX_WIDTH", "Confined", "PathTemplate", "UnsafePathError", "check_shards", "shard_outside", "shorten"]
+__all__ = ["MAX_WIDTH", "TRUSTED_ROOTS_ENV", "Confined", "PathTemplate", "UnsafePathError", "check_shards", "shard_outside", "shorten"]
 
 MAX_WIDTH = 20
 """The widest integer field a path template may ask for (``{chunk_index:03d}`` asks for 3)."""
@@ -146,10 +146,17 @@ def _lexical(relative: str, url: bool) -> str | None:
     return None
 
 
+TRUSTED_ROOTS_ENV = "MMFEED_TRUSTED_ROOTS"
+"""Folders (``os.pathsep``-separated) a dataset's symbolic links may lead into, beside the dataset itself: a user's
+own layout such as ``videos/`` linked to another disk (``MMFEED_TRUSTED_ROOTS=/mnt/nvme/videos``)."""
+
+
 def _allowed_roots(real_root: str) -> list[str]:
-    """The real folders files of the dataset at ``real_root`` may lie in: itself, and in the Hugging Face hub cache
-    (``<repo>/snapshots/<revision>/...``, files linked into ``<repo>/blobs``) the repository's ``blobs``."""
-    roots = [real_root]
+    """The real folders files of the dataset at ``real_root`` may lie in: itself, the folders the user trusts
+    (:data:`TRUSTED_ROOTS_ENV`), and in the Hugging Face hub cache (``<repo>/snapshots/<revision>/...``, files
+    linked into ``<repo>/blobs``) the repository's ``blobs``."""
+    trusted = os.environ.get(TRUSTED_ROOTS_ENV, "")
+    roots = [real_root, *(os.path.realpath(p) for p in trusted.split(os.pathsep) if p.strip())]
     folder = real_root
     while True:
         parent = os.path.dirname(folder)
@@ -209,7 +216,7 @@ class Confined:
             return None
         if any(_within(real, r) for r in self._real):
             return None
-        return f"it resolves through a symbolic link to {shorten(real)}, outside the dataset"
+        return f"it resolves through a symbolic link to {shorten(real)}, which {TRUSTED_ROOTS_ENV} does not trust"
 
     def __getstate__(self) -> dict:
         return {"root": self.root, "url": self.url}
