@@ -58,12 +58,14 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int, *, member
 def _check_header(shard_path: str, block: bytes, offset: int, size: int) -> None:
     """Raise ValueError unless ``block`` is a tar header giving a member of ``size`` bytes (the one whose data the
     index places at ``offset``)."""
+    given = None
     try:
-        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape") if len(block) == 512 else None
-    except tarfile.HeaderError:
-        info = None
-    if info is None or info.size != size:
-        found = "no tar header precedes it" if info is None else f"its tar header gives {info.size}"
+        if len(block) == 512 and tarfile.nti(block[148:156]) in tarfile.calc_chksums(block):  # a header's checksum
+            given = tarfile.nti(block[124:136])  # its size field (octal, or GNU base-256)
+    except tarfile.InvalidHeaderError:  # a field that is no number: no header
+        given = None
+    if given != size:
+        found = "no tar header precedes it" if given is None else f"its tar header gives {given}"
         raise ValueError(f"{shard_path!r}: the index places a member of {size} bytes at byte {offset}, but {found}: "
                          "the index is out of date or not this shard's; rebuild it with `mmfeed index`")
 
