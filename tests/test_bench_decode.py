@@ -38,6 +38,7 @@ def quick_report(cache_dir, tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # the decode benchmark's quick run
 def test_quick_run_reports_every_figure(quick_report):
     """Every row has the like-for-like figures, each positive and finite, and the spread behind each median;
     without --lerobot-python the LeRobot figures are None and no target on them is claimed."""

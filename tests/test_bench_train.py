@@ -45,6 +45,7 @@ def report(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # trains a model on both sides
 def test_quick_run_trains_every_side_on_the_same_useful_tokens(report):
     sides = [report[s] for s in train.SIDES]
     assert len({s["useful_tokens"] for s in sides}) == 1 and sides[0]["useful_tokens"] > 0

@@ -278,6 +278,7 @@ V1_REPORT = {
     "environment": {"git_revision": "f225c8a"}, "details": {"step_s": 0.025}}
 
 
+@pytest.mark.slow  # a benchmark, AV1 encoding or a conversion run end to end
 def test_bench_on_given_shards_writes_the_json_schema_and_a_plot(shards, tmp_path):
     report, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     out = mmfeed("bench", "--data", str(shards), *QUICK_BENCH, "--repeats", "2", "--json", str(report),
@@ -330,6 +331,7 @@ def test_bench_on_given_shards_writes_the_json_schema_and_a_plot(shards, tmp_pat
         assert "samples_per_s" in got.stdout and "padding_fraction" in got.stdout
 
 
+@pytest.mark.slow  # a benchmark, AV1 encoding or a conversion run end to end
 def test_plain_bench_synthesizes_its_dataset_into_the_cache_and_sweeps_workers(tmp_path):
     cache = tmp_path / "cache"
     report = tmp_path / "bench.json"
@@ -457,6 +459,7 @@ def test_decode_totals_count_the_frames_the_decoder_produced_gop_dependencies_in
     assert {k: after[k] - before[k] for k in after} == {"opened": 1, "frames_decoded": 4 + 7, "seeks": 2}
 
 
+@pytest.mark.slow  # a benchmark, AV1 encoding or a conversion run end to end
 def test_synth_lerobot_av1_is_inspectable_from_its_metadata(tmp_path):
     out_dir = tmp_path / "lerobot"
     made = mmfeed("synth", str(out_dir), "--format", "lerobot", "--episodes", "2", *TINY, "--no-progress")
@@ -469,6 +472,7 @@ def test_synth_lerobot_av1_is_inspectable_from_its_metadata(tmp_path):
     assert_one_line_error(mmfeed("index", str(out_dir)))  # a LeRobot directory carries its own index
 
 
+@pytest.mark.slow  # a benchmark, AV1 encoding or a conversion run end to end
 def test_convert_turns_a_lerobot_directory_into_shards_open_dataset_reads(tmp_path):
     """`mmfeed convert SRC DST`: every feature and the tasks of the source, from the command line."""
     from mmfeed.loaders import open_dataset

@@ -159,6 +159,7 @@ def test_unreadable_reports_raise_a_clear_error(tmp_path, content, why):
         load_report(path)
 
 
+@pytest.mark.slow  # several console-script processes
 def test_unreadable_files_exit_2_with_one_line(tmp_path):
     good = bench_report()
     for bad in ("{not json", "[1]"):

@@ -115,6 +115,7 @@ def test_workers_of_a_killed_training_process_exit(tmp_path, dataset):
             pass
 
 
+@pytest.mark.slow  # workers started by spawn and forkserver
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_workers_started_by_spawn_or_a_fork_server_watch_the_right_parent(tmp_path, context):
     """Under forkserver a worker's OS parent is the fork server, not the training process: the watch must not

@@ -208,6 +208,7 @@ def test_both_sides_sample_alike(two_cams):
     assert min(len(np.unique(e)) for _, e, _ in batches) >= 3  # no episode blocks: every batch spans episodes
 
 
+@pytest.mark.slow  # a timed loader stretch
 def test_mmfeed_stretch_counts_samples_and_its_workers_cpu(two_cams):
     """A timed stretch of mmfeed's loader: 4 batches of 32 samples, CPU seconds of both worker processes, and the
     workers are gone afterwards."""

@@ -267,6 +267,7 @@ def mixed_rows(draw):
     return rows, capacity, steps
 
 
+@pytest.mark.slow  # dense masks of long rows as the reference
 @pytest.mark.kernels
 @given(mixed_rows(), st.integers(1, 48))
 @settings(max_examples=40, deadline=None)

@@ -103,6 +103,7 @@ def without_videos(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow  # stats of three datasets through the CLI
 def test_mmfeed_stats_gives_ds_stats_from_the_arrays_alone_never_decoding(paths, tmp_path):
     names = ("franka", "aloha", "base")
     blind = {n: without_videos(Path(paths[n]), tmp_path / n) for n in names}
