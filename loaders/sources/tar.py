@@ -12,7 +12,8 @@ import tarfile
 from collections.abc import Iterator
 from typing import IO, Any
 
-from mmfeed.codecs.arrays import MAX_HEADER_BYTES, check_npy_size
+from mmfeed.codecs.arrays import MAX_HEADER_BYTES, check_npy_size, npy_header
+from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.sources.json_limits import check_json, check_json_size
 
 __all__ = ["extract", "iter_shard", "member_groups", "open_file", "parse_meta", "read_member", "split_member",
@@ -94,6 +95,10 @@ def _read_checked(tar: tarfile.TarFile, info: tarfile.TarInfo, name: str, where:
         check_json_size(info.size, where)
     elif name.endswith(".npy"):
         head = f.read(min(info.size, 12 + MAX_HEADER_BYTES))
+        try:
+            npy_header(head, key=where)
+        except DecodeError:  # no readable header: no array, whatever follows; decoding the head names the problem
+            return head      # (and the error policy may skip the episode) without reading the rest
         check_npy_size(head, info.size, key=where)
         return head + f.read()
     return f.read()
