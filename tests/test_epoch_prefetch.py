@@ -228,9 +228,10 @@ def test_an_elastic_resume_runs_its_segments_then_fresh_epochs():
 
 
 def test_epochs_of_no_steps_end_at_once():
-    """A plan of no steps (the one sample is longer than the capacity) never spins."""
-    loader = loader_of(PlannedDataset.records([torch.arange(30)], [30], plan=PlanConfig(capacity=20)),
-                       device="cpu")
+    """A plan of no steps (the one sample is longer than the capacity, which the dataset is told to accept rather
+    than refuse) never spins."""
+    loader = loader_of(PlannedDataset.records([torch.arange(30)], [30], plan=PlanConfig(capacity=20),
+                                              refuse_unfit=False), device="cpu")
     start = time.monotonic()
     assert [list(loader) for _ in range(3)] == [[], [], []]
     assert time.monotonic() - start < 20
