@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -284,17 +285,26 @@ def test_bench_on_a_corrupt_video_names_the_shard_episode_and_feature(corrupt_sh
 
 
 def test_cache_on_a_corrupt_video_names_the_file_without_every_time(lerobot, tmp_path, capsys):
-    """Filling the frame cache decodes a whole segment (every time of the episode): the line names the file, the
-    episode and the feature, and shows a few of the times, not all of them."""
+    """Filling the frame cache decodes a whole segment (every time of the episode): the line names the file once,
+    the episode and the feature, and never lists every time (the damaged header is found before any is asked)."""
     root = tmp_path / "lerobot"
     shutil.copytree(lerobot, root)
     video = root / "videos" / CAM / "chunk-000" / "file-000.mp4"
     overwrite_video_header(video)
     line = error_line(capsys, "cache", str(root), "--dir", str(tmp_path / "frames"), "--processes", "1",
                       "--no-progress")
-    assert f"{root} episode 0 feature '{CAM}' ({video}) times [0.0, 0.033333, 0.066667, ..., " in line
-    assert "of them): not a readable video file (unknown format, truncated or corrupt): Invalid data found" in line
+    assert line.startswith(f"mmfeed: error: {root} episode 0 feature '{CAM}' ({video})")
+    assert "not a readable video file (unknown format, truncated or corrupt): Invalid data found" in line
     assert len(line.replace(str(root), "ROOT")) < 350 and line.count(str(video)) == 1  # was 1.3 KB, the file twice
+
+
+def test_a_failed_decode_shows_a_few_of_its_times_not_all():
+    """A decode that fails part-way names the frames asked: all of a few, else the first three, the last and how
+    many (a whole segment's 57 times would drown the reason)."""
+    from mmfeed.loaders.sources.errors import _shown
+
+    assert _shown(np.arange(30) / 30) == "[0.0, 0.033333, 0.066667, ..., 0.966667] (30 of them)"
+    assert _shown(np.array([4, 5])) == "[4, 5]"
 
 
 def test_stats_refuses_a_feature_no_dataset_has_listing_the_known_ones(shards, lerobot, capsys):
