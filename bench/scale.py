@@ -21,9 +21,10 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   processes that map them).
 
 - ``windows``: the public path over per-frame windows of a LeRobot v3 directory (4 real AV1 episodes of 250
-  frames, their metadata grown to ``episodes`` rows by :func:`mmfeed.testing.grow_lerobot`; written once into
-  the bench cache): ``open_dataset``, ``ds.windows(spec)``, then ``mmfeed.DataLoader(ds, packing=...)`` at rank 0
-  of ``world_size`` (``RANK``/``WORLD_SIZE``), no worker processes, until its first batch. The window is 2
+  frames grown to ``episodes`` by :func:`mmfeed.testing.grow_lerobot`, metadata and data rows, a data file per
+  million rows; written once into the bench cache: a few minutes at a million episodes): ``open_dataset``,
+  ``ds.windows(spec)``, then ``mmfeed.DataLoader(ds, packing=...)`` at rank 0 of ``world_size``
+  (``RANK``/``WORLD_SIZE``), no worker processes, until its first batch. The window is 2
   camera frames, 1 state and a 50-step action chunk; capacity 8192, 4 rows per batch. ``prices`` "one": the task
   text goes through a ``FixedLengthTokenizer`` (48 ids), so every window costs the same and the plan is
   arithmetic; "varied": UTF-8 bytes, so prices differ with the task and the windows are planned by price class
@@ -34,8 +35,8 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
 
 - ``stats``: ``mmfeed stats`` (:func:`~mmfeed.loaders.conversion.statistics.compute_stats`, local processes) over
   a LeRobot v3 directory of ``episodes`` 20-step episodes of a 7-dim arm (state, action, velocity, reward, done:
-  4 real episodes whose metadata is grown by :func:`mmfeed.testing.grow_lerobot`, so each episode's rows are
-  read and counted for real though the data files hold only the 4 episodes' rows); ``seconds``, ``steps_per_s``
+  4 real episodes grown by :func:`mmfeed.testing.grow_lerobot`, each grown episode with rows of its own, so each
+  episode's rows are read, checked and counted for real); ``seconds``, ``steps_per_s``
   and the peak RSS of the process and of its largest worker.
 
 ``--before CODE_DIR`` times modules copied from an earlier commit instead (``plan.py``, ``balance.py`` and
@@ -282,7 +283,7 @@ def _stats_root(episodes: int) -> str:
     from mmfeed.bench.common import cache_dir
     from mmfeed.testing import grow_lerobot, make_episodes, write_lerobot
 
-    root = cache_dir("scale-stats") / str(episodes)
+    root = cache_dir("scale-stats-rows") / str(episodes)  # grown with rows of their own
     if not (root / "meta" / "info.json").exists():
         write_lerobot(root, make_episodes(4, seed=0, min_length=20, max_length=20, cameras=(), state_dim=7,
                                           action_dim=7))
@@ -291,11 +292,11 @@ def _stats_root(episodes: int) -> str:
 
 
 def _windows_root(episodes: int) -> str:
-    """A LeRobot directory of 4 real episodes whose metadata is grown to ``episodes`` rows (in the bench cache)."""
+    """A LeRobot directory of 4 real episodes grown to ``episodes``, metadata and rows (in the bench cache)."""
     from mmfeed.bench.common import cache_dir
     from mmfeed.testing import grow_lerobot, make_episodes, write_lerobot
 
-    root = cache_dir("scale-lerobot") / str(episodes)
+    root = cache_dir("scale-lerobot-rows") / str(episodes)  # grown with rows of their own
     if not (root / "meta" / "info.json").exists():
         write_lerobot(root, make_episodes(4, seed=0, min_length=250, max_length=250, cameras=("cam_high",)))
         grow_lerobot(root, episodes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -303,14 +304,20 @@ def _image_stats(frames: np.ndarray) -> dict[str, list]:
     return {**stats, "count": [len(frames)]}
 
 
-def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, keep_stats: str = "observation.state"
-                 ) -> str:
-    """Grow the episode metadata of the LeRobot v3 directory ``root`` (written by :func:`write_lerobot`) to
-    ``episodes`` rows, for measuring how opening and planning scale: episode ``i`` is a copy of written episode
-    ``i % n`` (same data rows, video span and tasks), under its own ``episode_index``; ``meta/info.json``'s
-    totals follow. The rows are split over ``files`` parquet files of ``meta/episodes/chunk-000`` as LeRobot
-    splits large metadata; of the per-episode stats only ``keep_stats``'s columns stay (each episode's stats of
-    every feature would make gigabytes at a million episodes; the reader must skip them either way)."""
+def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, keep_stats: str = "observation.state",
+                 rows_per_file: int = 1_000_000) -> str:
+    """Grow the LeRobot v3 directory ``root`` (written by :func:`write_lerobot`) to ``episodes`` episodes, for
+    measuring how opening, planning and reading scale: episode ``i`` is a copy of written episode ``i % n`` (same
+    values, frames and tasks) under its own ``episode_index``, with rows and frames of its own, so the grown
+    directory is one LeRobot could have written and its metadata agrees with its data. The data rows are copied,
+    numbered on (``index``, ``episode_index``), each data file taking episodes until it holds ``rows_per_file``
+    rows (as LeRobot rolls its data files over at 100 MB). Each camera's video is stream-copied ``R`` times back
+    to back into one file (``R`` up to 1000: a tenth of the grown episodes' share each, so a million episodes
+    make a 1000-copy file), whose segments ``R * n`` episodes take in turn; the next ``R * n`` episodes take the
+    same segments of the next file, a hard link to it (a copy where links cannot be made). ``meta/info.json``'s
+    totals follow. The episode rows are split over ``files`` parquet files of ``meta/episodes/chunk-000`` as
+    LeRobot splits large metadata; of the per-episode stats only ``keep_stats``'s columns stay (each episode's
+    stats of every feature would make gigabytes at a million episodes; the reader must skip them either way)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -321,19 +328,66 @@ def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, kee
     keep = [c for c in table.column_names if not c.startswith("stats/") or c.startswith(f"stats/{keep_stats}/")]
     table = table.select(keep)
     n = table.num_rows
-    for f in written:
-        f.unlink()
-    bounds = np.linspace(0, episodes, files + 1).astype(np.int64)
-    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
-        ids = np.arange(lo, hi, dtype=np.int64)
-        part = table.take(pa.array(ids % n))
-        part = part.set_column(part.column_names.index("episode_index"), "episode_index", pa.array(ids))
-        pq.write_table(part, meta_dir / f"file-{i:03d}.parquet")
+    data_path = root / "data" / "chunk-000" / "file-000.parquet"
+    data = pq.read_table(data_path)
+    data = data.take(pa.array(np.argsort(data["index"].to_numpy(), kind="stable")))
+    source_from = table["dataset_from_index"].to_numpy().astype(np.int64)
     info_path = root / "meta" / "info.json"
     info = json.loads(info_path.read_text())
-    lengths = table["length"].to_numpy()
+    per_chunk = int(info.get("chunks_size") or 1000)
+
+    ids = np.arange(episodes, dtype=np.int64)
+    lengths = table["length"].to_numpy().astype(np.int64)[ids % n]
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    data_file = starts // max(int(rows_per_file), 1)  # a file takes episodes while it holds fewer rows than that
+    data_file = np.concatenate([[0], np.cumsum(np.diff(data_file) > 0)]) if episodes else data_file
+    for f in written:
+        f.unlink()
+    cuts = np.flatnonzero(np.concatenate([[True], np.diff(data_file) > 0, [True]]))
+    for k, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        count = lengths[lo:hi]
+        rows = np.arange(starts[lo], ends[hi - 1], dtype=np.int64)
+        take = np.repeat(source_from[ids[lo:hi] % n] - starts[lo:hi], count) + rows
+        part = data.take(pa.array(take))
+        part = part.set_column(part.column_names.index("index"), "index", pa.array(rows))
+        part = part.set_column(part.column_names.index("episode_index"), "episode_index",
+                               pa.array(np.repeat(ids[lo:hi], count)))
+        path = root / "data" / f"chunk-{k // per_chunk:03d}" / f"file-{k % per_chunk:03d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(part.replace_schema_metadata(data.schema.metadata), path, compression="zstd")
+    columns: dict[str, np.ndarray] = {
+        "episode_index": ids, "dataset_from_index": starts, "dataset_to_index": ends,
+        "data/chunk_index": data_file // per_chunk, "data/file_index": data_file % per_chunk}
+    video_keys = [k for k, spec in info["features"].items() if spec.get("dtype") == "video"]
+    copies = int(np.clip(-(-episodes // (10 * n)), 1, 1000))  # R
+    video_file = ids // (copies * n)
+    for key in video_keys:
+        folder = root / "videos" / key
+        spans = _concatenate([folder / _VIDEO_CHUNK] * copies, folder / "long.mp4")
+        (folder / "long.mp4").replace(folder / _VIDEO_CHUNK)
+        for k in range(1, int(video_file[-1]) + 1 if episodes else 0):
+            link = folder / f"chunk-{k // per_chunk:03d}" / f"file-{k % per_chunk:03d}.mp4"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(folder / _VIDEO_CHUNK, link)
+            except OSError:
+                shutil.copyfile(folder / _VIDEO_CHUNK, link)
+        offset = np.array([a for a, _ in spans])[(ids // n) % copies]
+        for c in ("from_timestamp", "to_timestamp"):
+            columns[f"videos/{key}/{c}"] = table[f"videos/{key}/{c}"].to_numpy()[ids % n] + offset
+        columns[f"videos/{key}/chunk_index"] = video_file // per_chunk
+        columns[f"videos/{key}/file_index"] = video_file % per_chunk
+    bounds = np.linspace(0, episodes, files + 1).astype(np.int64)
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        part = table.take(pa.array(ids[lo:hi] % n))
+        for name, values in (*columns.items(), ("meta/episodes/file_index", np.full(episodes, i))):
+            if name in part.column_names:
+                kind = part.schema.field(name).type
+                part = part.set_column(part.column_names.index(name), name, pa.array(values[lo:hi], kind))
+        pq.write_table(part, meta_dir / f"file-{i:03d}.parquet")
     info["total_episodes"] = int(episodes)
-    info["total_frames"] = int(lengths[np.arange(episodes) % n].sum())
+    info["total_frames"] = int(lengths.sum())
     info["splits"] = {"train": f"0:{episodes}"}
     info_path.write_text(json.dumps(info, indent=2))
     return str(root)
