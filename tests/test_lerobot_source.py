@@ -206,7 +206,13 @@ def test_a_missing_data_file_is_named_with_episode_and_feature(fresh):
 def test_rows_missing_from_the_data_file_are_named(fresh):
     path, root = fresh
     table = pq.read_table(path / DATA)
-    pq.write_table(table.slice(0, 10), path / DATA)  # episode 1 keeps only its first 2 rows
+    pq.write_table(table.slice(0, 10), path / DATA)  # episode 1 keeps only its first 2 rows: its footer says so
+    with pytest.raises(ValueError, match=rf"episode 1: rows 8\.\.16 .*outside its data file .*{DATA}, which holds "
+                                         r"rows 0\.\.10"):
+        LeRobotSource(root)
+    index = table["index"].to_numpy().copy()
+    index[10:] += 100  # all 16 rows there, 6 of episode 1's numbered as no episode's: found as the file is read
+    pq.write_table(table.set_column(table.column_names.index("index"), "index", pa.array(index)), path / DATA)
     with pytest.raises(ValueError, match=rf"episode 1 feature 'observation.state'.*missing.*{DATA}"):
         LeRobotSource(root).read_many([EpisodeRequest(1, {"observation.state": [1, 5]})])
     # in a batch (rows gathered per data file for all its requests) the error still names the request's episode

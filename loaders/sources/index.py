@@ -256,13 +256,21 @@ def feature_columns(table: pa.Table, *, arrow_members: bool = False) -> dict[str
     if n == 0:
         return {}
     flat, row, groups = _by_name(table, "features")
+
+    def where(r) -> str:
+        return f"{table['shard'][int(r)].as_py()} key {table['episode_id'][int(r)].as_py()!r}"
+
+    for field, values in (*flat.items(), ("shape", flat["shape"].flatten())):  # empty (null) values: no numbers
+        if field != "member" and values.null_count:
+            i = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            if values is not flat.get(field):  # a dimension inside a shape: the entry it belongs to
+                i = int(pc.list_parent_indices(flat["shape"]).to_numpy()[i])
+            raise ValueError(f"{where(row[i])}: a feature's {field} is empty (null) in the index; rebuild it with "
+                             "`mmfeed index`")
     (kinds, kind_of), (dtypes, dtype_of) = (_codes(flat[k]) for k in ("kind", "dtype"))
     ndim = pc.list_value_length(flat["shape"]).to_numpy(zero_copy_only=False)
     dims = flat["shape"].flatten().to_numpy()
     starts = np.cumsum(ndim) - ndim
-
-    def where(r) -> str:
-        return f"{table['shard'][int(r)].as_py()} key {table['episode_id'][int(r)].as_py()!r}"
 
     def desc(i) -> str:
         return f"{kind_of[kinds[i]]} {dtype_of[dtypes[i]]} {dims[starts[i]:starts[i] + ndim[i]].tolist()}"

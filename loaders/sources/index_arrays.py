@@ -96,6 +96,10 @@ class IndexArrays:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def select(self, keep: np.ndarray) -> IndexArrays:
+        """The arrays of the episodes where ``keep`` (bool ``[E]``) is true, in memory (not mapped)."""
+        return IndexArrays(self._table.filter(pa.array(np.asarray(keep, bool))), None)
+
     def __reduce__(self):
         # a mapped copy travels as its path: the receiving process maps the same pages instead of a pickled copy
         if self.path is not None:
@@ -154,6 +158,13 @@ def _first_appearance(values: pa.Array) -> tuple[np.ndarray, list[str]]:
 def derive(table: pa.Table, index_path: str | None = None, *, members: bool = True) -> pa.Table:
     """The flat table of an index table (its features checked, as :func:`.index.feature_columns` does; errors
     name shards resolved against ``index_path`` when given); ``members``: keep each feature's member names."""
+    for name in ("length", "fps"):  # an empty (null) value is no number
+        if table[name].null_count:
+            r = int(np.flatnonzero(table[name].is_null().to_numpy(zero_copy_only=False))[0])
+            shard = table["shard"][r].as_py()
+            shard = resolve_shard(index_path, shard) if index_path is not None else shard
+            raise ValueError(f"{shard} key {table['episode_id'][r].as_py()!r}: its {name} is empty (null) in the "
+                             "index; rebuild it with `mmfeed index`")
     try:
         columns = feature_columns(table, arrow_members=True)  # every episode has every feature, one kind, ...
     except ValueError:
@@ -224,6 +235,9 @@ def _read_regular(index_path: str) -> pa.Table | None:
         return None
     flat = features.flatten()
     fields = {name: flat.field(name) for name in (*_LEAVES, "shape")}
+    if rows["length"].null_count or rows["fps"].null_count or fields["shape"].flatten().null_count or any(
+            v.null_count for v in fields.values()):  # empty values: the full reader names them
+        return None
     codes = {key: _numpy(fields[key].indices).reshape(n, k) for key in ("name", "kind", "dtype")}
     if any((c != c[0]).any() for c in codes.values()) or len(set(codes["name"][0].tolist())) != k:
         return None

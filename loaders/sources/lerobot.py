@@ -42,12 +42,14 @@ from mmfeed.codecs.demux import IMAGE_FORMATS, input_options
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.consistency import (check_info, file_codes, lerobot_episodes, lerobot_rows, parquet_rows,
+                                                settle)
 from mmfeed.loaders.sources.confine import PathTemplate, UnsafePathError, shorten
 from mmfeed.loaders.sources.errors import SampleError, reason_of
 from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
-from mmfeed.loaders.sources.stats import from_json, step_shaped
+from mmfeed.loaders.sources.stats import step_shaped
 from mmfeed.packing.bins import split_rows
 from mmfeed.packing.windows import check_stream_frames
 
@@ -80,7 +82,7 @@ class LeRobotSource(EpisodeSource):
 
     FORMAT = "LeRobot v3"
     READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s", "cache", "cache_bytes",
-                    "device", "max_frame_pixels")
+                    "device", "max_frame_pixels", "errors")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, root: str | os.PathLike, options: ReadOptions | None = None, **kwargs: Any) -> None:
@@ -92,6 +94,7 @@ class LeRobotSource(EpisodeSource):
         self.tolerance_s = float(options.tolerance_s)
         self.info = self.files.read_json("meta/info.json")
         where = self.files.where("meta/info.json")
+        check_info(self.info, where)  # every field the reader uses has its JSON type, before it is used
         version = str(self.info.get("codebase_version", ""))
         if not version.startswith("v3"):
             raise ValueError(f"{self.root}: meta/info.json has codebase_version {version!r}; mmfeed reads LeRobot v3.x")
@@ -115,16 +118,17 @@ class LeRobotSource(EpisodeSource):
         self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, self.frame_format)
                          for k, s in specs.items()}
         self.tasks = _read_tasks(self.files)
-        self._meta, self._episode_tasks = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
+        self._meta, self._episode_tasks, sources = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
         self._video_columns = {f: tuple(self._meta[f"videos/{f}/{c}"] for c in _VIDEO_COLUMNS)
                                for f in self._video_keys}
         self._check_paths(where)
+        self.skipped = self._check_episodes(sources, options.errors)  # metadata against the data files' rows
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
         self._frames = self._segment_frames(fps)
         raw = {}
         if self.files.exists("meta/stats.json"):
-            raw = from_json({k: v for k, v in self.files.read_json("meta/stats.json").items() if isinstance(v, dict)})
+            raw = _read_stats(self.files)
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache = LRU(2)  # path -> the non-video columns of one data file
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
@@ -225,6 +229,7 @@ class LeRobotSource(EpisodeSource):
             run, relative = episodes[lo:hi], files[lo]
             where = f"{self.describe(int(run[0]))}..{int(self._meta['episode_index'][run[-1]])}"
             columns = self._data_file(relative, where)
+            self._refuse_bad_rows(relative, run.tolist(), self.describe)
             lengths = self._lengths[run]
             first = self._meta["dataset_from_index"][run].astype(np.int64)
             want = np.repeat(first - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
@@ -282,6 +287,47 @@ class LeRobotSource(EpisodeSource):
                     raise UnsafePathError(f"{where}: {field} {shorten(template.text)} names {shorten(relative)} ({of}"
                                           f"chunk {c}, file {n}), outside the dataset ({reason}); a dataset's files "
                                           "must lie inside its directory")
+
+    def _check_episodes(self, sources: tuple[np.ndarray, list[str]], errors: str) -> list[dict]:
+        """meta/episodes against the data (:func:`~mmfeed.loaders.sources.consistency.lerobot_episodes`: lengths,
+        row ranges contiguous and inside the rows each data file's parquet footer counts, segment times), then
+        keep each episode's data file (a code) for the row checks of :meth:`_data_file`. Under ``errors="skip"``
+        the episodes that disagree are left out and returned as records; otherwise the first is a ValueError."""
+        codes, first = file_codes(self._meta["data/chunk_index"], self._meta["data/file_index"])
+        names = [self.data_file(int(e)) for e in first]
+        rows = parquet_rows(self.files, names)
+        videos = {f: (file_codes(chunk, number)[0], start, self._meta.get(f"videos/{f}/{_SEGMENT_END}"))
+                  for f, (chunk, number, start) in self._video_columns.items()}
+        verdict = lerobot_episodes(self._meta, sources[0], sources[1], codes, rows,
+                                   [self.files.where(n) for n in names], videos, float(self.info["fps"]),
+                                   self.tolerance_s, lambda e, f: self.files.where(self.video_file(e, f)))
+        keep, skipped = settle(verdict, errors, self.root)
+        if keep is not None:
+            self._meta = {c: v[keep] for c, v in self._meta.items()}
+            self._episode_tasks, codes = self._episode_tasks[keep], codes[keep]
+            self._video_columns = {f: tuple(self._meta[f"videos/{f}/{c}"] for c in _VIDEO_COLUMNS)
+                                   for f in self._video_keys}
+        self._file_code = {n: c for c, n in enumerate(names)}  # data file -> code
+        self._file_of = codes
+        self._bad_rows: dict[str, dict[int, str]] = {}  # data file -> {episode: why its rows disagree}
+        return skipped
+
+    def _episodes_in(self, relative: str) -> np.ndarray:
+        """The episodes (positions) whose rows meta/episodes places in the data file ``relative``, in order."""
+        code = self._file_code.get(relative)
+        if code is None:
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(self._file_of == code)
+
+    def _refuse_bad_rows(self, relative: str, episodes: Sequence[int], where: Any) -> None:
+        """A :class:`SampleError` naming the first of ``episodes`` whose rows in data file ``relative`` disagree
+        with meta/episodes (checked when the file was read: :func:`~.consistency.lerobot_rows`); ``where(e)`` is how
+        the error names the episode (and feature)."""
+        bad = self._bad_rows.get(relative)
+        if bad:
+            for e in episodes:
+                if int(e) in bad:
+                    raise SampleError(f"{where(int(e))}: {bad[int(e)]}")
 
     def _segment_frames(self, fps: float) -> dict[str, np.ndarray]:
         """Frames each camera's segment of a video holds per episode (``to_timestamp - from_timestamp`` at the
@@ -371,6 +417,7 @@ class LeRobotSource(EpisodeSource):
         path = self.files.where(relative)
         where = f"{self.describe(episode)} feature {feature!r}"
         columns = self._data_file(relative, where)
+        self._refuse_bad_rows(relative, [episode], lambda e: where)
         if feature not in columns:
             raise ValueError(f"{where}: data file {path} has no column {feature!r}")
         want = int(self._meta["dataset_from_index"][episode]) + idx
@@ -400,7 +447,11 @@ class LeRobotSource(EpisodeSource):
         first = self._meta["dataset_from_index"]
         for members in groups:
             e0 = int(episodes[members[0]])
-            columns = self._data_file(self.data_file(e0), f"{self.describe(e0)} feature {feature!r}")
+            relative = self.data_file(e0)
+            columns = self._data_file(relative, f"{self.describe(e0)} feature {feature!r}")
+            if self._bad_rows.get(relative):  # rows that disagree with meta/episodes: the request's episode named
+                self._refuse_bad_rows(relative, episodes[members].tolist(),
+                                      lambda e: f"{self.describe(e)} feature {feature!r}")
             values = columns.get(feature)
             parts = [idx[k] for k in members.tolist()]
             cuts = np.zeros(len(parts) + 1, np.int64)
@@ -424,38 +475,93 @@ class LeRobotSource(EpisodeSource):
             raise FileNotFoundError(f"{where}: data file {path} named by meta/episodes does not exist")
         try:
             parquet = self.files.parquet(relative)
-            names = [k for k in self.features if k not in self._video_keys and k in parquet.schema_arrow.names]
-            table = parquet.read(columns=list(dict.fromkeys(["index", *names])))
+            stored = parquet.schema_arrow.names
+            names = [k for k in self.features if k not in self._video_keys and k in stored]
+            table = parquet.read(columns=list(dict.fromkeys(["index", *names, *(
+                ["episode_index"] if "episode_index" in stored else [])])))
+            if not pa.types.is_integer(table["index"].type) or table["index"].null_count:
+                raise ValueError(f"column 'index' holds {table['index'].type} with {table['index'].null_count} "
+                                 "empty values; expected integers, one per row")
         except (OSError, ValueError, pa.ArrowException) as err:
             reason = " ".join(str(err).split()).removeprefix(f"{path}: ")  # the file is named once
             raise ValueError(f"{where}: cannot read data file {path}: {reason}") from err
         order = np.argsort(table["index"].to_numpy(), kind="stable")
         columns: dict[str, object] = {"index": table["index"].to_numpy()[order]}
+        widths: dict[str, np.ndarray] = {}  # feature -> values in each row (sorted), where some row has not its width
         for name in names:
             try:
-                columns[name] = self._column(name, table[name].combine_chunks())[order]
+                values, counts = self._column(name, table[name].combine_chunks())
+                columns[name] = values[order]
+                if counts is not None:
+                    widths[name] = counts[order]
             except (ValueError, pa.ArrowException) as err:
                 columns[name] = err  # raised when the feature is asked for, so other features still read
+        self._bad_rows[relative] = self._check_rows(relative, path, columns["index"], table, order, widths)
         self._data_cache.put(relative, columns)
         return columns
 
-    def _column(self, name: str, array: pa.Array) -> np.ndarray:
-        """One parquet column as numpy ``[rows, *shape]`` in the feature's dtype (images: ``[rows]`` of bytes)."""
-        feature, dtype = self.features[name], self.info["features"][name]["dtype"]
+    def _check_rows(self, relative: str, path: str, index: np.ndarray, table: pa.Table, order: np.ndarray,
+                    widths: Mapping[str, np.ndarray]) -> dict[int, str]:
+        """``{episode: why}`` for the episodes of data file ``relative`` whose rows there disagree with meta/episodes
+        (:func:`~.consistency.lerobot_rows`: every row of its range there once, each carrying its episode_index)
+        or hold a number of values other than info.json's shape declares (``widths``); read as the file is."""
+        episodes = self._episodes_in(relative)
+        lo = self._meta["dataset_from_index"][episodes].astype(np.int64)
+        hi = self._meta["dataset_to_index"][episodes].astype(np.int64)
+        ids = self._meta["episode_index"][episodes].astype(np.int64)
+        column = None
+        if "episode_index" in table.column_names:
+            raw = table["episode_index"]
+            if not pa.types.is_integer(raw.type) or raw.null_count:
+                return {int(e): f"data file {path}: column 'episode_index' holds {raw.type} with {raw.null_count} "
+                                f"empty values; expected the episode_index of every row" for e in episodes}
+            column = raw.to_numpy()[order]
+        bad = lerobot_rows(index, column, lo, hi, ids, path)
+        for name, counts in widths.items():
+            declared = list(self.info["features"][name].get("shape") or [1])
+            rows = np.flatnonzero(counts != int(np.prod(declared)))
+            owner = np.searchsorted(lo, index[rows], "right") - 1
+            inside = (owner >= 0) & (index[rows] < hi[np.maximum(owner, 0)])
+            for k in np.unique(owner[inside]).tolist():
+                r = int(rows[inside][owner[inside] == k][0])
+                bad.setdefault(k, f"data file {path}: column {name!r} holds {int(counts[r])} values in row "
+                                  f"{int(index[r])} of episode {int(ids[k])}, but meta/info.json declares shape "
+                                  f"{declared} ({int(np.prod(declared))} values)")
+        return {int(episodes[k]): why for k, why in bad.items()}
+
+    def _column(self, name: str, array: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+        """One parquet column as numpy ``[rows, *shape]`` in the feature's dtype (images: ``[rows]`` of bytes), and,
+        where some rows of a list column hold another number of values than info.json's shape declares, the values
+        in each row (those rows read as zeros; their episodes are refused). Every row wrong is a ValueError."""
+        feature, spec = self.features[name], self.info["features"][name]
+        dtype = spec["dtype"]
         if dtype == "image":
-            return (array.field("bytes") if pa.types.is_struct(array.type) else array).to_numpy(zero_copy_only=False)
+            return (array.field("bytes") if pa.types.is_struct(array.type) else array).to_numpy(
+                zero_copy_only=False), None
         if dtype == "string":
-            return array.to_numpy(zero_copy_only=False).astype(object)
+            return array.to_numpy(zero_copy_only=False).astype(object), None
         values, rows = array, len(array)
+        counts = None
+        if (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) and len(feature.shape) <= 1:
+            counts = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
         while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) \
                 or pa.types.is_fixed_size_list(values.type):
             values = values.flatten()
         flat = values.to_numpy(zero_copy_only=False)
         width = int(np.prod(feature.shape))
+        declared = f"meta/info.json declares shape {list(spec.get('shape') or [1])} ({width} values)"
+        if counts is not None and rows and (counts != width).any():
+            good = counts == width
+            if not good.any():
+                raise ValueError(f"{int(counts[0])} values per row, but {declared}")
+            out = np.zeros((rows, width), dtype=feature.dtype)
+            starts = np.cumsum(counts) - counts
+            out[good] = flat[starts[good][:, None] + np.arange(width)]
+            return out.reshape(rows, *feature.shape), counts
         if flat.size != rows * width:
-            raise ValueError(f"{flat.size} values in {rows} rows, not {width} per row as shape "
-                             f"{list(feature.shape)} in meta/info.json says")
-        return flat.astype(feature.dtype, copy=False).reshape(rows, *feature.shape)
+            raise ValueError(f"{flat.size} values in {rows} rows ({flat.size / max(rows, 1):g} per row), but "
+                             f"{declared}")
+        return flat.astype(feature.dtype, copy=False).reshape(rows, *feature.shape), None
 
     def _decode_images(self, episode: int, feature: str, encoded: np.ndarray, into: np.ndarray | None) -> np.ndarray:
         """PNG or JPEG bytes as uint8 ``[n, H, W, 3]`` (resized to the feature's size; yuv420: ``[n, H * 3 // 2,
@@ -564,17 +670,19 @@ def _episode_files(files: DatasetFiles, info: Mapping) -> list[str]:
 
 
 def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str], tasks: Sequence[str]
-                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The columns of meta/episodes planning and reads need, sorted by episode_index, and each episode's task id
-    (-1 where it lists several, or none: its rows then say). Any number of files and row groups, task lists as
-    list or large_list of plain or dictionary-encoded strings; the per-episode stats columns are never read."""
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[np.ndarray, list[str]]]:
+    """The columns of meta/episodes planning and reads need, sorted by episode_index, each episode's task id
+    (-1 where it lists several, or none: its rows then say), and which file each episode's row came from (an
+    index into the files' paths, given beside it, for messages). Any number of files and row groups, task lists
+    as list or large_list of plain or dictionary-encoded strings; the per-episode stats columns are never read.
+    Whether the rows agree with the data is :func:`~.consistency.lerobot_episodes`' to say."""
     paths = _episode_files(files, info)
     if not paths:
         raise FileNotFoundError(f"{files.root}: no meta/episodes/chunk-*/file-*.parquet files")
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
     ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
     parts: dict[str, list[np.ndarray]] = {c: [] for c in [*wanted, *ends]}
-    episode_tasks = []
+    episode_tasks, source = [], []
     lookup = pa.array(list(tasks), type=pa.large_string())
     for relative in paths:
         where = files.where(relative)
@@ -593,23 +701,23 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
         for c in wanted + ends:
             if table[c].null_count:
                 raise ValueError(f"{where}: column {c!r} has {table[c].null_count} empty values")
+            kind = table[c].type
+            if not (pa.types.is_integer(kind) or c.endswith("timestamp") and pa.types.is_floating(kind)):
+                raise ValueError(f"{where}: column {c!r} holds {kind}; expected "
+                                 f"{'seconds (numbers)' if c.endswith('timestamp') else 'integers'}")
             parts[c].append(table[c].to_numpy())
         if "tasks" in present:
             episode_tasks.append(_episode_task_ids(table["tasks"], lookup, table["episode_index"], where))
         else:
             episode_tasks.append(np.full(table.num_rows, -1, dtype=np.int64))
+        source.append(np.full(table.num_rows, len(source), dtype=np.int32))
     meta = {c: np.concatenate(v) for c, v in parts.items() if c in wanted or c in ends}
-    task = np.concatenate(episode_tasks)
+    task, came = np.concatenate(episode_tasks), np.concatenate(source)
     order = meta["episode_index"]
     if (np.diff(order) < 0).any():
         order = np.argsort(order, kind="stable")
-        meta, task = {c: v[order] for c, v in meta.items()}, task[order]
-    bad = np.flatnonzero(meta["dataset_to_index"] - meta["dataset_from_index"] != meta["length"])
-    if bad.size:
-        raise ValueError(f"{files.root} episode {int(meta['episode_index'][bad[0]])}: meta/episodes gives length "
-                         f"{int(meta['length'][bad[0]])} but rows {int(meta['dataset_from_index'][bad[0]])}.."
-                         f"{int(meta['dataset_to_index'][bad[0]])}")
-    return meta, task
+        meta, task, came = {c: v[order] for c, v in meta.items()}, task[order], came[order]
+    return meta, task, (came, [files.where(p) for p in paths])
 
 
 def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.ChunkedArray, where: str) -> np.ndarray:
@@ -641,6 +749,27 @@ def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.Ch
         out.append(task)
         seen += len(counts)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _read_stats(files: DatasetFiles) -> dict[str, dict[str, np.ndarray]]:
+    """meta/stats.json as float64 arrays per feature and statistic; a value that is no number or nested list of
+    numbers is a ValueError naming the file, the feature and the statistic."""
+    where = files.where("meta/stats.json")
+    raw = files.read_json("meta/stats.json")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: must be a JSON object {{feature: {{statistic: values}}}}, got "
+                         f"{type(raw).__name__}")
+    out = {}
+    for feature, stats in raw.items():
+        if not isinstance(stats, dict):
+            continue
+        for name, value in stats.items():
+            try:
+                out.setdefault(feature, {})[name] = np.asarray(value, dtype=np.float64)
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"{where}: feature {feature!r} statistic {name!r} is not numbers (or nested lists "
+                                 f"of them of one shape): {' '.join(str(err).split())[:80]}") from err
+    return out
 
 
 def _read_tasks(files: DatasetFiles) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from mmfeed.codecs.demux import MAX_FRAME_PIXELS
 from mmfeed.codecs.video import DecodeOptions
+from mmfeed.loaders.sources.consistency import ERROR_CHOICES
 from mmfeed.loaders.sources.frame_store import FrameStore
 
 __all__ = ["FrameSize", "ReadOptions", "device_of"]
@@ -59,6 +60,12 @@ class ReadOptions:
         Decode in the training process (``num_workers=0`` or ``worker_mode="thread"``; a worker process refuses),
         through ``read_many``/``episode``/``windows()``; the packed loader's host payloads and ``cache`` refuse
         device frames, and ``pin_memory`` must stay off. See :mod:`mmfeed.codecs._torchcodec`. Every format.
+    errors: what an episode whose metadata disagrees with the data does when the dataset opens
+        (:mod:`~mmfeed.loaders.sources.consistency`: row ranges, lengths, rates, frame counts): ``"raise"`` (the
+        default) refuses the dataset with an error naming the file, the episode and both values; ``"skip"``
+        leaves the episode out, listed in the source's ``skipped`` and counted in a warning. Rows that disagree
+        (found as a data file is read) fail their samples, which ``ErrorPolicy(on_error="skip")`` skips. Every
+        format.
     max_frame_pixels: the largest frame area (height x width) a video or image feature may have, default
         4096x4096 (16.7 MP); None lifts it. A dataset whose metadata declares larger frames is refused when it
         opens (before ``features`` or a loader sizes anything by them), and a video whose stream header does when
@@ -76,6 +83,7 @@ class ReadOptions:
     cache: str | os.PathLike | None = None
     cache_bytes: int | None = None
     device: str | None = None
+    errors: str = "raise"
     max_frame_pixels: int | None = MAX_FRAME_PIXELS
 
     def __post_init__(self) -> None:
@@ -105,6 +113,9 @@ class ReadOptions:
                 raise ValueError(f"cache_bytes must be an int >= 1 (bytes of decoded frames), got {self.cache_bytes!r}")
             if self.cache is None:
                 raise ValueError("cache_bytes is the budget of a frame cache: give cache=DIR as well")
+        if self.errors not in ERROR_CHOICES:
+            raise ValueError(f"errors must be 'raise' or 'skip' (what an episode whose metadata disagrees with the "
+                             f"data does when the dataset opens), got {self.errors!r}")
         if not isinstance(self.check_index, bool):
             raise ValueError(f"check_index must be True or False, got {self.check_index!r}")
 

@@ -31,6 +31,7 @@ from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.consistency import index_episodes, settle
 from mmfeed.loaders.sources.errors import SampleError, reason_of
 from mmfeed.loaders.sources.confine import check_shards
 from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
@@ -95,7 +96,7 @@ class WebDatasetSource(EpisodeSource):
 
     FORMAT = "webdataset shards"
     READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "cache_episodes", "check_index",
-                    "cache", "cache_bytes", "device", "max_frame_pixels")
+                    "cache", "cache_bytes", "device", "max_frame_pixels", "errors")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], options: ReadOptions | None = None,
@@ -114,8 +115,8 @@ class WebDatasetSource(EpisodeSource):
         self = cls.__new__(cls)
         options = ReadOptions.of(options, **kwargs)
         self._set_options(options, max(1, len(episodes)))
-        self._from_arrays(IndexArrays(derive(memory_table(name, episodes))), name, name, options)
-        self._held = [dict(members) for _, members in episodes]
+        kept = self._from_arrays(IndexArrays(derive(memory_table(name, episodes))), name, name, options)
+        self._held = [dict(members) for k, (_, members) in enumerate(episodes) if kept is None or kept[k]]
         return self
 
     def _set_options(self, options: ReadOptions, cache_episodes: int) -> None:
@@ -125,13 +126,19 @@ class WebDatasetSource(EpisodeSource):
         self.cache_episodes = cache_episodes
         self._store = options.frame_store()
 
-    def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, options: ReadOptions) -> None:
+    def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, options: ReadOptions
+                     ) -> np.ndarray | None:
+        """Bind the index ``arrays``; returns which episodes were kept (None: all, else ``errors="skip"`` left out
+        those whose lengths, rates or frame counts are impossible: :func:`~.consistency.index_episodes`)."""
         self.name = name
         self._held: list[dict[str, bytes]] | None = None
         if len(arrays) == 0:
             raise ValueError(f"{self.name}: the shards hold no episodes")
         self._index = arrays
         self._shards = [resolve_shard(index_path, s) for s in arrays.shards]
+        kept, self.skipped = settle(index_episodes(arrays, self._shards, self.name), options.errors, self.name)
+        if kept is not None:
+            self._index = arrays = arrays.select(kept)
         self.tasks = list(arrays.tasks)
         videos = [f for f, c in arrays.features.items() if c["kind"] == "video"]
         for f in videos:
@@ -146,6 +153,7 @@ class WebDatasetSource(EpisodeSource):
         self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
         self._checked: set[tuple[int, str]] = set()
         self._lock = threading.Lock()  # guards _videos and _checked: one source may serve loaders in several threads
+        return kept
 
     def _feature(self, name: str, column: Mapping) -> Feature:
         """The Feature of one index column: video frames at their decode size, in the source's frame format."""
