@@ -43,6 +43,8 @@ _CHILD = """
 import json, resource, sys, time
 import av, numpy, pyarrow.parquet
 import mmfeed.loaders, mmfeed.loaders.sources.lerobot, mmfeed.loaders.sources.webdataset, mmfeed.codecs.video
+
+pytestmark = pytest.mark.slow  # each case in a fresh process (torch imported anew): about a minute in all
 args = json.loads(sys.argv[1])
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
