@@ -32,6 +32,8 @@ from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.sources.tar import iter_shard
 from mmfeed.testing import frame_pattern, make_episodes, write_lerobot, write_video, write_webdataset
 
+pytestmark = pytest.mark.slow  # each case in a fresh process (torch imported anew): about a minute in all
+
 CAM = "observation.images.cam_high"
 BOUND_MB = 256  # each refusal's peak growth; the reports: 1.8 to 6.1 GB, or a MemoryError under a 4 GB cap
 QUICK_S = 5.0
@@ -44,7 +46,6 @@ import json, resource, sys, time
 import av, numpy, pyarrow.parquet
 import mmfeed.loaders, mmfeed.loaders.sources.lerobot, mmfeed.loaders.sources.webdataset, mmfeed.codecs.video
 
-pytestmark = pytest.mark.slow  # each case in a fresh process (torch imported anew): about a minute in all
 args = json.loads(sys.argv[1])
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
