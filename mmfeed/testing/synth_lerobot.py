@@ -305,16 +305,17 @@ def _image_stats(frames: np.ndarray) -> dict[str, list]:
 
 
 def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, keep_stats: str = "observation.state",
-                 rows_per_file: int = 1_000_000) -> str:
+                 rows_per_file: int = 1_000_000, frames_per_video: int = 100_000) -> str:
     """Grow the LeRobot v3 directory ``root`` (written by :func:`write_lerobot`) to ``episodes`` episodes, for
     measuring how opening, planning and reading scale: episode ``i`` is a copy of written episode ``i % n`` (same
     values, frames and tasks) under its own ``episode_index``, with rows and frames of its own, so the grown
     directory is one LeRobot could have written and its metadata agrees with its data. The data rows are copied,
     numbered on (``index``, ``episode_index``), each data file taking episodes until it holds ``rows_per_file``
     rows (as LeRobot rolls its data files over at 100 MB). Each camera's video is stream-copied ``R`` times back
-    to back into one file (``R`` up to 1000: a tenth of the grown episodes' share each, so a million episodes
-    make a 1000-copy file), whose segments ``R * n`` episodes take in turn; the next ``R * n`` episodes take the
-    same segments of the next file, a hard link to it (a copy where links cannot be made). ``meta/info.json``'s
+    to back into one file of at most ``frames_per_video`` frames (LeRobot rolls its videos over at 200 MB, some
+    100,000 frames; ``R`` is also at most a tenth of the grown episodes' share), whose segments ``R * n``
+    episodes take in turn; the next ``R * n`` episodes take the same segments of the next file, a hard link to it
+    (a copy where links cannot be made). ``meta/info.json``'s
     totals follow. The episode rows are split over ``files`` parquet files of ``meta/episodes/chunk-000`` as
     LeRobot splits large metadata; of the per-episode stats only ``keep_stats``'s columns stay (each episode's
     stats of every feature would make gigabytes at a million episodes; the reader must skip them either way)."""
@@ -360,7 +361,8 @@ def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, kee
         "episode_index": ids, "dataset_from_index": starts, "dataset_to_index": ends,
         "data/chunk_index": data_file // per_chunk, "data/file_index": data_file % per_chunk}
     video_keys = [k for k, spec in info["features"].items() if spec.get("dtype") == "video"]
-    copies = int(np.clip(-(-episodes // (10 * n)), 1, 1000))  # R
+    per_copy = int(table["length"].to_numpy().sum())  # frames of the written video
+    copies = max(1, min(-(-episodes // (10 * n)), int(frames_per_video) // max(per_copy, 1)))  # R
     video_file = ids // (copies * n)
     for key in video_keys:
         folder = root / "videos" / key
