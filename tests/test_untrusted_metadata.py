@@ -99,10 +99,13 @@ def same_episode(a: dict, b: dict) -> None:
     assert a["task"] == b["task"]
 
 
+# The peak is this process's own (VmHWM of its memory map): ru_maxrss would carry the high-water mark of the
+# parent's memory from before the exec (a large test process's, with vfork).
 WRAP = ("import atexit, resource, sys\n"
         "def report():\n"
         "    use = resource.getrusage(resource.RUSAGE_SELF)\n"
-        "    open(sys.argv[1], 'w').write(f'{use.ru_maxrss} {use.ru_utime + use.ru_stime}')\n"
+        "    hwm = next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+        "    open(sys.argv[1], 'w').write(f'{hwm} {use.ru_utime + use.ru_stime}')\n"
         "atexit.register(report)\n"
         "from mmfeed.cli import main\n"
         "sys.exit(main(sys.argv[2:]))\n")
