@@ -16,7 +16,6 @@ import argparse
 import copy
 import json
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -245,7 +244,8 @@ def run(examples: int, seed_value: int, base: Path) -> dict:
                              "files": sorted(set(watch.escapes))[:5]})
 
     example()
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open("/proc/self/status") as status:  # this process's own peak (ru_maxrss would carry a parent's across exec)
+        peak_mib = int(next(line.split()[1] for line in status if line.startswith("VmHWM:"))) / 1024
     return {"examples": sum(outcomes.values()), "outcomes": dict(outcomes), "failures": failures,
             "slowest_s": round(slowest, 2), "peak_rss_mib": round(peak_mib, 1), "seed": seed_value}
 

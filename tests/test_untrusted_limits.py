@@ -2,7 +2,8 @@
 against the limits, before memory is allocated for it. Each case is a real file (an 8192x8192 H.264 stream PyAV
 encodes, LeRobot directories and shards mmfeed.testing writes, tars tarfile writes) with one thing changed; each
 is refused with one line naming the file (and member or feature) and the limit, measured in a fresh process to
-peak well under 1 GB (the ``ru_maxrss`` growth across the refused call) within seconds."""
+peak well under 1 GB (the growth of the process's own high-water mark, VmHWM, across the refused call) within
+seconds."""
 
 import io
 import json
@@ -47,8 +48,8 @@ import av, numpy, pyarrow.parquet
 import mmfeed.loaders, mmfeed.loaders.sources.lerobot, mmfeed.loaders.sources.webdataset, mmfeed.codecs.video
 
 args = json.loads(sys.argv[1])
-def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak():  # this memory map's own high-water mark (ru_maxrss would carry the parent's across vfork and exec)
+    return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:"))) * 1024
 {setup}
 try:  # the high-water mark back to the resident size now, so that growth below an earlier peak counts too
     with open("/proc/self/clear_refs", "w") as f:
