@@ -3,6 +3,7 @@ what to do. On real files (shards and LeRobot directories written by mmfeed.test
 unreadable by overwriting their bytes), real servers on 127.0.0.1 (moto's S3, an HTTP file server) and a host
 name that never resolves; the command line run in this process, as tests/test_cli.py does."""
 
+import functools
 import logging
 import os
 import shutil
@@ -22,6 +23,11 @@ from mmfeed.cli import main as cli_main
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.planned.dataset import PlannedDataset
 from mmfeed.testing import make_episodes, write_lerobot, write_webdataset
+
+import cli_lines
+
+# argparse's own refusals (a choice not offered) count as the one line too
+error_line = functools.partial(cli_lines.error_line, argparse_refusal=True)
 
 CAM = "observation.images.cam_high"
 SPEC = WindowSpec.from_delta_timestamps({CAM: [-1 / 30, 0.0], "observation.state": [0.0],
@@ -43,25 +49,6 @@ def shards(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def lerobot(tmp_path_factory) -> Path:
     return Path(write_lerobot(tmp_path_factory.mktemp("guidance") / "lerobot", episodes(), codec="h264", gop=10))
-
-
-def error_line(capsys, *args: str) -> str:
-    """Run ``mmfeed ARGS`` in this process; assert exit status 2 and one line ``mmfeed: error: ...`` on stderr
-    without a traceback (argparse's refusal: its usage, then one line ``mmfeed COMMAND: error: ...``); return
-    that line."""
-    capsys.readouterr()
-    try:
-        code = cli_main(list(args))
-    except SystemExit as exited:  # argparse's own refusal
-        code = exited.code
-        err = capsys.readouterr().err
-        assert code == 2 and err.startswith("usage: mmfeed") and "Traceback" not in err, err
-        return err.strip().splitlines()[-1]
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("mmfeed: error: "), err
-    return lines[0]
 
 
 def overwrite_video_header(path: Path, offset: int = 0) -> None:

@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mmfeed.cli import main as cli_main
 from mmfeed.codecs.arrays import load_npy, npy_header
 from mmfeed.codecs.demux import MAX_FRAME_PIXELS, FramesTooLarge, probe
 from mmfeed.codecs.errors import DecodeError
@@ -32,6 +31,8 @@ from mmfeed.loaders.sources.json_limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, j
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.sources.tar import iter_shard
 from mmfeed.testing import frame_pattern, make_episodes, write_lerobot, write_video, write_webdataset
+
+from cli_lines import error_line
 
 pytestmark = pytest.mark.slow  # each case in a fresh process (torch imported anew): about a minute in all
 
@@ -81,16 +82,6 @@ def refused(body: str, setup: str = "", **args) -> dict:
     assert "\n" not in out["message"], out["message"]
     assert out["peak_mb"] < BOUND_MB and out["seconds"] < QUICK_S, out
     return out
-
-
-def error_line(capsys, *args: str) -> str:
-    """``mmfeed ARGS`` in this process: exit status 2 and one line ``mmfeed: error: ...`` on stderr."""
-    capsys.readouterr()
-    code = cli_main(list(args))
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("mmfeed: error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def npy(array: np.ndarray) -> bytes:

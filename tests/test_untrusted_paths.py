@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from http_server import serve
-from mmfeed.cli import main as cli_main
 from mmfeed.codecs.demux import probe
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.video import DecodeOptions, open_reader, read_frames
@@ -24,6 +23,8 @@ from mmfeed.loaders.sources.index import INDEX_FILENAME, stale_shards, write_ind
 from mmfeed.loaders.sources.lerobot import LeRobotSource
 from mmfeed.loaders.sources.webdataset import WebDatasetSource
 from mmfeed.testing import frame_pattern, make_episodes, write_lerobot, write_video, write_webdataset
+
+from cli_lines import error_line
 
 CAM = "observation.images.cam_high"
 VIDEO = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
@@ -67,16 +68,6 @@ def one_line(err: BaseException) -> str:
     text = str(err)
     assert "\n" not in text and len(text) < 600, text
     return text
-
-
-def error_line(capsys, *args: str) -> str:
-    """``mmfeed ARGS`` in this process: exit status 2 and one line ``mmfeed: error: ...`` on stderr, returned."""
-    capsys.readouterr()
-    code = cli_main(list(args))
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("mmfeed: error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 # -- LeRobot info.json: data_path / video_path name files inside the dataset ------------------------------------------
