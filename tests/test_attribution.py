@@ -243,12 +243,14 @@ def test_loading_in_the_loop_is_named_as_such():
 
 def test_an_epoch_boundary_refill_is_named_as_such():
     """Persistent workers outpace the loop, so it never waits, except while the pipeline refills at the start
-    of each epoch (torch asks for the next epoch's batches only when it begins)."""
+    of each epoch (torch asks for the next epoch's batches only when it begins). The margins are wide so a
+    loaded machine's stray mid-epoch waits stay far below the three refills: each refill waits a whole sample
+    (0.06 s), while the loop spends 0.07 s a step and two workers deliver a sample every 0.03 s."""
     timer = StepTimer(warmup=2)
-    loader = DataLoader(Sleepy(16, 0.03), batch_size=1, num_workers=2, persistent_workers=True, timer=timer)
+    loader = DataLoader(Sleepy(16, 0.06), batch_size=1, num_workers=2, persistent_workers=True, timer=timer)
     for _ in range(4):
         for _ in loader:
-            time.sleep(0.025)
+            time.sleep(0.07)
     report = timer.report()
     assert report["epoch_refill_share"] > 0.5
     assert report["bottleneck"]["stage"] == "epoch_boundary"
