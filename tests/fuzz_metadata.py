@@ -5,7 +5,8 @@ ValueError, TypeError or OSError, one line, naming the dataset's file) or gives 
 bounded time; and no file outside the dataset is opened (an audit hook watches every ``open`` that Python makes: a
 copy of the dataset lies beside it, so a path that escapes would find real files to read).
 
-Run by hand for a long run (``python tests/fuzz_metadata.py --examples 2000 --seed 1``) or by
+Run by hand for a long run (``python tests/fuzz_metadata.py --examples 2000 --seed 1``), every field with every
+hostile value once (``--sweep``), or by
 ``tests/test_fuzz_metadata.py`` with a bounded number of examples. Prints one JSON line: the examples tried, the
 outcomes by kind, the failures (each with its mutation), the slowest example's seconds and the peak RSS.
 """
@@ -193,22 +194,38 @@ def describe(mutation) -> str:
     return text if len(text) < 300 else text[:300] + "..."
 
 
-def run(examples: int, seed_value: int, base: Path) -> dict:
-    pristine = build(base)
-    want = {kind: read_all(path) for kind, path in pristine.items()}
-    watch = Watch()
-    outcomes, failures, slowest = Counter(), [], 0.0
-    counter = iter(range(10**9))
+def sweep() -> list:
+    """Every field with every hostile value, once (the first row or episode where a row is named): the exhaustive
+    counterpart of the seeded random draw."""
+    values = HOSTILE_SCALARS + HOSTILE_PATHS
+    out = [("info", f, v) for f in INFO_FIELDS for v in values]
+    out += [("index", 0, f, v) for f in INDEX_FIELDS for v in values]
+    out += [("episodes", c, 0, v) for c in EPISODE_COLUMNS for v in [0, -1, 1, 5, 8, 11, 12, 1000, 10**12,
+                                                                      -(10**12), 2**62, 0.0, -1.0, 1e9,
+                                                                      float("nan"), 0.25]]
+    out += [("data", r, v) for r in (0, 11, 30) for v in (0, 1, 2, 3, -1)]
+    return [m for m in out if not _legal_rate(m)]
 
-    @seed(seed_value)
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-              suppress_health_check=list(HealthCheck))
-    @given(mutations())
-    def example(mutation):
-        nonlocal slowest
-        work = base / f"ex-{next(counter):06d}"
+
+class Trial:
+    """Applies one mutation at a time to fresh copies of the pristine datasets and judges the outcome."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.pristine = build(base)
+        self.want = {kind: read_all(path) for kind, path in self.pristine.items()}
+        self.watch = Watch()
+        self.outcomes: Counter = Counter()
+        self.failures: list[dict] = []
+        self.slowest = 0.0
+        self.count = 0
+
+    def __call__(self, mutation) -> None:
+        work = self.base / f"ex-{self.count:06d}"
+        self.count += 1
         work.mkdir()
-        root = apply(mutation, work, pristine)
+        root = apply(mutation, work, self.pristine)
+        watch = self.watch
         watch.secret, watch.escapes = os.path.realpath(work / "secret"), []
         start = time.perf_counter()
         os.environ["MMFEED_CACHE"] = str(work / "cache")
@@ -217,46 +234,70 @@ def run(examples: int, seed_value: int, base: Path) -> dict:
         except (ValueError, TypeError, OSError) as exc:
             message = str(exc)
             clean = "\n" not in message and len(message) < 2000 and str(root) in message
-            outcomes[f"refused ({type(exc).__name__})" if clean else "unclean error"] += 1
+            self.outcomes[f"refused ({type(exc).__name__})" if clean else "unclean error"] += 1
             if not clean:
-                failures.append({"mutation": describe(mutation), "why": "error not one line naming the dataset",
-                                 "error": f"{type(exc).__name__}: {message[:500]}"})
+                self.failures.append({"mutation": describe(mutation), "why": "error not one line naming the dataset",
+                                      "error": f"{type(exc).__name__}: {message[:500]}"})
         except Exception as exc:  # noqa: BLE001 - a bare traceback of any other kind is what the fuzz looks for
-            outcomes["crash"] += 1
-            failures.append({"mutation": describe(mutation), "why": "not a clean error",
-                             "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            self.outcomes["crash"] += 1
+            self.failures.append({"mutation": describe(mutation), "why": "not a clean error",
+                                  "error": f"{type(exc).__name__}: {str(exc)[:500]}"})
         else:
             kind = "shards" if mutation[0] == "index" else "lerobot"
-            if same(got, want[kind]):
-                outcomes["same episodes"] += 1
+            if same(got, self.want[kind]):
+                self.outcomes["same episodes"] += 1
             else:
-                outcomes["different episodes"] += 1
-                failures.append({"mutation": describe(mutation), "why": "opened and read episodes that differ"})
+                self.outcomes["different episodes"] += 1
+                self.failures.append({"mutation": describe(mutation), "why": "opened and read episodes that differ"})
         finally:
             seconds = time.perf_counter() - start
             watch.secret = None
             shutil.rmtree(work, ignore_errors=True)
-        slowest = max(slowest, seconds)
+        self.slowest = max(self.slowest, seconds)
         if seconds > SECONDS_PER_EXAMPLE:
-            failures.append({"mutation": describe(mutation), "why": f"took {seconds:.1f} s"})
+            self.failures.append({"mutation": describe(mutation), "why": f"took {seconds:.1f} s"})
         if watch.escapes:
-            failures.append({"mutation": describe(mutation), "why": "opened a file outside the dataset",
-                             "files": sorted(set(watch.escapes))[:5]})
+            self.failures.append({"mutation": describe(mutation), "why": "opened a file outside the dataset",
+                                  "files": sorted(set(watch.escapes))[:5]})
+
+    def report(self, **extra) -> dict:
+        with open("/proc/self/status") as status:  # this process's own peak (ru_maxrss carries a parent's across exec)
+            peak_mib = int(next(line.split()[1] for line in status if line.startswith("VmHWM:"))) / 1024
+        return {"examples": sum(self.outcomes.values()), "outcomes": dict(self.outcomes), "failures": self.failures,
+                "slowest_s": round(self.slowest, 2), "peak_rss_mib": round(peak_mib, 1), **extra}
+
+
+def run(examples: int, seed_value: int, base: Path) -> dict:
+    """``examples`` mutations drawn by hypothesis from ``seed_value``."""
+    trial = Trial(base)
+
+    @seed(seed_value)
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(mutations())
+    def example(mutation):
+        trial(mutation)
 
     example()
-    with open("/proc/self/status") as status:  # this process's own peak (ru_maxrss would carry a parent's across exec)
-        peak_mib = int(next(line.split()[1] for line in status if line.startswith("VmHWM:"))) / 1024
-    return {"examples": sum(outcomes.values()), "outcomes": dict(outcomes), "failures": failures,
-            "slowest_s": round(slowest, 2), "peak_rss_mib": round(peak_mib, 1), "seed": seed_value}
+    return trial.report(seed=seed_value)
+
+
+def run_sweep(base: Path) -> dict:
+    """Every mutation of :func:`sweep`."""
+    trial = Trial(base)
+    for mutation in sweep():
+        trial(mutation)
+    return trial.report(sweep=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sweep", action="store_true", help="every field with every hostile value, no random draw")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mmfeed-fuzz-") as tmp:
-        report = run(args.examples, args.seed, Path(tmp))
+        report = run_sweep(Path(tmp)) if args.sweep else run(args.examples, args.seed, Path(tmp))
     print(json.dumps(report))
     return 1 if report["failures"] else 0
 

@@ -128,12 +128,20 @@ class PathTemplate:
         return f"PathTemplate({self.text!r})"
 
 
+MAX_PATH_CHARS, MAX_NAME_CHARS = 4096, 255
+"""The longest relative path and file or folder name a dataset may name (Linux's PATH_MAX and NAME_MAX): a longer
+one is refused by its spelling, before the operating system says ``File name too long`` with the whole name."""
+
+
 def _lexical(relative: str, url: bool) -> str | None:
     """Why ``relative`` cannot name a file under a root by its spelling alone (None when it can)."""
     if not isinstance(relative, str) or not relative:
         return "it is empty" if relative == "" else f"it is not a string ({type(relative).__name__})"
     if "\0" in relative:
         return "it holds a NUL character"
+    if len(relative) > MAX_PATH_CHARS or max(map(len, re.split(r"[\\/]", relative))) > MAX_NAME_CHARS:
+        return (f"it is longer than a path may be ({len(relative)} characters; at most {MAX_PATH_CHARS}, "
+                f"{MAX_NAME_CHARS} per name)")
     if "://" in relative:
         return "it is a URL"
     decoded = unquote(relative) if url else relative

@@ -113,6 +113,8 @@ def check_info(info: Any, where: str) -> None:
     if "features" in info and not isinstance(features, dict):
         raise ValueError(f"{where}: field 'features' must be an object {{name: {{dtype, shape, ...}}}}, got "
                          f"{_shown(features)}")
+    if "features" in info and not features:
+        raise ValueError(f"{where}: field 'features' is empty; a dataset declares the features its files hold")
     for name, spec in (features or {}).items():
         field = f"features[{_shown(name)}]"
         if not isinstance(spec, dict):

@@ -243,7 +243,18 @@ def read_shard_index(path: str | os.PathLike) -> pa.Table:
     missing = [name for name in INDEX_SCHEMA.names if name not in table.column_names]
     if missing:
         raise ValueError(f"{path!r} lacks index columns {missing}; rebuild it with `mmfeed index SHARDS`")
-    return table.select(INDEX_SCHEMA.names)
+    return check_required(table, path).select(INDEX_SCHEMA.names)
+
+
+def check_required(table: pa.Table, path: str) -> pa.Table:
+    """``table`` (an index read from ``path``), after checking that every row names its episode, shard and length
+    (a rate and a shard's stamp may be null); ValueError naming the index, the column and the row otherwise."""
+    for name in ("episode_id", "shard", "length"):
+        if table[name].null_count:
+            row = int(np.flatnonzero(table[name].is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"{path}: column {name!r} is empty (null) in row {row}; rebuild the index with "
+                             "`mmfeed index SHARDS`")
+    return table
 
 
 def feature_columns(table: pa.Table, *, arrow_members: bool = False) -> dict[str, dict[str, Any]]:
@@ -258,7 +269,7 @@ def feature_columns(table: pa.Table, *, arrow_members: bool = False) -> dict[str
     flat, row, groups = _by_name(table, "features")
 
     def where(r) -> str:
-        return f"{table['shard'][int(r)].as_py()} key {table['episode_id'][int(r)].as_py()!r}"
+        return f"{table['shard'][int(r)].as_py()} key {shorten(table['episode_id'][int(r)].as_py())}"
 
     for field, values in (*flat.items(), ("shape", flat["shape"].flatten())):  # empty (null) values: no numbers
         if field != "member" and values.null_count:
@@ -273,7 +284,7 @@ def feature_columns(table: pa.Table, *, arrow_members: bool = False) -> dict[str
     starts = np.cumsum(ndim) - ndim
 
     def desc(i) -> str:
-        return f"{kind_of[kinds[i]]} {dtype_of[dtypes[i]]} {dims[starts[i]:starts[i] + ndim[i]].tolist()}"
+        return f"{kind_of[kinds[i]]} {shorten(dtype_of[dtypes[i]], 40)} {dims[starts[i]:starts[i] + ndim[i]].tolist()}"
 
     out = {}
     for name, idx in groups:

@@ -36,8 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmfeed.loaders.sources.index import (INDEX_VERSION, changed_shards, feature_columns, index_version,
-                                          read_shard_index, resolve_shard)
+from mmfeed.loaders.sources.index import (INDEX_VERSION, changed_shards, check_required, feature_columns,
+                                          index_version, read_shard_index, resolve_shard)
 from mmfeed.loaders.sources.tar import open_file, stat_file
 
 __all__ = ["CACHE_VERSION", "IndexArrays", "derive", "index_arrays", "index_cache_dir", "stale"]
@@ -235,7 +235,7 @@ def _read_regular(index_path: str) -> pa.Table | None:
         return None
     flat = features.flatten()
     fields = {name: flat.field(name) for name in (*_LEAVES, "shape")}
-    if rows["length"].null_count or rows["fps"].null_count or fields["shape"].flatten().null_count or any(
+    if any(rows[c].null_count for c in ("episode_id", "shard", "length", "fps")) or fields["shape"].flatten().null_count or any(
             v.null_count for v in fields.values()):  # empty values: the full reader names them
         return None
     codes = {key: _numpy(fields[key].indices).reshape(n, k) for key in ("name", "kind", "dtype")}
@@ -349,7 +349,7 @@ def _read(index_path: str) -> pa.Table:
     if not _is_current(index_path):
         return read_shard_index(index_path).select(_READ)
     with open_file(index_path) as f:
-        return pq.read_table(f, columns=_READ)
+        return check_required(pq.read_table(f, columns=_READ), index_path)
 
 
 def stale(index_path: str, arrays: IndexArrays) -> list[str]:

@@ -97,7 +97,8 @@ class LeRobotSource(EpisodeSource):
         check_info(self.info, where)  # every field the reader uses has its JSON type, before it is used
         version = str(self.info.get("codebase_version", ""))
         if not version.startswith("v3"):
-            raise ValueError(f"{self.root}: meta/info.json has codebase_version {version!r}; mmfeed reads LeRobot v3.x")
+            raise ValueError(f"{self.root}: meta/info.json has codebase_version {shorten(version)}; mmfeed reads "
+                             "LeRobot v3.x")
         for field in ("fps", "features", "data_path"):
             if field not in self.info:
                 raise ValueError(f"{where}: missing field {field!r}")

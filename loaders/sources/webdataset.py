@@ -350,7 +350,7 @@ def _check_members(arrays: IndexArrays, shards: Sequence[str], name: str, sized:
             e = int(np.flatnonzero(bad)[0])
             where = f"{shards[arrays.shard_of[e]]} key {arrays.ids[e].as_py()!r}"
             raise ValueError(f"{name}: feature {feature!r} of {where}: the index places its member at bytes "
-                             f"{offsets[e]}..{offsets[e] + sizes[e]}, outside the shard's {shard_size[e]:.0f} bytes; "
+                             f"{int(offsets[e])}..{int(offsets[e]) + int(sizes[e])}, outside the shard's {shard_size[e]:.0f} bytes; "
                              "rebuild the index with `mmfeed index`")
         if column["kind"] != "array":
             continue
