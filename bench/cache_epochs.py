@@ -28,7 +28,7 @@ def cache_epochs(make_loader: Callable[..., Any], *, epochs: int = 3, cache_dir:
     batches have ``num_documents``), the cache cold at the start: ``DIR`` is a fresh folder under ``cache_dir``
     (default the system's temporary folder), deleted afterwards. Each epoch is timed from asking for its first
     batch to receiving its last (epoch 1 includes starting the workers). Also the store's size after the run."""
-    from mmfeed.loaders.sources.frame_store import FrameStore
+    from mmfeed.loaders.stores.frame_store import FrameStore
 
     folder = tempfile.mkdtemp(prefix="mmfeed-cache-bench-", dir=cache_dir)
     try:

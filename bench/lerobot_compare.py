@@ -9,7 +9,7 @@ the index columns) as ``.npy`` files, or times its loader.
 
 Both sides read the same features under the same names: the ``delta_timestamps`` LeRobot gets are the window
 mmfeed reads (``WindowSpec.from_delta_timestamps``). The parent reads the samples through mmfeed's loader path
-(:class:`~mmfeed.loaders.sources.lerobot.LeRobotSource` and the window requests of
+(:class:`~mmfeed.loaders.formats.lerobot.source.LeRobotSource` and the window requests of
 :class:`~mmfeed.loaders.planned.items.EpisodeItems`; LeRobot's sample ``i`` is the global frame
 ``dataset_from_index[episode] + anchor``, which is also mmfeed's sample ``i`` with stride 1) and compares them
 feature by feature: arrays and pad flags exactly; frames of a synthetic directory by the index pattern drawn into
@@ -145,7 +145,7 @@ def mmfeed_samples(root: str | os.PathLike, delta_timestamps: Mapping[str, Seque
     """
     from mmfeed.loaders import TokenLayout, WindowSpec
     from mmfeed.loaders.planned.items import EpisodeItems
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
     source = LeRobotSource(root, backend=backend)
     window = WindowSpec.from_delta_timestamps(delta_timestamps)
@@ -314,7 +314,7 @@ def default_window(root: str | os.PathLike, *, history: int = 2, horizon: int = 
     """The compared window of a LeRobot directory, as ``delta_timestamps``: every video feature with ``history``
     frames at its own rate (``[-1/fps, 0]``), ``observation.state`` at ``[0]`` and a ``horizon``-step ``action``
     chunk where the directory has them."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
     source = LeRobotSource(root)
     videos = {f: float(source.rates(f)[0]) for f, feat in source.features.items() if feat.kind == "video"}
@@ -328,7 +328,7 @@ def default_window(root: str | os.PathLike, *, history: int = 2, horizon: int = 
 
 def load_window(root: str | os.PathLike, path: str | os.PathLike) -> dict[str, list[float]]:
     """``--delta-json``: ``{feature: [seconds]}`` from ``path``, every feature one of the directory's."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
     delta = json.loads(Path(path).read_text())
     if not isinstance(delta, dict) or not delta or not all(isinstance(v, list) and v for v in delta.values()):
@@ -488,7 +488,7 @@ def run(python: str, *, root: str | os.PathLike | None = None,
     JSON file for :func:`load_window`, or None: :func:`default_window`); ``profile``: then :func:`profile_mmfeed`;
     ``cache``: then three epochs through a cold decoded-frame cache (``bench/cache_epochs.py``), each against the
     limit measured here."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
     backend, lib_dirs = throughput.get("video_backend", "torchcodec"), throughput.get("lib_dirs", ())
     results: dict[str, Any] = {"small": check_small(python, video_backend=backend, lib_dirs=lib_dirs)}
@@ -543,7 +543,7 @@ def profile_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from mmfeed.loaders.sources.lerobot import is_lerobot_dir
+    from mmfeed.loaders.formats.lerobot.source import is_lerobot_dir
 
     parser = argparse.ArgumentParser(prog="python -m mmfeed.bench.lerobot_compare",
                                      description=__doc__.split("\n\n")[0])

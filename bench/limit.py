@@ -46,7 +46,7 @@ def video_targets(source: Any, episode: int, feature: str, idx: np.ndarray) -> l
     """``[(key, video, frame indices in that video)]`` of one request's frames of one video feature: a shard's
     member bytes (key: the member), a LeRobot file (key: the file, which holds many episodes), or the PNG/JPEG
     bytes of each image a LeRobot image feature stores in its parquet (key: the image; its one frame)."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
     sub, local = source.leaf(episode)
     idx = np.asarray(idx, dtype=np.int64)

@@ -334,7 +334,7 @@ class PerSampleDataset(torch.utils.data.Dataset):
 
 def _decode_alone(source: EpisodeSource, episode: int, feature: str, idx: np.ndarray, backend: str) -> np.ndarray:
     """One sample's frames of one video, opened, sought and decoded on their own (a fresh open every sample)."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
     source, episode = source.leaf(episode)
     if isinstance(source, LeRobotSource):

@@ -11,7 +11,7 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   64-4096 tokens (alternately token-causal text and block-causal video of 256-token frames), best of 3 calls;
   ``table_bytes`` the memory its tables span; ``block_mask_seconds_per_row`` the whole
   ``PackedBatch.block_mask()`` (the tables, their transposes and the ``BlockMask``), best of 3.
-- ``open``: a :class:`~mmfeed.loaders.sources.webdataset.WebDatasetSource` over a synthetic shard index
+- ``open``: a :class:`~mmfeed.loaders.formats.webdataset.source.WebDatasetSource` over a synthetic shard index
   (:func:`mmfeed.testing.synth_index.write_synthetic_index`: two cameras, state, action; written once into the
   bench cache), opened ``cold`` (an empty index-array cache: the parquet is read and its arrays derived and
   cached) and then ``warm`` (a fresh process mapping the cached arrays); ``rss_bytes`` is what the open added
@@ -216,7 +216,7 @@ def _worker(source, conn) -> None:
 def _case_open(episodes: int, directory: str) -> dict:
     import multiprocessing as mp
 
-    from mmfeed.loaders.sources.webdataset import WebDatasetSource
+    from mmfeed.loaders.formats.webdataset.source import WebDatasetSource
 
     base = _rss()
     start = time.perf_counter()
@@ -308,7 +308,7 @@ def _open_rows(episodes: int, timeout: float) -> list[dict]:
     import tempfile
 
     from mmfeed.bench.common import cache_dir
-    from mmfeed.loaders.sources.index import INDEX_FILENAME
+    from mmfeed.loaders.stores.index import INDEX_FILENAME
     from mmfeed.testing.synth_index import write_synthetic_index
 
     directory = cache_dir("scale-index") / str(episodes)

@@ -20,7 +20,7 @@ from mmfeed._parsing import FRAME_SIZE, frame_size, positive
 from mmfeed._progress import progress_bar
 from mmfeed.loaders.open import open_dataset
 from mmfeed.loaders.sources.base import EpisodeSource
-from mmfeed.loaders.sources.frame_store import FrameStore
+from mmfeed.loaders.stores.frame_store import FrameStore
 from mmfeed.loaders.sources.requests import EpisodeRequest
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "fill", "run"]

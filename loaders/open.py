@@ -8,15 +8,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from mmfeed.loaders.formats import registered
+from mmfeed.loaders.formats.webdataset import WebDatasetSource
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.concat import ConcatSource
-from mmfeed.loaders.sources.files import DatasetFiles, is_url
-from mmfeed.loaders.sources.index import INDEX_FILENAME
-from mmfeed.loaders.sources.lerobot import LeRobotSource, is_lerobot_dir
 from mmfeed.loaders.sources.options import ReadOptions
-from mmfeed.loaders.sources.remote import explained
 from mmfeed.loaders.sources.renamed import RenamedSource
-from mmfeed.loaders.sources.webdataset import WebDatasetSource
+from mmfeed.loaders.stores.index import INDEX_FILENAME
+from mmfeed.loaders.transport.files import is_url
+from mmfeed.loaders.transport.remote import explained
 
 __all__ = ["open_dataset"]
 
@@ -37,7 +37,7 @@ def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
     the device with :func:`mmfeed.codecs.colour.yuv420_to_rgb`), ``decoder_threads=2`` for FFmpeg threads per
     open video (they can pay only for long sequential reads with fewer workers than cores; see
     ``WebDatasetSource``), ``cache=DIR`` (and ``cache_bytes=``) to keep decoded frames in a local store that later
-    epochs read instead of decoding (:mod:`mmfeed.loaders.sources.frame_store`), ``backend="torchcodec",
+    epochs read instead of decoding (:mod:`mmfeed.loaders.stores.frame_store`), ``backend="torchcodec",
     device="cuda"`` to decode with NVDEC and get video features as torch tensors on the GPU (decoding in the
     training process: ``num_workers=0`` or ``worker_mode="thread"``; see
     :class:`~mmfeed.loaders.sources.options.ReadOptions`), ``max_frame_pixels`` (default 4096x4096; None lifts it)
@@ -122,10 +122,6 @@ def _renames(rename: Any, names: list[str], datasets: list[EpisodeSource]) -> li
     return given
 
 
-FORMATS: tuple[type[EpisodeSource], ...] = (WebDatasetSource, LeRobotSource)
-"""Every format ``open_dataset`` reads (each class's ``FORMAT`` is its name, ``READ_OPTIONS`` the options it has)."""
-
-
 def _resolve(path: Any) -> Any:
     """What ``path`` names, before anything is opened: a source already open, ``(format class, path)`` of one
     dataset, or a list of those for a mixture. Paths that name nothing readable fail here."""
@@ -142,11 +138,11 @@ def _resolve(path: Any) -> Any:
         raise TypeError(f"open_dataset takes a path, URL, list of them, or an open source; got {type(path).__name__}")
     spec = os.fspath(path)
     with _reaching(spec):
-        if is_lerobot_dir(spec):  # a local directory or any fsspec URL with meta/info.json
-            return LeRobotSource, spec
+        for fmt in registered():  # each format's own detection (mmfeed.loaders.formats), in order
+            found = fmt.detect(spec)
+            if found is not None:
+                return fmt.source, found
         if is_url(spec) and not spec.endswith((".tar", ".parquet")) and not any(c in spec for c in "{*?["):
-            if DatasetFiles(spec).exists(INDEX_FILENAME):  # a folder of shards: its index lists them
-                return WebDatasetSource, f"{spec.rstrip('/')}/{INDEX_FILENAME}"
             raise FileNotFoundError(f"{spec}: no dataset there: looked for meta/info.json (a LeRobot v3 directory) "
                                     f"and {INDEX_FILENAME} (webdataset shards); check the URL, or name the shards "
                                     f"by pattern ({spec.rstrip('/')}/shard-{{000000..000009}}.tar)")
@@ -187,7 +183,7 @@ def _not_a_dataset(directory: str) -> FileNotFoundError:
 @contextmanager
 def _reaching(spec: Any) -> Iterator[None]:
     """Run the block; a remote dataset that cannot be reached fails naming its URL and what to set or install
-    (:func:`~mmfeed.loaders.sources.remote.explained`). Local paths fail as they do."""
+    (:func:`~mmfeed.loaders.transport.remote.explained`). Local paths fail as they do."""
     first = os.fspath(spec[0]) if isinstance(spec, (list, tuple)) and spec else spec
     if isinstance(first, str) and is_url(first):
         with explained(first):
@@ -210,7 +206,7 @@ def _check_options(options: ReadOptions, datasets: list[tuple[type[EpisodeSource
     for option in options.given():
         if any(option in cls.READ_OPTIONS for cls, _ in datasets):
             continue
-        takers = [cls.FORMAT for cls in FORMATS if option in cls.READ_OPTIONS]
+        takers = [fmt.source.FORMAT for fmt in registered() if option in fmt.source.READ_OPTIONS]
         given = "; ".join(f"{_shown(p)} is {cls.FORMAT}" for cls, p in datasets)
         raise ValueError(f"open_dataset: option {option!r} applies to {' and '.join(takers)} only, and no dataset "
                          f"given is one ({given}); drop {option}=")

@@ -184,8 +184,8 @@ def _index(args: argparse.Namespace) -> int:
             raise ValueError(f"{spec} is a LeRobot directory: it carries its own index in meta/episodes/")
     from mmfeed._progress import progress_bar
     from mmfeed.inspection import describe_features, format_features
-    from mmfeed.loaders.sources.index import write_index
-    from mmfeed.loaders.sources.webdataset import WebDatasetSource, expand_shards
+    from mmfeed.loaders.stores.index import write_index
+    from mmfeed.loaders.formats.webdataset.source import WebDatasetSource, expand_shards
 
     shards = expand_shards(list(args.shards))
     with progress_bar(len(shards), desc="indexing", unit="shard", enabled=not args.no_progress) as bar:

@@ -22,8 +22,8 @@ import webdataset
 from mmfeed.codecs.demux import probe
 from mmfeed.loaders import ShardWriter, compute_stats, open_dataset
 from mmfeed.loaders.conversion.job import MANIFEST, ConvertError, add_arguments, convert, run
-from mmfeed.loaders.sources.index import INDEX_FILENAME, read_shard_index, write_index
-from mmfeed.loaders.sources.quantiles import ALPHA, QUANTILES
+from mmfeed.loaders.stores.index import INDEX_FILENAME, read_shard_index, write_index
+from mmfeed.loaders.stores.quantiles import ALPHA, QUANTILES
 from mmfeed.testing import make_episodes, read_index, write_lerobot, write_webdataset, write_webdataset_v1
 
 CAM = "observation.images.cam_high"

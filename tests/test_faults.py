@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec
 from mmfeed.loaders.loop.workers import PARENT_POLL_S
-from mmfeed.loaders.sources.index import build_index
-from mmfeed.loaders.sources.tar import parse_meta
+from mmfeed.loaders.stores.index import build_index
+from mmfeed.loaders.transport.tar import parse_meta
 from mmfeed.testing import make_episodes, write_webdataset
 
 CAM = "observation.images.cam_high"

@@ -17,7 +17,7 @@ from http_server import serve
 from mmfeed import DataLoader
 from mmfeed.cli import main
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.sources.frame_store import LAYOUT, FrameStore, Segment
+from mmfeed.loaders.stores.frame_store import LAYOUT, FrameStore, Segment
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.testing import make_episodes, write_lerobot, write_webdataset
 
@@ -177,7 +177,7 @@ def test_a_changed_video_is_refilled(lerobot, tmp_path, episodes):
 KILLED_WRITER = """
 import os, signal, sys
 import numpy as np
-from mmfeed.loaders.sources.frame_store import FrameStore, Segment
+from mmfeed.loaders.stores.frame_store import FrameStore, Segment
 store = FrameStore(sys.argv[1])
 def decode(out):
     out[: len(out) // 2] = 7
@@ -201,7 +201,7 @@ def test_a_writer_killed_mid_fill_leaves_no_frames_and_the_next_writer_refills(t
 KILLED_SOURCE = """
 import os, signal, sys
 import numpy as np
-import mmfeed.loaders.sources.frame_store as frame_store
+import mmfeed.loaders.stores.frame_store as frame_store
 from mmfeed.loaders import open_dataset
 from mmfeed.loaders.sources.requests import EpisodeRequest
 real = frame_store.decode_with_context
@@ -268,7 +268,7 @@ def test_the_store_stays_within_its_budget_and_returns_what_was_filled(tmp_path_
 
 FULL_DISK = """
 import resource, signal, sys
-from mmfeed.loaders.sources.frame_store import FrameStore, Segment
+from mmfeed.loaders.stores.frame_store import FrameStore, Segment
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 store = FrameStore(sys.argv[1], budget_bytes=10**9)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # no file may grow past 4 KiB: a disk that is full

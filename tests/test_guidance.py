@@ -202,7 +202,7 @@ def test_http_403_and_404_name_the_url(lerobot):
 def test_a_host_that_does_not_resolve_is_named_at_once(monkeypatch, capsys):
     """DNS failure: one line naming the URL and the host, not five tries with backoff (retries are few here in
     case this machine's resolver answers 'try again'; a name that does not exist is never retried)."""
-    from mmfeed.loaders.sources.remote import retryable
+    from mmfeed.loaders.transport.remote import retryable
 
     assert not retryable(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
     monkeypatch.setenv("MMFEED_REMOTE_RETRIES", "2")
@@ -288,7 +288,7 @@ def test_cache_on_a_corrupt_video_names_the_file_without_every_time(lerobot, tmp
 def test_a_failed_decode_shows_a_few_of_its_times_not_all():
     """A decode that fails part-way names the frames asked: all of a few, else the first three, the last and how
     many (a whole segment's 57 times would drown the reason)."""
-    from mmfeed.loaders.sources.errors import _shown
+    from mmfeed.loaders.transport.errors import _shown
 
     assert _shown(np.arange(30) / 30) == "[0.0, 0.033333, 0.066667, ..., 0.966667] (30 of them)"
     assert _shown(np.array([4, 5])) == "[4, 5]"

@@ -21,9 +21,9 @@ import webdataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmfeed.loaders.sources.index import (INDEX_FILENAME, INDEX_SCHEMA, INDEX_VERSION, build_index, feature_columns,
+from mmfeed.loaders.stores.index import (INDEX_FILENAME, INDEX_SCHEMA, INDEX_VERSION, build_index, feature_columns,
                                           read_shard_index, resolve_shard, stale_shards, write_index)
-from mmfeed.loaders.sources.tar import read_member, split_member
+from mmfeed.loaders.transport.tar import read_member, split_member
 from mmfeed.testing import make_episodes, write_webdataset
 
 CAM = "observation.images.cam_high"

@@ -1,4 +1,4 @@
-"""The shard index as flat arrays in one memory-mapped file per node (loaders/sources/index_arrays.py).
+"""The shard index as flat arrays in one memory-mapped file per node (loaders/stores/index_arrays.py).
 
 What a source reads from the mapped arrays equals what the full index reader derives; the second open maps the
 cache instead of reading the parquet; a changed index is never answered from a stale cache; an index the fast
@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmfeed.loaders import ShardWriter, open_dataset
-from mmfeed.loaders.sources import index_arrays as ia
-from mmfeed.loaders.sources.index import INDEX_FILENAME
-from mmfeed.loaders.sources.webdataset import WebDatasetSource
+from mmfeed.loaders.stores import index_arrays as ia
+from mmfeed.loaders.stores.index import INDEX_FILENAME
+from mmfeed.loaders.formats.webdataset.source import WebDatasetSource
 from mmfeed.testing.synth_index import write_synthetic_index
 
 
@@ -148,7 +148,7 @@ import json, os, sys
 def anon():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
-import pyarrow, mmfeed.loaders.sources.webdataset as w
+import pyarrow, mmfeed.loaders.formats.webdataset.source as w
 before = anon()
 src = w.WebDatasetSource(sys.argv[1])
 print(json.dumps({"anon": anon() - before, "size": os.path.getsize(src._index.path)}))

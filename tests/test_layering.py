@@ -102,7 +102,7 @@ def cycles() -> list[list[str]]:
 
 def test_the_graph_is_read():
     assert len(MODULES) > 80
-    assert "mmfeed.loaders.sources.lerobot" in GRAPH["mmfeed.loaders.open"]
+    assert "mmfeed.loaders.formats.lerobot.source" in GRAPH["mmfeed.loaders.open"]
 
 
 def test_no_import_cycle_anywhere_also_not_inside_functions():

@@ -24,7 +24,7 @@ from mmfeed.bench.lerobot_compare import (CHILD_SCRIPT, check_small, compare_sam
 from mmfeed.bench.limit import LimitPool
 from mmfeed.bench.loader import LoaderBench
 from mmfeed.loaders import WindowSpec
-from mmfeed.loaders.sources.lerobot import LeRobotSource
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 from mmfeed.testing import make_episodes, write_lerobot
 
 FPS = 30.0

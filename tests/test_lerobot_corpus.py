@@ -21,7 +21,7 @@ import pytest
 from mmfeed.bench.lerobot_compare import PIXEL_TOLERANCE
 from mmfeed.loaders import WindowSpec, open_dataset
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.lerobot import LeRobotSource
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 from mmfeed.testing import read_index
 
 CORPUS = Path(__file__).parent / "lerobot_corpus"
@@ -186,7 +186,7 @@ def test_mmfeed_stats_of_every_layout_are_lerobots_and_the_true_quantiles(name):
     where LeRobot's stats.json holds count-weighted means of per-episode quantiles, a narrower range at q01/q99.
     The rows it reads (each data file once per run of episodes) are the whole episodes' rows."""
     from mmfeed.loaders import compute_stats
-    from mmfeed.loaders.sources.quantiles import ALPHA, QUANTILES
+    from mmfeed.loaders.stores.quantiles import ALPHA, QUANTILES
 
     ds = open_dataset(CORPUS / name)
     arrays = [f for f, spec in ds.features.items() if spec.kind == "array" and np.dtype(spec.dtype).kind in "biuf"]

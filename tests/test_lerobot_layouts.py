@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmfeed.loaders.sources.lerobot import LeRobotSource
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 from mmfeed.testing import make_episodes, write_lerobot
 
 EPISODES = 7

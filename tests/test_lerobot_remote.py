@@ -13,8 +13,8 @@ from http_server import serve
 from s3_server import moto_s3
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.sources.lerobot import LeRobotSource
-from mmfeed.loaders.sources.remote import default_cache
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
+from mmfeed.loaders.transport.remote import default_cache
 from mmfeed.testing import make_episodes, write_lerobot, write_webdataset
 
 CORPUS = Path(__file__).parent / "lerobot_corpus"
@@ -184,7 +184,7 @@ def test_shards_and_their_index_through_a_store_that_fails_one_request_in_five(t
 def test_a_metadata_read_that_fails_every_try_names_the_url_and_the_cause(monkeypatch):
     """A server that answers 500 to every request for info.json: after the last try the error names that URL,
     the tries and the cause (and is not taken for a missing file)."""
-    from mmfeed.loaders.sources.remote import RemoteReadError
+    from mmfeed.loaders.transport.remote import RemoteReadError
 
     monkeypatch.setenv("MMFEED_REMOTE_RETRIES", "2")
     with serve(CORPUS, fault=lambda n, path: "500" if path.endswith("info.json") else None) as server:

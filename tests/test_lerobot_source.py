@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.lerobot import LeRobotSource, is_lerobot_dir
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource, is_lerobot_dir
 from mmfeed.testing import make_episodes, read_index, write_lerobot
 
 CAM = "observation.images.cam_high"

@@ -2,7 +2,7 @@
 the arrays alone, and normalization (quantile, clip, dims left alone, delta actions) checked against numpy.
 
 numpy on the episodes' own arrays is the oracle: a merged mean and variance are exact, min and max too, and the
-quantiles of the sketch are within its stated error (:data:`mmfeed.loaders.sources.quantiles.ALPHA`, relative).
+quantiles of the sketch are within its stated error (:data:`mmfeed.loaders.stores.quantiles.ALPHA`, relative).
 """
 
 import os
@@ -20,8 +20,8 @@ from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.conversion.statistics import compute_stats
 from mmfeed.loaders.planned.transforms import CameraDropout, DeltaActions, Normalize, delta_key
-from mmfeed.loaders.sources.quantiles import ALPHA, QUANTILES
-from mmfeed.loaders.sources.stats import MixtureStats
+from mmfeed.loaders.stores.quantiles import ALPHA, QUANTILES
+from mmfeed.loaders.stores.stats import MixtureStats
 from mmfeed.testing import make_episodes, write_lerobot
 from mmfeed.testing.synth_embodiments import EMBODIMENTS, write_embodiments
 

@@ -179,7 +179,7 @@ def check_frames(ns):
 
 
 def check_datasets(ns, root):
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
     ds = ns["ds"]
     features = eval("ds.features", ns)

@@ -14,7 +14,7 @@ import webdataset as wds
 from mmfeed import DataLoader
 from mmfeed.loaders import ErrorPolicy, Packing, PlanConfig, SampleError, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.sources.arrays import ArraySource
-from mmfeed.loaders.sources.index import INDEX_FILENAME, build_index, write_index
+from mmfeed.loaders.stores.index import INDEX_FILENAME, build_index, write_index
 from mmfeed.testing import frame_pattern, make_episodes, write_lerobot, write_video, write_webdataset
 
 CAM, STATE, REWARD = "observation.images.cam_high", "observation.state", "next.reward"

@@ -10,8 +10,8 @@ from http_server import serve
 from mmfeed import DataLoader
 from mmfeed.loaders import open_dataset
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.index import INDEX_FILENAME, read_shard_index
-from mmfeed.loaders.sources.remote import RangeCache, default_cache
+from mmfeed.loaders.stores.index import INDEX_FILENAME, read_shard_index
+from mmfeed.loaders.transport.remote import RangeCache, default_cache
 from mmfeed.testing import make_episodes, write_webdataset
 
 def ids(batch) -> list[int]:

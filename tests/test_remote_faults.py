@@ -11,7 +11,7 @@ from dist_job import packing
 from http_server import serve
 from mmfeed import DataLoader
 from mmfeed.loaders import open_dataset
-from mmfeed.loaders.sources.remote import RangeCache, RemoteReadError, RetryPolicy, retryable
+from mmfeed.loaders.transport.remote import RangeCache, RemoteReadError, RetryPolicy, retryable
 from mmfeed.testing import make_episodes, write_webdataset
 
 FAST = RetryPolicy(attempts=5, backoff_s=0.01, max_backoff_s=0.05, timeout_s=5.0)

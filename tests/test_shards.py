@@ -14,8 +14,8 @@ import webdataset
 from mmfeed.codecs import encode_video
 from mmfeed.loaders.conversion.writer import ShardWriter
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.errors import SampleError
-from mmfeed.loaders.sources.index import (
+from mmfeed.loaders.transport.errors import SampleError
+from mmfeed.loaders.stores.index import (
     INDEX_FILENAME,
     build_index,
     dataset_stats,
@@ -23,8 +23,8 @@ from mmfeed.loaders.sources.index import (
     read_shard_index,
     write_index,
 )
-from mmfeed.loaders.sources.tar import iter_shard, read_member
-from mmfeed.loaders.sources.webdataset import WebDatasetSource
+from mmfeed.loaders.transport.tar import iter_shard, read_member
+from mmfeed.loaders.formats.webdataset.source import WebDatasetSource
 from mmfeed.packing.windows import frames_at_rate
 
 from mmfeed.testing import frame_pattern, make_episodes, read_index, write_webdataset, write_webdataset_v1

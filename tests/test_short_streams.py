@@ -17,8 +17,8 @@ from mmfeed.codecs import encode_video
 from mmfeed.loaders import Packing, PlanConfig, ShardWriter, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.planned.items import EpisodeItems
 from mmfeed.loaders.sources.arrays import ArraySource
-from mmfeed.loaders.sources.index import INDEX_FILENAME, build_index, feature_columns, read_shard_index
-from mmfeed.loaders.sources.tar import iter_shard
+from mmfeed.loaders.stores.index import INDEX_FILENAME, build_index, feature_columns, read_shard_index
+from mmfeed.loaders.transport.tar import iter_shard
 from mmfeed.packing.windows import frames_at_rate
 from mmfeed.testing import frame_pattern, read_index
 

@@ -15,8 +15,8 @@ from mmfeed.loaders import WindowSpec, open_dataset
 from mmfeed.loaders.sources.arrays import ArraySource
 from mmfeed.loaders.sources.base import EpisodeRequest
 from mmfeed.loaders.sources.concat import ConcatSource
-from mmfeed.loaders.sources.lerobot import LeRobotSource
-from mmfeed.loaders.sources.webdataset import WebDatasetSource, expand_shards
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
+from mmfeed.loaders.formats.webdataset.source import WebDatasetSource, expand_shards
 
 from mmfeed.testing import frame_pattern, make_episodes, read_index, write_lerobot, write_webdataset
 
@@ -266,7 +266,7 @@ def test_one_read_options_object_checked_once_and_refused_where_a_format_has_no_
                                                                                             episodes):
     """Every format takes the same ReadOptions (or its fields as keywords); a value is checked when the options
     are made, before any file is opened; a format refuses an option it does not read, naming it and the fix."""
-    from mmfeed.loaders.sources.lerobot import LeRobotSource
+    from mmfeed.loaders.formats.lerobot.source import LeRobotSource
     from mmfeed.loaders.sources.options import ReadOptions
 
     out, _ = shards

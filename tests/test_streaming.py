@@ -11,7 +11,7 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import ErrorPolicy, Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.sources.index import INDEX_FILENAME
+from mmfeed.loaders.stores.index import INDEX_FILENAME
 from mmfeed.loaders.streaming.dataset import (
     EPISODE_STRIDE,
     StreamConfig,

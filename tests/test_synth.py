@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset
 
-from mmfeed.loaders.sources.index import INDEX_FILENAME
+from mmfeed.loaders.stores.index import INDEX_FILENAME
 from mmfeed.testing import SyntheticEpisode, make_episodes, read_index, write_lerobot, write_webdataset
 from mmfeed.testing.synth_lerobot import QUANTILES
 

@@ -26,10 +26,10 @@ from mmfeed.codecs.demux import MAX_FRAME_PIXELS, FramesTooLarge, probe
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders import open_dataset
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
-from mmfeed.loaders.sources.json_limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth
+from mmfeed.loaders.stores.index import INDEX_FILENAME, write_index
+from mmfeed.loaders.transport.json_limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_depth
 from mmfeed.loaders.sources.options import ReadOptions
-from mmfeed.loaders.sources.tar import iter_shard
+from mmfeed.loaders.transport.tar import iter_shard
 from mmfeed.testing import frame_pattern, make_episodes, write_lerobot, write_video, write_webdataset
 
 from cli_lines import error_line
@@ -46,7 +46,7 @@ QUICK_S = 5.0
 _CHILD = """
 import json, resource, sys, time
 import av, numpy, pyarrow.parquet
-import mmfeed.loaders, mmfeed.loaders.sources.lerobot, mmfeed.loaders.sources.webdataset, mmfeed.codecs.video
+import mmfeed.loaders, mmfeed.loaders.formats.lerobot.source, mmfeed.loaders.formats.webdataset.source, mmfeed.codecs.video
 
 args = json.loads(sys.argv[1])
 def peak():  # this memory map's own high-water mark (ru_maxrss would carry the parent's across vfork and exec)
@@ -191,7 +191,7 @@ def test_a_shard_holding_an_8192x8192_member_is_refused_when_indexed(huge_frames
     shard = write_tar(tmp_path / "shard-000000.tar", {"ep0.meta.json": meta(1),
                                                       f"ep0.{CAM}.mp4": huge_frames.read_bytes()})
     out = refused("""
-        from mmfeed.loaders.sources.index import build_index
+        from mmfeed.loaders.stores.index import build_index
         build_index([args["shard"]])
     """, shard=str(shard))
     assert out["message"].startswith(f"{str(shard)!r} key 'ep0' member ep0.{CAM}.mp4: ")
@@ -294,14 +294,14 @@ def test_an_npy_member_followed_by_gigabytes_of_zeros_is_refused_unread(tmp_path
         assert tar.getmember("ep0.observation.state.npy").size == len(state) + 6 * 10**9
     where = f"{str(shard)!r} key 'ep0' member ep0.observation.state.npy"
     out = refused("""
-        from mmfeed.loaders.sources.index import build_index
+        from mmfeed.loaders.stores.index import build_index
         build_index([args["shard"]])
     """, shard=str(shard))
     assert out["message"] == (f"{where}: 6000000000 trailing bytes: the .npy holds {len(state) + 6 * 10**9} bytes "
                               f"but its header promises {len(state)} (float32 [4, 2]); a .npy file holds its array "
                               "and nothing after it")
     out = refused("""
-        from mmfeed.loaders.sources.tar import iter_shard
+        from mmfeed.loaders.transport.tar import iter_shard
         list(iter_shard(args["shard"]))
     """, shard=str(shard))
     assert out["message"].startswith(f"{where}: 6000000000 trailing bytes")
@@ -440,7 +440,7 @@ def test_a_shards_meta_json_is_bounded_in_size_and_depth(tmp_path):
                                              + b"]" * 200_000 + b"}", "ep0.observation.state.npy": state})
     big = write_tar(tmp_path / "big.tar", {"ep0.meta.json": meta(4, pad=" " * MAX_JSON_BYTES),
                                            "ep0.observation.state.npy": state})
-    from mmfeed.loaders.sources.index import build_index
+    from mmfeed.loaders.stores.index import build_index
 
     with pytest.raises(ValueError, match=r"^ep0.meta.json in shard '.*deep.tar': JSON nested 200001 levels deep, "
                                          r"more than the 100 a metadata"):

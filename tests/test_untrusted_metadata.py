@@ -24,7 +24,7 @@ import pytest
 
 from mmfeed import DataLoader
 from mmfeed.loaders import ErrorPolicy, Packing, PlanConfig, SampleError, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.sources.index import INDEX_FILENAME
+from mmfeed.loaders.stores.index import INDEX_FILENAME
 from mmfeed.testing import make_episodes, write_lerobot, write_webdataset
 
 CORPUS = Path(__file__).parent / "lerobot_corpus"

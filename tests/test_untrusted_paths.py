@@ -18,10 +18,10 @@ from mmfeed.codecs.demux import probe
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs.video import DecodeOptions, open_reader, read_frames
 from mmfeed.loaders import open_dataset
-from mmfeed.loaders.sources.confine import Confined, PathTemplate, UnsafePathError, shorten
-from mmfeed.loaders.sources.index import INDEX_FILENAME, stale_shards, write_index
-from mmfeed.loaders.sources.lerobot import LeRobotSource
-from mmfeed.loaders.sources.webdataset import WebDatasetSource
+from mmfeed.loaders.transport.confine import Confined, PathTemplate, UnsafePathError, shorten
+from mmfeed.loaders.stores.index import INDEX_FILENAME, stale_shards, write_index
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
+from mmfeed.loaders.formats.webdataset.source import WebDatasetSource
 from mmfeed.testing import frame_pattern, make_episodes, write_lerobot, write_video, write_webdataset
 
 from cli_lines import error_line

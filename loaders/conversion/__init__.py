@@ -4,7 +4,7 @@
 :mod:`~mmfeed.loaders.conversion.engines`) over one reader per kind of source
 (:mod:`~mmfeed.loaders.conversion.readers`: LeRobot, shards, a user's generator), each shard written by
 :mod:`~mmfeed.loaders.conversion.writer` (:class:`ShardWriter`, also for a user's own episodes), its index built by
-:mod:`mmfeed.loaders.sources.index`.
+:mod:`mmfeed.loaders.stores.index`.
 """
 
 from __future__ import annotations

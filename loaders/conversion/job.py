@@ -12,9 +12,9 @@ transcode) or ``module:function`` naming a generator of episodes (dicts of the k
   ``shard_size_mb``, to shards cut where the size estimated from the source's bytes passes the target), in order,
   so shard k holds the same bytes whatever the engine, the number of workers and the day (fixed member times,
   a deterministic encoder, decoding always through PyAV). The index is then built from the shards' meta.json
-  (:func:`~mmfeed.loaders.sources.index.write_index` with ``record_mtime=False``, so it is byte-identical too):
+  (:func:`~mmfeed.loaders.stores.index.write_index` with ``record_mtime=False``, so it is byte-identical too):
   mean/std/min/max/count merge exactly from per-episode partials; the quantiles q01..q99 come from a mergeable
-  log-bucket sketch over every value (:mod:`~mmfeed.loaders.sources.quantiles`: within 1% of ``np.quantile``).
+  log-bucket sketch over every value (:mod:`~mmfeed.loaders.stores.quantiles`: within 1% of ``np.quantile``).
 - **codec="copy"** keeps the source's compressed video when no re-encode is asked (no ``gop``, no
   ``frame_size`` for that feature): shard members are kept byte for byte; a LeRobot episode's packets are
   remuxed out of the camera file that concatenates many episodes (stream copy: the same packets, so decoded
@@ -322,7 +322,7 @@ def _prepare(job: Job, manifest: _Manifest, resume: bool, overwrite: bool) -> tu
     """Make DST ready: refuse one holding another dataset (unless overwrite), or a conversion with other
     settings; return the shards a resumed job keeps (their files checked by size) and whether it was complete
     (then nothing is left to convert, and the source is not read again)."""
-    from mmfeed.loaders.sources.index import INDEX_FILENAME
+    from mmfeed.loaders.stores.index import INDEX_FILENAME
 
     dst = job.dst
     os.makedirs(dst, exist_ok=True)
@@ -377,7 +377,7 @@ def _prepare(job: Job, manifest: _Manifest, resume: bool, overwrite: bool) -> tu
 
 def _finish(job: Job, manifest: _Manifest, done: dict[int, dict]) -> str | None:
     """Write the index of every finished shard (in shard order) and the manifest's completion line."""
-    from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+    from mmfeed.loaders.stores.index import INDEX_FILENAME, write_index
 
     shards = [os.path.join(job.dst, done[k]["file"]) for k in sorted(done) if done[k]["file"]]
     index = os.path.join(job.dst, INDEX_FILENAME)

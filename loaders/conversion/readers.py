@@ -27,7 +27,7 @@ from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.demux import VideoSource, open_container, packets_of, probe
 from mmfeed.codecs.encode import CODECS, encode_video
 from mmfeed.loaders.sources.base import EpisodeRequest
-from mmfeed.loaders.sources.lerobot import LeRobotSource
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
 
 __all__ = ["open_reader", "normalize_episode", "iter_generator", "remux_episode", "source_kind"]
 
@@ -44,7 +44,7 @@ def source_kind(src: Any) -> str:
     spec = os.fspath(src)
     if ":" in spec and "://" not in spec and not os.path.exists(spec) and not spec[1:3] == ":\\":
         return "generator"
-    from mmfeed.loaders.sources.lerobot import is_lerobot_dir
+    from mmfeed.loaders.formats.lerobot.source import is_lerobot_dir
 
     return "lerobot" if is_lerobot_dir(spec) else "shards"
 
@@ -200,7 +200,7 @@ class ShardReader(_SourceReader):
 
     def __init__(self, job) -> None:
         super().__init__(job)
-        from mmfeed.loaders.sources.webdataset import WebDatasetSource
+        from mmfeed.loaders.formats.webdataset.source import WebDatasetSource
 
         self.source = WebDatasetSource(job.src, frame_size=job.frame_size, backend="pyav")
         self._check()

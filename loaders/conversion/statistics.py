@@ -5,9 +5,9 @@ decode video nobody needs (openpi's takes hours for that). :func:`compute_stats`
 features of each dataset (LeRobot data parquet columns, the ``.npy`` members of shards; never a video or an
 image), episode range by episode range, on local processes or Ray tasks (the engines of ``mmfeed convert``), and
 merges exactly: mean, std, min and max from per-range partials (Chan's update), the quantiles q01..q99 from
-mergeable log-bucket sketches (:mod:`~mmfeed.loaders.sources.quantiles`, within 1% of ``np.quantile``). The
+mergeable log-bucket sketches (:mod:`~mmfeed.loaders.stores.quantiles`, within 1% of ``np.quantile``). The
 datasets of one embodiment merge their finished stats by the rule ``open_dataset(..., embodiments=...)`` applies
-(:func:`~mmfeed.loaders.sources.stats.combine`: count-weighted mean and variance, min of the mins and of the q01s,
+(:func:`~mmfeed.loaders.stores.stats.combine`: count-weighted mean and variance, min of the mins and of the q01s,
 max of the maxes and of the q99s), so ``Normalize`` gets the same numbers from either.
 
 With ``delta`` (:class:`~mmfeed.loaders.planned.transforms.DeltaActions`) the stats of delta actions come too,
@@ -34,8 +34,8 @@ import numpy as np
 
 from mmfeed._progress import progress_bar
 from mmfeed.loaders.conversion.engines import run_local, run_ray
-from mmfeed.loaders.sources import stats as _stats
-from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
+from mmfeed.loaders.stores import stats as _stats
+from mmfeed.loaders.stores.quantiles import MAX_ELEMENTS, Sketch
 
 __all__ = ["HELP", "StatsJob", "add_arguments", "compute_stats", "run", "stats_task"]
 
@@ -73,7 +73,7 @@ def compute_stats(paths: Any, *, names: Sequence[str] | None = None,
                   progress: Callable[[int], object] | None = None) -> _stats.MixtureStats:
     """The stats of each dataset of ``paths`` (one path or source, a list of them, or ``{name: path}``) and, given
     ``embodiments`` (one per dataset, or ``{name: embodiment}``), of each embodiment, as
-    :class:`~mmfeed.loaders.sources.stats.MixtureStats`. ``features``: the array features to count (default every
+    :class:`~mmfeed.loaders.stores.stats.MixtureStats`. ``features``: the array features to count (default every
     numeric one); ``delta``: a :class:`~mmfeed.loaders.planned.transforms.DeltaActions`, counted over ``horizon``
     action steps from each anchor; ``workers``, ``engine`` ("local" or "ray"), ``ray_address``, ``max_retries``
     as for :func:`mmfeed.loaders.convert`; ``progress(n)`` is called as each range of ``n`` episodes is counted (e.g.

@@ -17,7 +17,7 @@ dtype, shape, frame count and stats partial, so indexing the shards reads no pix
 
 Shards are ``shard-000000.tar``, ... written through ``webdataset.TarWriter`` with a fixed member mtime and a
 deterministic encoder, so equal inputs give byte-identical shards; each is written under a temporary name and
-renamed when complete, and the index (:mod:`mmfeed.loaders.sources.index`) is written beside them on close.
+renamed when complete, and the index (:mod:`mmfeed.loaders.stores.index`) is written beside them on close.
 :func:`episode_sample` (one episode's members) and :class:`ShardFile` (one shard under a name of your choosing)
 are the same steps for writers that place episodes themselves (``mmfeed.loaders.conversion.job``).
 """
@@ -39,8 +39,8 @@ import numpy as np
 from mmfeed.codecs.demux import probe
 from mmfeed.codecs.encode import CODECS, encode_video, encoder_name
 from mmfeed.codecs.errors import DecodeError
-from mmfeed.loaders.sources import stats as _stats
-from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+from mmfeed.loaders.stores import stats as _stats
+from mmfeed.loaders.stores.index import INDEX_FILENAME, write_index
 from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["ShardFile", "ShardWriter", "episode_sample"]

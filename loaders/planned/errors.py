@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from mmfeed.loaders.sources.errors import SampleError
+from mmfeed.loaders.transport.errors import SampleError
 
 __all__ = ["ERROR_MODES", "NONFINITE_MODES", "ErrorCounter", "ErrorPolicy", "SampleError"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
-from mmfeed.loaders.sources.errors import SampleError
+from mmfeed.loaders.transport.errors import SampleError
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.metadata import Layout, make_layout
 

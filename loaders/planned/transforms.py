@@ -80,7 +80,7 @@ class Normalize:
     dataset's.
 
     stats: feature -> {"mean", "std", "min", "max", "q01", "q99", ...} arrays of the feature's step shape; or a
-        mixture (``open_dataset([...])``) or the :class:`~mmfeed.loaders.sources.stats.MixtureStats` that
+        mixture (``open_dataset([...])``) or the :class:`~mmfeed.loaders.stores.stats.MixtureStats` that
         ``mmfeed stats`` writes, whose per-dataset stats are picked by each sample's ``dataset``.
     mode: a key of :data:`NORMALIZE_MODES`.
     features: the features to normalize (default: every feature the stats hold that a sample carries; video

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mmfeed.loaders.clock import stage
-from mmfeed.loaders.sources import stats as _stats
+from mmfeed.loaders.stores import stats as _stats
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
 from mmfeed.packing.windows import check_stream_frames
 

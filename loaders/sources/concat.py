@@ -18,7 +18,7 @@ that pretrain on many robots do:
 - each sample says where it came from: ``dataset`` (its index in the list, named by ``names``) and, with
   ``embodiments`` (one name per dataset; datasets of one robot share a name), ``embodiment``;
 - ``sources[k].stats`` are each dataset's own (unpadded) stats, ``embodiment_stats`` those of each embodiment's
-  datasets merged by :func:`~mmfeed.loaders.sources.stats.combine` and ``stats`` the union's, element by element
+  datasets merged by :func:`~mmfeed.loaders.stores.stats.combine` and ``stats`` the union's, element by element
   over the datasets that have it. ``Normalize(mix)`` normalizes each sample by its own dataset's (or
   embodiment's) stats.
 """
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mmfeed.loaders.sources import stats as _stats
+from mmfeed.loaders.stores import stats as _stats
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
 from mmfeed.packing.windows import frames_at_rate
 

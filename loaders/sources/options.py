@@ -24,7 +24,7 @@ from typing import Any
 from mmfeed.codecs.demux import MAX_FRAME_PIXELS
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.sources.consistency import ERROR_CHOICES
-from mmfeed.loaders.sources.frame_store import FrameStore
+from mmfeed.loaders.stores.frame_store import FrameStore
 
 __all__ = ["FrameSize", "ReadOptions", "device_of"]
 
@@ -50,7 +50,7 @@ class ReadOptions:
         them). Webdataset shards.
     check_index: refuse an index whose shards changed size or mtime since indexing. Webdataset shards.
     cache: a local directory keeping decoded frames (at the delivered size and format) for later reads, shared by
-        every process that names it; see :mod:`mmfeed.loaders.sources.frame_store`. LeRobot v3 directories and
+        every process that names it; see :mod:`mmfeed.loaders.stores.frame_store`. LeRobot v3 directories and
         webdataset shards.
     cache_bytes: the most bytes of decoded frames ``cache`` holds (least recently used segments go first;
         default half the free space there). With ``cache``.

@@ -5,7 +5,7 @@ chain of small stages, each a plain generator over the one before, over the same
 read/lay-out split as the planned loader:
 
 1. :func:`read_shards`: a worker's shards in order, episode by episode, through the one tar reader
-   (:func:`~mmfeed.loaders.sources.tar.iter_shard`);
+   (:func:`~mmfeed.loaders.transport.tar.iter_shard`);
 2. each episode becomes an in-memory source (:meth:`WebDatasetSource.from_memory`, the reader indexed shards
    use) and is cut into samples exactly as the planned loader cuts them
    (:class:`~mmfeed.loaders.planned.items.EpisodeItems`: windows, or whole-episode chunks);
@@ -47,7 +47,7 @@ import torch
 
 from mmfeed.codecs.video import DecodeOptions
 from mmfeed.loaders.planned.config import Packing
-from mmfeed.loaders.sources.webdataset import expand_shards
+from mmfeed.loaders.formats.webdataset.source import expand_shards
 from mmfeed.loaders.streaming.worker import EPISODE_STRIDE, STATE_VERSION, Stream, new_stats, read_shards
 from mmfeed.packing import PackedBatch
 

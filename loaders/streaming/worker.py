@@ -1,7 +1,7 @@
 """One worker's stream in streaming mode (see :mod:`mmfeed.loaders.streaming.dataset`): the running state, the batch
 generator over the stages, and its snapshot and restore.
 
-Each episode read from a shard becomes an in-memory :class:`~mmfeed.loaders.sources.webdataset.WebDatasetSource`
+Each episode read from a shard becomes an in-memory :class:`~mmfeed.loaders.formats.webdataset.source.WebDatasetSource`
 and an :class:`~mmfeed.loaders.planned.items.EpisodeItems` of its samples; a batch's rows are collated over a
 :class:`~mmfeed.loaders.sources.concat.ConcatSource` of the episodes they hold, by the planned loader's collate.
 """
@@ -19,8 +19,8 @@ import torch
 from mmfeed.loaders.planned.errors import ErrorCounter
 from mmfeed.loaders.planned.items import EpisodeItems
 from mmfeed.loaders.sources.concat import ConcatSource
-from mmfeed.loaders.sources.tar import iter_shard
-from mmfeed.loaders.sources.webdataset import WebDatasetSource
+from mmfeed.loaders.transport.tar import iter_shard
+from mmfeed.loaders.formats.webdataset.source import WebDatasetSource
 from mmfeed.packing import OnlinePacker, PackedBatch
 
 if TYPE_CHECKING:

@@ -96,7 +96,7 @@ def write_synthetic(path: str | Path, cfg: SyntheticDataset, *, progress: Callab
     the shards are those of ``write_webdataset(path, episodes, episodes_per_shard=4)``. A LeRobot directory is
     written in one go. ``progress(n)`` is called as ``n`` more episodes are done.
     """
-    from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+    from mmfeed.loaders.stores.index import INDEX_FILENAME, write_index
     from mmfeed.testing import make_episodes, write_lerobot
 
     path = Path(path)

@@ -1,7 +1,7 @@
 """A large synthetic shard index, built with vectorized arrow (no shards to read): for benchmarks at the scale
 of the largest robot corpora (a million episodes), where writing real shards would take hours.
 
-The index has the schema of :data:`mmfeed.loaders.sources.index.INDEX_SCHEMA`: ``episodes`` episodes of 100-400
+The index has the schema of :data:`mmfeed.loaders.stores.index.INDEX_SCHEMA`: ``episodes`` episodes of 100-400
 steps at 15 Hz, ``episodes_per_shard`` per shard, two video features (``observation.images.cam_high`` and
 ``observation.images.wrist``, 224x224, one frame per step), ``observation.state`` and ``action`` (float32 ``[7]``)
 with their stats partials, one of 16 tasks each (every 1000th episode changes task half-way). The shard files
@@ -38,8 +38,8 @@ def _strings(values) -> pa.Array:
 def write_synthetic_index(directory: str | os.PathLike, episodes: int, *, episodes_per_shard: int = 100,
                           seed: int = 0) -> str:
     """Write ``mmfeed-index.parquet`` (and the sparse shard files) into ``directory``; returns the index path."""
-    from mmfeed.loaders.sources import stats as _stats
-    from mmfeed.loaders.sources.index import INDEX_FILENAME, INDEX_SCHEMA, INDEX_VERSION, _FORMAT
+    from mmfeed.loaders.stores import stats as _stats
+    from mmfeed.loaders.stores.index import INDEX_FILENAME, INDEX_SCHEMA, INDEX_VERSION, _FORMAT
 
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ def write_webdataset_v1(
     Each episode is one sample with key ``ep.episode_id``: ``<key>.<camera>.mp4`` (pattern index = frame number
     within the episode), ``<key>.state.npy``, ``<key>.action.npy`` and ``<key>.meta.json`` (:meth:`meta`).
     Written through ``webdataset.TarWriter`` with a fixed member mtime, so equal inputs give equal tar headers.
-    With ``index`` the parquet index is written beside them (``mmfeed.loaders.sources.index.INDEX_FILENAME``).
+    With ``index`` the parquet index is written beside them (``mmfeed.loaders.stores.index.INDEX_FILENAME``).
     """
     import webdataset
 
@@ -89,7 +89,7 @@ def write_webdataset_v1(
                     writer.write(sample)
             shards.append(str(path))
     if index and shards:
-        from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+        from mmfeed.loaders.stores.index import INDEX_FILENAME, write_index
 
         write_index(shards, out_dir / INDEX_FILENAME)
     return shards

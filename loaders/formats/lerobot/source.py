@@ -9,7 +9,7 @@ the frames a batch asks for, one decode pass per video file for all the frames o
 
 The directory may be local or at any fsspec URL (``s3://bucket/ds``, ``gs://...``, ``https://host/ds``): the
 metadata is read once when the dataset opens, data files and videos by byte range through the process's bounded
-block cache, every remote read retried (:mod:`mmfeed.loaders.sources.files`). Every layout LeRobot writes or
+block cache, every remote read retried (:mod:`mmfeed.loaders.transport.files`). Every layout LeRobot writes or
 converts reads the same: ``meta/episodes`` in any number of files and row groups (LeRobot flushes every ten
 episodes), task lists as plain or dictionary-encoded strings in list or large_list columns, data and videos over
 many files and chunks.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,21 +34,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
+from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.demux import FramesTooLarge, _pixel_limit, check_frame_pixels, frames_of
 from mmfeed.codecs.demux import IMAGE_FORMATS, input_options
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.consistency import (check_info, file_codes, lerobot_episodes, lerobot_rows, parquet_rows,
-                                                settle)
-from mmfeed.loaders.sources.confine import PathTemplate, UnsafePathError, shorten
-from mmfeed.loaders.sources.errors import SampleError, reason_of
-from mmfeed.loaders.sources.files import DatasetFiles, RemoteFile, is_url
-from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
+from mmfeed.loaders.formats.lerobot.metadata import (check_info, file_codes, lerobot_episodes, lerobot_rows,
+                                                     parquet_rows)
+from mmfeed.loaders.sources.consistency import settle
+from mmfeed.loaders.transport.confine import PathTemplate, UnsafePathError, shorten
+from mmfeed.loaders.transport.errors import SampleError, reason_of
+from mmfeed.loaders.transport.files import DatasetFiles, RemoteFile, is_url
+from mmfeed.loaders.stores.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
-from mmfeed.loaders.sources.stats import step_shaped
+from mmfeed.loaders.sources.readers import ReaderCaches
+from mmfeed.loaders.stores.stats import step_shaped
 from mmfeed.packing.bins import split_rows
 from mmfeed.packing.windows import check_stream_frames
 
@@ -132,9 +133,8 @@ class LeRobotSource(EpisodeSource):
             raw = _read_stats(self.files)
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache = LRU(2)  # path -> the non-video columns of one data file
-        self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
+        self._videos = ReaderCaches()  # the decoders, by output frame size
         self._videos_at: dict[tuple[str, int, int], str | RemoteFile] = {}  # (feature, chunk, file) -> what opens
-        self._lock = threading.Lock()  # guards _videos: one source may serve loaders in several threads
         self._store = options.frame_store()
 
     def step_tasks(self, episode: int) -> np.ndarray:
@@ -198,14 +198,9 @@ class LeRobotSource(EpisodeSource):
                         into = request.out.get(feature) if request.out else None
                         out[r][feature] = self._decode_images(request.episode, feature, rows, into)
             for size, items in videos.items():
-                with self._lock:  # the caches keep one decoder per thread (VideoReaderCache)
-                    cache = self._videos.get(size)
-                    if cache is None:
-                        shapes = [size] if size is not None else [
-                            self.features[k].frame_size for k in self._video_keys
-                            if self._sizes.get(k) is None and self.features[k].frame_size is not None]
-                        cache = self._videos[size] = VideoReaderCache(max_open=readers_within(shapes),
-                                                                      options=self.options.decode(size))
+                cache = self._videos.get(size, self.options.decode, lambda: [
+                    self.features[k].frame_size for k in self._video_keys
+                    if self._sizes.get(k) is None and self.features[k].frame_size is not None])
                 for r, feature, frame_request, where, *_ in items:
                     self._check_stream(cache, feature, frame_request.path, where)
                 decoded = decode_stored(self._store, cache, [i[2] for i in items], [i[3] for i in items],
@@ -249,16 +244,10 @@ class LeRobotSource(EpisodeSource):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_videos"] = {}  # each worker opens its own files (the LRU pickles empty)
-        state.pop("_segments", None)  # and stamps the videos it reads itself
+        state.pop("_segments", None)  # each worker stamps the videos it reads itself
         state.pop("_streams_checked", None)  # and checks them itself
         state["_videos_at"] = {}
-        del state["_lock"]
         return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     # -- internals -------------------------------------------------------------------------------------------
     def video_file(self, episode: int, feature: str) -> str:
@@ -322,7 +311,7 @@ class LeRobotSource(EpisodeSource):
 
     def _refuse_bad_rows(self, relative: str, episodes: Sequence[int], where: Any) -> None:
         """A :class:`SampleError` naming the first of ``episodes`` whose rows in data file ``relative`` disagree
-        with meta/episodes (checked when the file was read: :func:`~.consistency.lerobot_rows`); ``where(e)`` is how
+        with meta/episodes (checked when the file was read: :func:`~mmfeed.loaders.sources.consistency.lerobot_rows`); ``where(e)`` is how
         the error names the episode (and feature)."""
         bad = self._bad_rows.get(relative)
         if bad:
@@ -504,7 +493,7 @@ class LeRobotSource(EpisodeSource):
     def _check_rows(self, relative: str, path: str, index: np.ndarray, table: pa.Table, order: np.ndarray,
                     widths: Mapping[str, np.ndarray]) -> dict[int, str]:
         """``{episode: why}`` for the episodes of data file ``relative`` whose rows there disagree with meta/episodes
-        (:func:`~.consistency.lerobot_rows`: every row of its range there once, each carrying its episode_index)
+        (:func:`~mmfeed.loaders.sources.consistency.lerobot_rows`: every row of its range there once, each carrying its episode_index)
         or hold a number of values other than info.json's shape declares (``widths``); read as the file is."""
         episodes = self._episodes_in(relative)
         lo = self._meta["dataset_from_index"][episodes].astype(np.int64)
@@ -676,7 +665,7 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     (-1 where it lists several, or none: its rows then say), and which file each episode's row came from (an
     index into the files' paths, given beside it, for messages). Any number of files and row groups, task lists
     as list or large_list of plain or dictionary-encoded strings; the per-episode stats columns are never read.
-    Whether the rows agree with the data is :func:`~.consistency.lerobot_episodes`' to say."""
+    Whether the rows agree with the data is :func:`~mmfeed.loaders.sources.consistency.lerobot_episodes`' to say."""
     paths = _episode_files(files, info)
     if not paths:
         raise FileNotFoundError(f"{files.root}: no meta/episodes/chunk-*/file-*.parquet files")

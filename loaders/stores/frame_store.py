@@ -43,7 +43,7 @@ import numpy as np
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.nt_copy import copy_into
-from mmfeed.loaders.sources.errors import decode_with_context
+from mmfeed.loaders.transport.errors import decode_with_context
 
 __all__ = ["FrameStore", "Segment", "StoreInfo", "decode_stored", "stored", "take"]
 
@@ -263,7 +263,7 @@ def stored(store: FrameStore | None, segment: Segment | None, idx: np.ndarray, o
 def decode_stored(store: FrameStore | None, cache: VideoReaderCache, requests: Sequence[FrameRequest],
                   where: Sequence[str], segments: Sequence[Segment | None], idx: Sequence[np.ndarray],
                   whole: Callable[[int, np.ndarray], FrameRequest]) -> list[np.ndarray]:
-    """:func:`~mmfeed.loaders.sources.errors.decode_with_context` through a store: request ``i`` asks frames
+    """:func:`~mmfeed.loaders.transport.errors.decode_with_context` through a store: request ``i`` asks frames
     ``idx[i]`` of ``segments[i]``; a segment the store lacks is first decoded whole into it (``whole(i, out)`` is
     the request that decodes all its frames into ``out``) and the asked frames are copied out of it. Requests
     without a store or a segment, or whose segment another process is filling or exceeds the budget, are decoded

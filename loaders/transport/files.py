@@ -3,10 +3,10 @@
 A LeRobot directory is read in place, on local disk or in object storage (``s3://``, ``gs://``, ``https://``,
 any fsspec URL): :class:`DatasetFiles` reads small metadata files whole (once, when the dataset opens) and
 opens data parquet files and videos as seekable files whose bytes come by range through this process's bounded
-block cache (:func:`~mmfeed.loaders.sources.remote.default_cache`), so a worker fetches the parquet footers,
+block cache (:func:`~mmfeed.loaders.transport.remote.default_cache`), so a worker fetches the parquet footers,
 the columns it reads, and the video headers and groups of pictures its batches need, never whole files. Every
 remote operation, listing, size, whole-file and range reads alike, is retried under the one
-:class:`~mmfeed.loaders.sources.remote.RetryPolicy` (``MMFEED_REMOTE_RETRIES``, ``MMFEED_REMOTE_TIMEOUT_S``):
+:class:`~mmfeed.loaders.transport.remote.RetryPolicy` (``MMFEED_REMOTE_RETRIES``, ``MMFEED_REMOTE_TIMEOUT_S``):
 a flaky store costs time, not the epoch; after the last try the error names the URL, the range and the cause.
 
     >>> import fsspec
@@ -29,9 +29,9 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmfeed.loaders.sources.confine import Confined, UnsafePathError, shorten
-from mmfeed.loaders.sources.json_limits import check_json, check_json_size
-from mmfeed.loaders.sources.remote import RetryPolicy, default_cache
+from mmfeed.loaders.transport.confine import Confined, UnsafePathError, shorten
+from mmfeed.loaders.transport.json_limits import check_json, check_json_size
+from mmfeed.loaders.transport.remote import RetryPolicy, default_cache
 
 __all__ = ["DatasetFiles", "RemoteFile", "is_url", "open_remote", "remote_info"]
 
@@ -154,9 +154,9 @@ class DatasetFiles:
     Credentials and endpoints come from the usual fsspec places (environment variables such as
     ``AWS_ENDPOINT_URL``, config files), as for remote shards.
 
-    Every file read lies inside the root (:mod:`~mmfeed.loaders.sources.confine`: relative, no ``..``, locally
+    Every file read lies inside the root (:mod:`~mmfeed.loaders.transport.confine`: relative, no ``..``, locally
     not through a symbolic link out of it; remotely under the same scheme, host and prefix): anything else is an
-    :class:`~mmfeed.loaders.sources.confine.UnsafePathError` naming the path, judged once per distinct path.
+    :class:`~mmfeed.loaders.transport.confine.UnsafePathError` naming the path, judged once per distinct path.
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
@@ -174,7 +174,7 @@ class DatasetFiles:
 
     def outside(self, relative: str) -> str | None:
         """Why ``relative`` lies outside the dataset (``"it climbs out with '..'"``, ...), or None where it may be
-        read (:class:`~mmfeed.loaders.sources.confine.Confined`; no request is made)."""
+        read (:class:`~mmfeed.loaders.transport.confine.Confined`; no request is made)."""
         return self._confined.outside(relative)
 
     def _inside(self, relative: str) -> str:
@@ -218,7 +218,7 @@ class DatasetFiles:
 
     def read_json(self, relative: str) -> Any:
         """The JSON file ``relative``; malformed JSON is a ValueError naming the file, and so is one larger or
-        nested deeper than metadata may be (:mod:`~mmfeed.loaders.sources.json_limits`: its size is checked
+        nested deeper than metadata may be (:mod:`~mmfeed.loaders.transport.json_limits`: its size is checked
         before it is read, its depth before it is parsed)."""
         if self.exists(relative):
             check_json_size(self.size(relative), self.where(relative))

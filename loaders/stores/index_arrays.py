@@ -3,7 +3,7 @@
 A shard index (:mod:`.index`) is a parquet table with a row per episode and nested lists per row (features,
 members, stats). Opening it used to turn every row into Python objects: at a million episodes that took ~28 s
 and ~3 GB in every process (each DataLoader worker and each rank of a node held its own copy). Instead,
-:func:`index_arrays` derives, once, the flat columns a :class:`~.webdataset.WebDatasetSource` reads (episode
+:func:`index_arrays` derives, once, the flat columns a :class:`~mmfeed.loaders.formats.webdataset.source.WebDatasetSource` reads (episode
 ids, shard and task codes, lengths and rates, and per feature its rate, frame count, member name, offset and
 size; the task runs where an episode changes task), writes them as an uncompressed Arrow IPC file in the cache
 directory, keyed by the index file's path, size and mtime, and memory-maps it. Every later open, in any process
@@ -36,9 +36,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmfeed.loaders.sources.index import (INDEX_VERSION, changed_shards, check_required, feature_columns,
+from mmfeed.loaders.stores.index import (INDEX_VERSION, changed_shards, check_required, feature_columns,
                                           index_version, read_shard_index, resolve_shard)
-from mmfeed.loaders.sources.tar import open_file, stat_file
+from mmfeed.loaders.transport.tar import open_file, stat_file
 
 __all__ = ["CACHE_VERSION", "IndexArrays", "derive", "index_arrays", "index_cache_dir", "stale"]
 

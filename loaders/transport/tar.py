@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from mmfeed.codecs.arrays import MAX_HEADER_BYTES, check_npy_size, npy_header
 from mmfeed.codecs.errors import DecodeError
-from mmfeed.loaders.sources.json_limits import check_json, check_json_size
+from mmfeed.loaders.transport.json_limits import check_json, check_json_size
 
 __all__ = ["extract", "iter_shard", "member_groups", "open_file", "parse_meta", "read_member", "split_member",
            "stat_file"]
@@ -31,7 +31,7 @@ def read_member(shard_path: str | os.PathLike, offset: int, size: int, *, member
     if offset < 0 or size < 0:
         raise ValueError(f"offset {offset} and size {size} must be >= 0 (reading {shard_path!r})")
     if "://" in shard_path and not shard_path.startswith("file://"):
-        from mmfeed.loaders.sources.remote import read_range  # range requests through a bounded block cache
+        from mmfeed.loaders.transport.remote import read_range  # range requests through a bounded block cache
 
         header = read_range(shard_path, offset - 512, 512) if member and offset >= 512 else b""
         if member:
@@ -201,10 +201,10 @@ def extract(tar: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
 
 def open_file(path: str, mode: str = "rb") -> IO[bytes]:
     """``path`` (local, or any fsspec URL) opened in ``mode``; a remote file opened for reading is read by range
-    through the process's block cache, each request retried (:mod:`mmfeed.loaders.sources.files`)."""
+    through the process's block cache, each request retried (:mod:`mmfeed.loaders.transport.files`)."""
     if "://" in path:
         if mode == "rb":
-            from mmfeed.loaders.sources.files import open_remote
+            from mmfeed.loaders.transport.files import open_remote
 
             return open_remote(path)
         import fsspec
@@ -216,7 +216,7 @@ def open_file(path: str, mode: str = "rb") -> IO[bytes]:
 def stat_file(path: str) -> tuple[int, int | None]:
     """``(size, mtime in ns or None)`` of a local file or an fsspec URL (asked with retries)."""
     if "://" in path:
-        from mmfeed.loaders.sources.files import remote_info
+        from mmfeed.loaders.transport.files import remote_info
 
         info = remote_info(path)
         mtime = info.get("mtime")

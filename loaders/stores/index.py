@@ -5,7 +5,7 @@ steps first) or ``<key>.<feature>.mp4`` per feature, and ``<key>.meta.json`` (``
 ``length`` in steps, ``task``, optional ``rates`` {feature: fps} and, for an episode whose task changes,
 ``task_runs`` ``[[first step, task], ...]``; :class:`~mmfeed.loaders.conversion.writer.ShardWriter`
 adds ``features`` {name: {kind, dtype, shape, frames, stats}}, so indexing its shards reads only tar headers,
-meta.json and npy headers). Member names split as in :func:`~mmfeed.loaders.sources.tar.split_member`. First-version shards (meta.json
+meta.json and npy headers). Member names split as in :func:`~mmfeed.loaders.transport.tar.split_member`. First-version shards (meta.json
 ``cameras`` / ``camera_fps``; ``<cam>.mp4``, ``proprio.npy``, ``action.npy``) index the same way, as features
 ``proprio``, ``action`` and one per camera at its ``camera_fps``; their videos are probed, their arrays read.
 
@@ -62,11 +62,11 @@ import pyarrow.parquet as pq
 from mmfeed.codecs.arrays import MAX_HEADER_BYTES, check_npy_size, load_npy
 from mmfeed.codecs.demux import probe
 from mmfeed.codecs.errors import DecodeError
-from mmfeed.loaders.sources import stats as _stats
-from mmfeed.loaders.sources.confine import UnsafePathError, check_shards, shard_outside, shorten
-from mmfeed.loaders.sources.json_limits import check_json, check_json_size
-from mmfeed.loaders.sources.quantiles import MAX_ELEMENTS, Sketch
-from mmfeed.loaders.sources.tar import extract, member_groups, open_file, parse_meta, stat_file
+from mmfeed.loaders.stores import stats as _stats
+from mmfeed.loaders.transport.confine import UnsafePathError, check_shards, shard_outside, shorten
+from mmfeed.loaders.transport.json_limits import check_json, check_json_size
+from mmfeed.loaders.stores.quantiles import MAX_ELEMENTS, Sketch
+from mmfeed.loaders.transport.tar import extract, member_groups, open_file, parse_meta, stat_file
 from mmfeed.packing.windows import check_stream_frames
 
 __all__ = ["INDEX_FILENAME", "INDEX_SCHEMA", "INDEX_VERSION", "VIDEO_EXTENSIONS", "build_index", "dataset_stats",
@@ -144,7 +144,7 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
 
 def memory_table(name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]]) -> pa.Table:
     """The index table of episodes held in memory as ``(key, {member name after the key: bytes})`` (what
-    :func:`~mmfeed.loaders.sources.tar.iter_shard` yields), every member at offset 0 of its own bytes: how a stream reads the episodes it
+    :func:`~mmfeed.loaders.transport.tar.iter_shard` yields), every member at offset 0 of its own bytes: how a stream reads the episodes it
     holds with the very reader that reads indexed shards."""
     rows: dict[str, list[Any]] = {n: [] for n in INDEX_SCHEMA.names}
     partials: list[dict[str, dict[str, np.ndarray]]] = []

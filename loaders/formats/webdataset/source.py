@@ -1,6 +1,6 @@
 """Webdataset shards (format v2, and v1 shards) as an :class:`~mmfeed.loaders.sources.base.EpisodeSource`.
 
-The index (:mod:`mmfeed.loaders.sources.index`) gives every episode's length, rates, frame counts, task and
+The index (:mod:`mmfeed.loaders.stores.index`) gives every episode's length, rates, frame counts, task and
 stats, and where each feature's member lies in its shard. Planning uses the index alone; a worker reads exactly
 the members a batch needs (one seek and read each, a range request for URLs), keeps the last few episodes'
 bytes, loads npy members whole and decodes each needed group of pictures once for every frame the batch wants::
@@ -26,16 +26,17 @@ import numpy as np
 import pyarrow as pa
 
 from mmfeed.codecs.arrays import MAX_HEADER_BYTES, load_npy
-from mmfeed.codecs.batch import FrameRequest, VideoReaderCache, readers_within
+from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
-from mmfeed.loaders.sources.consistency import index_episodes, settle
-from mmfeed.loaders.sources.errors import SampleError, reason_of
-from mmfeed.loaders.sources.confine import check_shards
-from mmfeed.loaders.sources.frame_store import Segment, decode_stored, stored
-from mmfeed.loaders.sources.index import (
+from mmfeed.loaders.formats.webdataset.metadata import index_episodes
+from mmfeed.loaders.sources.consistency import settle
+from mmfeed.loaders.transport.errors import SampleError, reason_of
+from mmfeed.loaders.transport.confine import check_shards
+from mmfeed.loaders.stores.frame_store import Segment, decode_stored, stored
+from mmfeed.loaders.stores.index import (
     INDEX_FILENAME,
     INDEX_VERSION,
     build_index,
@@ -45,9 +46,10 @@ from mmfeed.loaders.sources.index import (
     memory_table,
     resolve_shard,
 )
-from mmfeed.loaders.sources.index_arrays import IndexArrays, derive, index_arrays, stale
+from mmfeed.loaders.stores.index_arrays import IndexArrays, derive, index_arrays, stale
 from mmfeed.loaders.sources.options import ReadOptions
-from mmfeed.loaders.sources.tar import read_member, stat_file
+from mmfeed.loaders.sources.readers import ReaderCaches
+from mmfeed.loaders.transport.tar import read_member, stat_file
 
 __all__ = ["WebDatasetSource", "expand_shards"]
 
@@ -111,7 +113,7 @@ class WebDatasetSource(EpisodeSource):
     def from_memory(cls, name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]],
                     options: ReadOptions | None = None, **kwargs: Any) -> WebDatasetSource:
         """The episodes ``(key, {member name after the key: bytes})`` held in memory (a stream's, as
-        :func:`~mmfeed.loaders.sources.tar.iter_shard` yields them), read exactly as indexed shards are."""
+        :func:`~mmfeed.loaders.transport.tar.iter_shard` yields them), read exactly as indexed shards are."""
         self = cls.__new__(cls)
         options = ReadOptions.of(options, **kwargs)
         self._set_options(options, max(1, len(episodes)))
@@ -129,7 +131,7 @@ class WebDatasetSource(EpisodeSource):
     def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, options: ReadOptions
                      ) -> np.ndarray | None:
         """Bind the index ``arrays``; returns which episodes were kept (None: all, else ``errors="skip"`` left out
-        those whose lengths, rates or frame counts are impossible: :func:`~.consistency.index_episodes`)."""
+        those whose lengths, rates or frame counts are impossible: :func:`~mmfeed.loaders.sources.consistency.index_episodes`)."""
         self.name = name
         self._held: list[dict[str, bytes]] | None = None
         if len(arrays) == 0:
@@ -150,9 +152,9 @@ class WebDatasetSource(EpisodeSource):
         self.stats = dataset_stats(pa.table({}).replace_schema_metadata({"mmfeed": arrays.metadata}))
         self._bytes = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> member bytes
         self._arrays = LRU(self.cache_episodes * len(self.features))  # (episode, feature) -> decoded array
-        self._videos: dict[tuple[int, int] | None, VideoReaderCache] = {}
+        self._videos = ReaderCaches()  # the decoders, by output frame size
         self._checked: set[tuple[int, str]] = set()
-        self._lock = threading.Lock()  # guards _videos and _checked: one source may serve loaders in several threads
+        self._lock = threading.Lock()  # guards _checked: one source may serve loaders in several threads
         return kept
 
     def _feature(self, name: str, column: Mapping) -> Feature:
@@ -232,7 +234,6 @@ class WebDatasetSource(EpisodeSource):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_videos"] = {}  # each worker opens its own decoders (the LRUs pickle empty)
         del state["_lock"]
         for key in _BOUND:  # views of the index arrays: rebound from them (a mapped index travels as its path)
             state.pop(key, None)
@@ -305,13 +306,9 @@ class WebDatasetSource(EpisodeSource):
 
     def _cache(self, size: tuple[int, int] | None) -> VideoReaderCache:
         """The decoder cache of one frame size (it keeps one decoder per thread)."""
-        with self._lock:
-            if size not in self._videos:
-                shapes = [size] if size is not None else [self._stored_shape[f] for f, feat in self.features.items()
-                                                          if feat.kind == "video" and self._sizes.get(f) is None]
-                self._videos[size] = VideoReaderCache(max_open=readers_within(shapes),
-                                                      options=self.options.decode(size))
-            return self._videos[size]
+        return self._videos.get(size, self.options.decode, lambda: [
+            self._stored_shape[f] for f, feat in self.features.items()
+            if feat.kind == "video" and self._sizes.get(f) is None])
 
     def _check_video(self, episode: int, feature: str, data: bytes, where: str) -> None:
         """Once per video: it opens, has the frame size and at least the frames the index promises. Its reader
@@ -337,7 +334,7 @@ def _check_members(arrays: IndexArrays, shards: Sequence[str], name: str, sized:
     """Every npy member's size is at most what its feature's dtype, step shape and frame count take, plus a
     header of at most :data:`~mmfeed.codecs.arrays.MAX_HEADER_BYTES`, and, where ``sized`` (``check_index``: the
     shards still have the sizes the index recorded), every member lies inside its shard's bytes: a reader never
-    asks for more bytes than a shard or an array can hold (without ``check_index``, :func:`.tar.read_member`
+    asks for more bytes than a shard or an array can hold (without ``check_index``, :func:`~mmfeed.loaders.transport.tar.read_member`
     compares each read with the shard's size). Vectorized over the episodes; ValueError naming the index, the
     shard and key, the feature and the limit."""
     recorded = np.array([np.nan if size is None or not sized else size for size, _ in arrays.shard_stamps],
