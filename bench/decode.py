@@ -60,7 +60,7 @@ from mmfeed.bench.common import cache_dir as bench_cache
 from mmfeed.bench.common import consecutive_views, environment, table
 from mmfeed.bench.lerobot_child import run_child
 from mmfeed.codecs import FrameRequest, VideoReaderCache, decode_batch, probe, read_frames
-from mmfeed.codecs._decord import _to_numpy, decord_available
+from mmfeed.codecs._decord import to_numpy, decord_available
 from mmfeed.codecs._torchcodec import torchcodec_available, torchcodec_error
 from mmfeed.codecs.video import DecodeOptions, choose_backend, open_reader
 
@@ -295,7 +295,7 @@ def _per_frame_decoder(path: str, backend: str) -> Callable[[list[np.ndarray], l
             for request, out in zip(batch, outs):
                 for k, i in enumerate(request.tolist()):
                     vr.seek_accurate(i)
-                    out[k] = _to_numpy(vr.next())
+                    out[k] = to_numpy(vr.next())
 
         return run
     if backend == "torchcodec":

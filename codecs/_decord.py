@@ -100,7 +100,7 @@ class DecordReader:
         import decord
 
         try:
-            frames = _to_numpy(self._vr.get_batch(indices.tolist()))
+            frames = to_numpy(self._vr.get_batch(indices.tolist()))
         except (RuntimeError, decord.DECORDError) as exc:
             raise DecodeError(
                 f"{self.info.path}: decord failed decoding frames {indices[0]}..{indices[-1]}: {exc}; the video "
@@ -124,7 +124,7 @@ class DecordReader:
         self._vr = None
 
 
-def _to_numpy(batch) -> np.ndarray:
+def to_numpy(batch) -> np.ndarray:
     """A decord NDArray as numpy without copying it (through DLPack; ``asnumpy`` copies every frame once more)."""
     try:
         import torch.utils.dlpack

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from mmfeed.codecs.demux import MAX_FRAME_PIXELS, VideoInfo, VideoSource, _pixel_limit, frames_of, open_container
+from mmfeed.codecs.demux import MAX_FRAME_PIXELS, VideoInfo, VideoSource, pixel_limit, frames_of, open_container
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.codecs._sws import DirectRGB
 from mmfeed.codecs.nt_copy import copy_into
@@ -80,7 +80,7 @@ class PyAVReader:
             self._container.close()
             raise DecodeError(f"{info.path}: holds no video stream", path=info.path)
         self._stream = self._container.streams.video[0]
-        self._stream.codec_context.options = _pixel_limit(max_frame_pixels)  # a larger picture later in the stream
+        self._stream.codec_context.options = pixel_limit(max_frame_pixels)  # a larger picture later in the stream
         self._stream.thread_count = int(threads)
         self._stream.thread_type = "AUTO" if threads > 1 else "SLICE"
         self._seek_cost = seek_cost_frames(threads)

@@ -222,7 +222,7 @@ def check_frame_pixels(name: str, height: int, width: int, max_frame_pixels: int
         raise FramesTooLarge(name, int(height), int(width), max_frame_pixels)
 
 
-def _pixel_limit(max_frame_pixels: int | None) -> dict[str, str]:
+def pixel_limit(max_frame_pixels: int | None) -> dict[str, str]:
     """The FFmpeg codec option that makes decoders refuse larger pictures, also the ones ``av.open`` decodes to
     find the stream's parameters (``avformat_find_stream_info`` decodes a few frames of an H.264 stream)."""
     return {} if max_frame_pixels is None else {"max_pixels": str(min(int(max_frame_pixels), 2**31 - 1))}
@@ -248,7 +248,7 @@ def open_container(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME
             raise DecodeError(f"{name}: the video bytes are empty", path=name)
         target = io.BytesIO(source)
     try:
-        container = av.open(target, mode="r", options=_pixel_limit(max_frame_pixels),
+        container = av.open(target, mode="r", options=pixel_limit(max_frame_pixels),
                             container_options=input_options(VIDEO_FORMATS, path=isinstance(target, str)))
     except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
         _refuse_other_format(source, exc, name)  # an HLS playlist, a concat list: not a video container

@@ -37,12 +37,12 @@ def _as_tensor(key: str, value: object) -> torch.Tensor:
     raise TypeError(f"data[{key!r}] must be a torch.Tensor or numpy array, got {type(value).__name__}")
 
 
-def _move(value: Any, fn: Callable[[Any], Any], kind: type = torch.Tensor) -> Any:
+def map_tensors(value: Any, fn: Callable[[Any], Any], kind: type = torch.Tensor) -> Any:
     """``value`` with ``fn(x)`` in place of each ``x`` of type ``kind`` (a tensor), itself or in nested dicts."""
     if isinstance(value, kind):
         return fn(value)
     if isinstance(value, dict):
-        return {k: _move(v, fn, kind) for k, v in value.items()}
+        return {k: map_tensors(v, fn, kind) for k, v in value.items()}
     return value
 
 
@@ -302,7 +302,7 @@ class PackedBatch:
         state = dict(self.__dict__)
         if self.device.type == "cpu":
             state["_host"] = None
-        return {k: _move(v, _by_value) for k, v in state.items()}
+        return {k: map_tensors(v, _by_value) for k, v in state.items()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({k: _from_value(v) for k, v in state.items()})
@@ -318,7 +318,7 @@ class PackedBatch:
             cu_seqlens=fn(self.cu_seqlens),
             modalities=list(self.modalities),
             data={k: fn(v) for k, v in self.data.items()},
-            metadata=_move(dict(self.metadata), fn),
+            metadata=map_tensors(dict(self.metadata), fn),
         )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:

@@ -1,7 +1,9 @@
-"""The house rules of the library's imports, read from the source (module-level imports and those inside
-functions alike): no import cycle anywhere; ``packing`` imports nothing of ``loaders``, ``codecs`` or torch
-outside ``packing/batch.py``; ``codecs`` nothing of ``loaders``; the sources nothing of the loaders root but the
-stage clock; nothing of the library imports ``bench``; and a batch walks one way through the planned path."""
+"""The house rules of the library's imports, read from the source: every import counts (at module level, inside
+functions and under ``if TYPE_CHECKING:`` alike). Rooms (packing, codecs, each room of loaders, each format) import
+one another only along the arrows of :data:`ARROWS`; no module imports a private name (``_x``) of another room;
+no import cycle anywhere; ``packing`` is pure (no torch, ``from torch import`` included, outside
+``packing/batch.py``); nothing of the library imports ``bench``; no room of loaders holds more than 12 modules; and
+a batch walks one way through the planned path."""
 
 import ast
 from pathlib import Path
@@ -30,32 +32,38 @@ def modules() -> dict[str, Path]:
 MODULES = modules()
 
 
-def imports(name: str, path: Path) -> set[str]:
-    """The library modules ``name`` imports (at module level or in any function; TYPE_CHECKING blocks aside)."""
-    tree = ast.parse(path.read_text())
-    skip = set()
-    for node in ast.walk(tree):  # `if TYPE_CHECKING:` imports are for annotations only
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-            skip.update(id(n) for n in ast.walk(node))
+def import_nodes(path: Path):
+    """Every import statement of a module (at module level, in functions, under ``if TYPE_CHECKING:``)."""
+    return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def _absolute(name: str, path: Path, node: ast.ImportFrom) -> str:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    base = node.module or ""
+    if node.level:
+        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+    return base
+
+
+def _module_of(target: str) -> str | None:
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """The library modules ``name`` imports."""
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in import_nodes(path):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
         else:
-            continue
+            base = _absolute(name, path, node)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
         for target in targets:
-            while target and target not in MODULES:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
+            module = _module_of(target)
+            if module and module != name:
+                found.add(module)
     return found
 
 
@@ -100,13 +108,110 @@ def cycles() -> list[list[str]]:
     return out
 
 
+def room(module: str) -> str:
+    """The room of a library module: a top package (``mmfeed.packing``), a room of loaders
+    (``mmfeed.loaders.planned``), a format (``mmfeed.loaders.formats.lerobot``), a module of the loaders root
+    (``mmfeed.loaders.open``), the facade's private helpers (``mmfeed._util``) or a facade module."""
+    parts = module.split(".")
+    if parts[:2] == ["mmfeed", "loaders"] and len(parts) > 2:
+        return ".".join(parts[:4]) if parts[2] == "formats" and len(parts) > 3 else ".".join(parts[:3])
+    if len(parts) > 1 and parts[1] in ("packing", "codecs", "bench", "testing"):
+        return ".".join(parts[:2])
+    if len(parts) > 1 and parts[1].startswith("_") and parts[1] != "__main__":
+        return "mmfeed._util"
+    return module
+
+
+LOADERS = "mmfeed.loaders"
+ARROWS = {  # room -> the rooms it may import (besides itself and the facade's private helpers, mmfeed._util)
+    "mmfeed._util": set(),
+    "mmfeed.packing": set(),
+    "mmfeed.codecs": set(),
+    f"{LOADERS}.clock": set(),
+    f"{LOADERS}.transport": {"mmfeed.codecs"},
+    f"{LOADERS}.stores": {f"{LOADERS}.transport", "mmfeed.codecs", "mmfeed.packing"},
+    f"{LOADERS}.sources": {f"{LOADERS}.stores", f"{LOADERS}.transport", f"{LOADERS}.clock", "mmfeed.codecs",
+                           "mmfeed.packing"},
+    f"{LOADERS}.formats": {f"{LOADERS}.sources"},
+    f"{LOADERS}.formats.*": {f"{LOADERS}.formats", f"{LOADERS}.sources", f"{LOADERS}.stores",
+                             f"{LOADERS}.transport", f"{LOADERS}.clock", "mmfeed.codecs", "mmfeed.packing"},
+    f"{LOADERS}.open": {f"{LOADERS}.formats", f"{LOADERS}.formats.*", f"{LOADERS}.sources", f"{LOADERS}.stores",
+                        f"{LOADERS}.transport"},
+    f"{LOADERS}.observe": set(),
+    f"{LOADERS}.planned": {f"{LOADERS}.sources", f"{LOADERS}.stores", f"{LOADERS}.transport", f"{LOADERS}.clock",
+                           "mmfeed.codecs", "mmfeed.packing"},
+    f"{LOADERS}.loop": {f"{LOADERS}.planned", f"{LOADERS}.observe", f"{LOADERS}.open", f"{LOADERS}.sources",
+                        f"{LOADERS}.clock", "mmfeed.codecs", "mmfeed.packing"},
+    f"{LOADERS}.streaming": {f"{LOADERS}.planned", f"{LOADERS}.formats.*", f"{LOADERS}.sources",
+                             f"{LOADERS}.transport", f"{LOADERS}.clock", "mmfeed.codecs", "mmfeed.packing"},
+    f"{LOADERS}.conversion": {f"{LOADERS}.open", f"{LOADERS}.formats.*", f"{LOADERS}.planned",
+                              f"{LOADERS}.sources", f"{LOADERS}.stores", f"{LOADERS}.transport", "mmfeed.codecs",
+                              "mmfeed.packing"},
+    f"{LOADERS}.fill_cache": {f"{LOADERS}.open", f"{LOADERS}.sources", f"{LOADERS}.stores"},
+    LOADERS: set(),  # names its rooms lazily (mmfeed._lazy): no import
+}
+"""The allowed arrows between the rooms of the library below the facade. The facade (``mmfeed``, its CLI,
+``mmfeed.testing``) and ``bench`` sit on top and may import any room; no room here imports them."""
+
+
+def allowed(source_room: str, target_room: str) -> bool:
+    if target_room in (source_room, "mmfeed._util"):
+        return True
+    key = f"{LOADERS}.formats.*" if source_room.startswith(f"{LOADERS}.formats.") else source_room
+    wanted = f"{LOADERS}.formats.*" if target_room.startswith(f"{LOADERS}.formats.") else target_room
+    return wanted in ARROWS[key]
+
+
 def test_the_graph_is_read():
     assert len(MODULES) > 80
-    assert "mmfeed.loaders.formats.lerobot.source" in GRAPH["mmfeed.loaders.open"]
+    assert "mmfeed.loaders.formats" in GRAPH["mmfeed.loaders.open"]
+    assert "mmfeed.loaders.sources.requests" in GRAPH["mmfeed.loaders.sources.windows"]
 
 
-def test_no_import_cycle_anywhere_also_not_inside_functions():
+def test_every_room_of_the_library_is_in_the_table():
+    rooms = {room(m) for m in MODULES if m.startswith(("mmfeed.loaders", "mmfeed.packing", "mmfeed.codecs"))}
+    missing = {r for r in rooms if r not in ARROWS and not r.startswith(f"{LOADERS}.formats.")}
+    assert not missing, f"rooms without a row in ARROWS: {sorted(missing)}"
+
+
+def test_rooms_import_one_another_only_along_the_arrows():
+    bad = []
+    for name in sorted(GRAPH):
+        source = room(name)
+        if source not in ARROWS and not source.startswith(f"{LOADERS}.formats."):
+            continue  # the facade, the CLI, mmfeed.testing and bench sit on top
+        for target in sorted(edges_of(name)):
+            if not allowed(source, room(target)):
+                bad.append(f"{name} -> {target}")
+    assert not bad, "imports against the rooms' arrows:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_anywhere_type_checking_included():
     assert cycles() == []
+
+
+def test_no_private_name_is_imported_across_rooms():
+    bad = []
+    for name, path in MODULES.items():
+        for node in import_nodes(path):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _absolute(name, path, node)
+            target = _module_of(base)
+            if target is None or room(target) == room(name) or room(target) == "mmfeed._util":
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private:
+                bad.append(f"{name} imports {private} from {base}")
+    assert not bad, "\n".join(bad)
+
+
+def _imports_torch(path: Path) -> bool:
+    for node in import_nodes(path):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
 
 
 def test_packing_is_pure():
@@ -114,29 +219,47 @@ def test_packing_is_pure():
         if name.startswith("mmfeed.packing") and name != "mmfeed.packing.batch":
             bad = {t for t in targets if t.startswith(("mmfeed.loaders", "mmfeed.codecs", "mmfeed.bench"))}
             assert not bad, f"{name} imports {bad}"
-            source = MODULES[name].read_text()
-            assert "import torch" not in source, f"{name} imports torch"
+            assert not _imports_torch(MODULES[name]), f"{name} imports torch"
 
 
-def test_codecs_know_nothing_of_loaders_and_the_library_nothing_of_bench():
+def test_the_torch_check_catches_every_spelling(tmp_path):
+    for text in ("import torch\n", "from torch import nn\n", "import torch.nn as nn\n", "from torch.utils import data\n",
+                 "def f():\n    import torch\n"):
+        (tmp_path / "m.py").write_text(text)
+        assert _imports_torch(tmp_path / "m.py"), text
+    (tmp_path / "m.py").write_text("import torchvision_like\nx = 'import torch'\n")
+    assert not _imports_torch(tmp_path / "m.py")
+
+
+def test_codecs_are_a_leaf_and_the_library_imports_nothing_of_bench():
     for name, targets in GRAPH.items():
         if name.startswith("mmfeed.codecs"):
-            assert not {t for t in targets if t.startswith("mmfeed.loaders")}, name
+            assert not {t for t in targets if room(t) not in ("mmfeed.codecs", "mmfeed._util")}, name
         if not name.startswith(("mmfeed.bench", "mmfeed.cli", "mmfeed.__main__")):
             assert not {t for t in targets if t.startswith("mmfeed.bench")}, f"{name} imports bench"
 
 
-def test_sources_import_nothing_of_the_loaders_root_but_the_stage_clock():
-    for name, targets in GRAPH.items():
-        if name.startswith("mmfeed.loaders.sources"):
-            outside = {t for t in targets if t.startswith("mmfeed.loaders") and not t.startswith("mmfeed.loaders.sources")}
-            assert outside <= {"mmfeed.loaders.clock"}, f"{name} imports {outside}"
+def test_no_room_of_loaders_holds_more_than_12_modules():
+    for folder in sorted(p for p in (ROOT / "loaders").rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        count = len(list(folder.glob("*.py")))
+        assert count <= 12, f"loaders/{folder.relative_to(ROOT / 'loaders')} holds {count} modules"
 
 
-@pytest.mark.parametrize("room", ["planned", "loop", "streaming", "conversion", "observe"])
-def test_each_room_is_a_package_with_its_own_docstring(room):
-    init = ROOT / "loaders" / room / "__init__.py"
+@pytest.mark.parametrize("room_name", ["planned", "loop", "streaming", "conversion", "observe", "sources", "stores",
+                                       "transport", "formats", "formats/lerobot", "formats/webdataset"])
+def test_each_room_is_a_package_with_its_own_docstring(room_name):
+    init = ROOT / "loaders" / room_name / "__init__.py"
     assert init.is_file() and ast.get_docstring(ast.parse(init.read_text()))
+
+
+def test_every_format_is_registered_and_the_recipe_is_written_down():
+    from mmfeed.loaders.formats import FORMATS, registered
+
+    folders = sorted(p.name for p in (ROOT / "loaders" / "formats").iterdir() if (p / "__init__.py").is_file())
+    assert sorted(FORMATS) == folders
+    assert [f.name for f in registered()] == list(FORMATS)
+    recipe = ast.get_docstring(ast.parse((ROOT / "loaders" / "formats" / "__init__.py").read_text()))
+    assert "Adding a format" in recipe and "FORMAT = Format(" in recipe
 
 
 PATH = ["mmfeed.loaders.loop.dataloader", "mmfeed.loaders.planned.dataset", "mmfeed.loaders.planned.items",

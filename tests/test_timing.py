@@ -69,7 +69,8 @@ def test_stall_matches_one_minus_step_over_load_when_loader_is_slower():
     assert abs(rep["stall_fraction"] - 0.5) < TOL
     stages = rep["stages"]
     assert set(stages) == {"read", "decode", "collate"}
-    assert stages["decode"]["mean_s"] == pytest.approx(0.11, abs=0.03)  # 2 samples x 55 ms, carried back
+    # 2 samples x 55 ms, carried back: never less than the sleeps, more only by what a loaded machine adds to them
+    assert 0.105 <= stages["decode"]["mean_s"] <= 0.2
     assert rep["bottleneck"]["stage"] == "decode"
     assert "workers" in rep["bottleneck"]["recommendation"]
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from mmfeed.loaders.clock import TimedBatch
-from mmfeed.packing.batch import PackedBatch, _move
+from mmfeed.packing.batch import PackedBatch, map_tensors
 
 __all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "pooled_buffer"]
 
@@ -186,7 +186,7 @@ def _reduce_batch(batch: PackedBatch) -> tuple:
     each tensor in a pooled buffer as a :class:`_PoolRef`, plus the buffers dropped since the last batch."""
     if _pool is None or _pool_pid != os.getpid():  # a pool inherited through fork is not this process's
         return batch.__reduce_ex__(2)
-    state = {k: _move(v, lambda t: _pool.ref(t) or t) for k, v in batch.__getstate__().items()}
+    state = {k: map_tensors(v, lambda t: _pool.ref(t) or t) for k, v in batch.__getstate__().items()}
     return _rebuild_batch, (type(batch), state, _pool.nonce, _pool.take_dropped())
 
 
@@ -209,7 +209,7 @@ def _rebuild_batch(cls: type, state: dict[str, Any], nonce: bytes, dropped: list
                                    "another process too?)")
             return torch.empty(0, dtype=ref.dtype).set_(storage, ref.offset, ref.shape, ref.stride)
 
-        state = {k: _move(v, tensor, _PoolRef) for k, v in state.items()}
+        state = {k: map_tensors(v, tensor, _PoolRef) for k, v in state.items()}
         if dropped:
             buffers = _received.get(nonce, {})
             for serial in dropped:

@@ -11,16 +11,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from mmfeed.packing.windows import WindowSpec, chunk_frames, clamp_to_stream, window_indices
 
-if TYPE_CHECKING:
-    from mmfeed.loaders.sources.base import EpisodeSource
+__all__ = ["EpisodeRequest", "Indexed", "chunk_requests", "window_requests"]
 
-__all__ = ["EpisodeRequest", "chunk_requests", "window_requests"]
+
+class Indexed(Protocol):
+    """What requests read of a source (every :class:`~mmfeed.loaders.sources.base.EpisodeSource` is one): the
+    episodes' lengths and control rates, and each feature's rate, frame count, presence and zero fill."""
+
+    @property
+    def lengths(self) -> np.ndarray: ...
+
+    @property
+    def fps(self) -> np.ndarray: ...
+
+    def rates(self, feature: str) -> np.ndarray: ...
+
+    def frames(self, feature: str) -> np.ndarray: ...
+
+    def present(self, feature: str) -> np.ndarray: ...
+
+    def filled(self, feature: str) -> np.ndarray | None: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +53,7 @@ class EpisodeRequest:
     out: Mapping[str, np.ndarray] | None = None
 
 
-def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray
+def window_requests(source: Indexed, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray
                     ) -> list[tuple[EpisodeRequest, dict[str, np.ndarray]]]:
     """What each window ``(episode, anchor step)`` reads (frame indices per feature at its own rate) and its
     ``is_pad`` flags per feature; the one place where windows become reads, for the packed loader and
@@ -61,7 +77,7 @@ def window_requests(source: EpisodeSource, spec: WindowSpec, episodes: np.ndarra
              {f: v[k] for f, v in flags.items() if here[f][k]}) for k, e in enumerate(episodes.tolist())]
 
 
-def chunk_requests(source: EpisodeSource, features: Sequence[str], episodes: np.ndarray, starts: np.ndarray,
+def chunk_requests(source: Indexed, features: Sequence[str], episodes: np.ndarray, starts: np.ndarray,
                    lengths: np.ndarray) -> list[tuple[EpisodeRequest, dict[str, np.ndarray], dict[str, np.ndarray]]]:
     """What each chunk of control steps ``[start, start + length)`` reads: every frame the clock implies of each
     feature in the chunk's time span, its ``is_pad`` flags (True for a frame the stream lacks, having ended early;

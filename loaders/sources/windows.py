@@ -12,18 +12,34 @@ the packed loader lays out for that sample. A user moving from LeRobot changes o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from mmfeed.loaders.sources.requests import window_requests
+from mmfeed.loaders.sources.requests import EpisodeRequest, Indexed, window_requests
 from mmfeed.packing.windows import WindowSpec
 
-if TYPE_CHECKING:  # a source makes its own view (EpisodeSource.windows): the view needs no source class
-    from mmfeed.loaders.sources.base import EpisodeSource
+__all__ = ["Windowed", "WindowsDataset"]
 
-__all__ = ["WindowsDataset"]
+
+class Windowed(Indexed, Protocol):
+    """What the view reads of its source (every :class:`~mmfeed.loaders.sources.base.EpisodeSource` is one; a
+    source makes its own view, ``EpisodeSource.windows``, so the view names no source class)."""
+
+    name: str
+
+    @property
+    def features(self) -> Mapping[str, Any]: ...
+
+    def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]: ...
+
+    def dim_mask(self, episode: int, feature: str) -> np.ndarray | None: ...
+
+    def task(self, episode: int, step: int = 0) -> str: ...
+
+    def origin(self, episode: int) -> dict[str, int]: ...
 
 
 class WindowsDataset(torch.utils.data.Dataset):
@@ -36,7 +52,7 @@ class WindowsDataset(torch.utils.data.Dataset):
     mixture pads (``pad_to``), ``f"{feature}_dim_mask": bool [width]``, True where the dataset's own elements are.
     """
 
-    def __init__(self, source: EpisodeSource, spec: WindowSpec) -> None:
+    def __init__(self, source: Windowed, spec: WindowSpec) -> None:
         if not isinstance(spec, WindowSpec):
             raise TypeError(f"windows() takes a WindowSpec (WindowSpec.from_delta_timestamps(...)), got "
                             f"{type(spec).__name__}")

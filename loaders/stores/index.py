@@ -82,7 +82,8 @@ INDEX_VERSION = 2
 VIDEO_EXTENSIONS = ("mp4", "mkv", "webm")
 """Member extensions read as video features (``npy`` members are array features; others are only listed)."""
 
-_FORMAT = "mmfeed-webdataset-index"
+INDEX_FORMAT = "mmfeed-webdataset-index"
+"""The ``format`` an index records in its schema metadata (with its ``version``)."""
 _PARTIAL = ("count", "mean", "m2", "min", "max")
 _INT_LIST = pa.list_(pa.field("element", pa.int64()))  # "element": the list field name parquet round-trips
 _FLOATS = pa.list_(pa.field("element", pa.float64()))
@@ -99,7 +100,7 @@ INDEX_SCHEMA = pa.schema(
      ("features", pa.list_(pa.field("element", _FEATURE))),
      ("members", pa.list_(pa.field("element", _MEMBER))), ("stats", pa.list_(pa.field("element", _STAT))),
      ("shard_size", pa.int64()), ("shard_mtime_ns", pa.int64())],
-    metadata={"mmfeed": json.dumps({"format": _FORMAT, "version": INDEX_VERSION})},
+    metadata={"mmfeed": json.dumps({"format": INDEX_FORMAT, "version": INDEX_VERSION})},
 )
 """The arrow schema of every index table (see the module docstring); built tables add ``stats`` to the metadata."""
 
@@ -181,7 +182,7 @@ def _finish(rows: dict, partials: list, root: str | None, sketches: dict[str, Sk
         relative = pa.array([_relative(s, root) for s in rows["shard"]], pa.string())
         table = table.set_column(INDEX_SCHEMA.get_field_index("shard"), INDEX_SCHEMA.field("shard"), relative)
     merged = {f: _stats.merge(p[f] for p in partials) for f in (partials[0] if partials else {})}
-    info = {"format": _FORMAT, "version": INDEX_VERSION, "stats": _stats.to_json(merged)}
+    info = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "stats": _stats.to_json(merged)}
     if sketches is not None:
         info["quantiles"] = _stats.to_json({f: s.quantiles(merged[f]["min"], merged[f]["max"])
                                             for f, s in sketches.items() if f in merged})
@@ -221,7 +222,7 @@ def index_version(path: str | os.PathLike) -> int | None:
         check_json(metadata[b"mmfeed"], f"{os.fspath(path)}: its schema metadata")
     try:
         info = json.loads(metadata[b"mmfeed"])
-        return int(info["version"]) if info.get("format") == _FORMAT else None
+        return int(info["version"]) if info.get("format") == INDEX_FORMAT else None
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
 
@@ -284,7 +285,9 @@ def feature_columns(table: pa.Table, *, arrow_members: bool = False) -> dict[str
     starts = np.cumsum(ndim) - ndim
 
     def desc(i) -> str:
-        return f"{kind_of[kinds[i]]} {shorten(dtype_of[dtypes[i]], 40)} {dims[starts[i]:starts[i] + ndim[i]].tolist()}"
+        dtype = dtype_of[dtypes[i]]
+        dtype = dtype if len(dtype) <= 40 else shorten(dtype, 40)  # a hostile index's dtype, never whole
+        return f"{kind_of[kinds[i]]} {dtype} {dims[starts[i]:starts[i] + ndim[i]].tolist()}"
 
     out = {}
     for name, idx in groups:

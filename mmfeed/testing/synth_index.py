@@ -39,7 +39,7 @@ def write_synthetic_index(directory: str | os.PathLike, episodes: int, *, episod
                           seed: int = 0) -> str:
     """Write ``mmfeed-index.parquet`` (and the sparse shard files) into ``directory``; returns the index path."""
     from mmfeed.loaders.stores import stats as _stats
-    from mmfeed.loaders.stores.index import INDEX_FILENAME, INDEX_SCHEMA, INDEX_VERSION, _FORMAT
+    from mmfeed.loaders.stores.index import INDEX_FILENAME, INDEX_SCHEMA, INDEX_VERSION, INDEX_FORMAT
 
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -105,7 +105,7 @@ def write_synthetic_index(directory: str | os.PathLike, episodes: int, *, episod
          pa.array([stamps[shard_names[s]] for s in shard_of], pa.int64())], schema=INDEX_SCHEMA)
     merged = {f: {"count": np.float64(length.sum()), "mean": np.full(_DIM, 0.5), "m2": np.full(_DIM, 1.0),
                   "min": np.zeros(_DIM), "max": np.ones(_DIM)} for f in _ARRAYS}
-    info = {"format": _FORMAT, "version": INDEX_VERSION, "stats": _stats.to_json(merged)}
+    info = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "stats": _stats.to_json(merged)}
     table = table.replace_schema_metadata({"mmfeed": json.dumps(info, sort_keys=True)})
     path = root / INDEX_FILENAME
     pq.write_table(table, path)

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.colour import frame_step_shape
-from mmfeed.codecs.demux import FramesTooLarge, _pixel_limit, check_frame_pixels, frames_of
+from mmfeed.codecs.demux import FramesTooLarge, pixel_limit, check_frame_pixels, frames_of
 from mmfeed.codecs.demux import IMAGE_FORMATS, input_options
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
@@ -566,7 +566,7 @@ class LeRobotSource(EpisodeSource):
                 if data is None:
                     raise ValueError("the row holds no image bytes")
                 limit = self.options.max_frame_pixels  # FFmpeg refuses larger pictures; the header is checked too
-                with av.open(io.BytesIO(data), options=_pixel_limit(limit),
+                with av.open(io.BytesIO(data), options=pixel_limit(limit),
                              container_options=input_options(IMAGE_FORMATS, path=False)) as container:
                     stream = container.streams.video[0]
                     check_frame_pixels(f"image {i}", stream.codec_context.height, stream.codec_context.width, limit)
