@@ -28,7 +28,7 @@ import webdataset as wds
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Normalize, Packing, PlanConfig, ShardWriter, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.sources.index import INDEX_FILENAME, write_index
+from mmfeed.loaders.stores.index import INDEX_FILENAME, write_index
 from mmfeed.packing.windows import frames_at_rate
 
 FPS, CAMERA_FPS = 30.0, 15.0
