@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from mmfeed.loaders.formats import registered
+from mmfeed.loaders.formats.lerobot.hub import is_hub_id
+from mmfeed.loaders.formats.lerobot.hub import resolve as resolve_hub_id
 from mmfeed.loaders.formats.webdataset import WebDatasetSource
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.concat import ConcatSource
@@ -23,7 +25,8 @@ __all__ = ["open_dataset"]
 
 def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
                  embodiments: Sequence[str] | Mapping[str, str] | None = None, rename: Any = None,
-                 absent: str | None = None, **kwargs: Any) -> EpisodeSource:
+                 absent: str | None = None, revision: str | None = None, download: bool = False,
+                 **kwargs: Any) -> EpisodeSource:
     """Open webdataset shards (a directory, brace pattern, glob, URL or index file), a LeRobot v3 directory, or a
     list of them.
 
@@ -61,16 +64,23 @@ def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
     given, else "skip"; given any of them, even one dataset opens as a mixture::
 
         mix = open_dataset({"franka": arm, "aloha": bimanual}, pad_to={"action": 32})   # doctest: +SKIP
+
+    A LeRobot dataset may be named by its Hub id, as LeRobot names it (:mod:`~mmfeed.loaders.formats.lerobot.hub`):
+    LeRobot's local copy when it has one (no network), else the Hub's read in place (``hf://datasets/<id>``,
+    ``revision=`` a branch, tag or commit), or downloaded into LeRobot's folder first with ``download=True``::
+
+        ds = open_dataset("lerobot/pusht")                # doctest: +SKIP
     """
     options = ReadOptions.of(**kwargs)
+    hub = {"revision": revision, "download": download}
     names = None
     if isinstance(path, Mapping):
         if not path:
             raise ValueError("open_dataset got an empty dict; give {name: path} of each dataset")
         names = [str(k) for k in path]
-        resolved = [_resolve(p) for p in path.values()]
+        resolved = [_resolve(p, hub) for p in path.values()]
     else:
-        resolved = _resolve(path)
+        resolved = _resolve(path, hub)
     _check_options(options, _formats_in(resolved))
     crossed = pad_to is not None or embodiments is not None or rename is not None
     if not crossed and absent is None and names is None:
@@ -122,9 +132,10 @@ def _renames(rename: Any, names: list[str], datasets: list[EpisodeSource]) -> li
     return given
 
 
-def _resolve(path: Any) -> Any:
+def _resolve(path: Any, hub: Mapping[str, Any]) -> Any:
     """What ``path`` names, before anything is opened: a source already open, ``(format class, path)`` of one
-    dataset, or a list of those for a mixture. Paths that name nothing readable fail here."""
+    dataset, or a list of those for a mixture; a Hub id becomes the LeRobot directory or URL it names (``hub``:
+    ``revision`` and ``download``). Paths that name nothing readable fail here."""
     if isinstance(path, EpisodeSource):
         return path
     if isinstance(path, Sequence) and not isinstance(path, (str, bytes)):
@@ -133,10 +144,12 @@ def _resolve(path: Any) -> Any:
             raise ValueError("open_dataset got an empty list; give shards, dataset directories or index files")
         if all(isinstance(p, (str, os.PathLike)) and _is_shard(os.fspath(p)) for p in items):
             return WebDatasetSource, items
-        return [_resolve(p) for p in items]
+        return [_resolve(p, hub) for p in items]
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"open_dataset takes a path, URL, list of them, or an open source; got {type(path).__name__}")
     spec = os.fspath(path)
+    if is_hub_id(spec):
+        spec = resolve_hub_id(spec, **hub)
     with _reaching(spec):
         for fmt in registered():  # each format's own detection (mmfeed.loaders.formats), in order
             found = fmt.detect(spec)

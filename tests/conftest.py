@@ -16,6 +16,10 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=50, deadline=None, derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# The suite never reaches the Hugging Face Hub: a test of Hub ids points HF_ENDPOINT at a local server and turns this
+# off in its own process (tests/test_hub.py)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 @pytest.fixture(scope="session")
 def lerobot_python():
