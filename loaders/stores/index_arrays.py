@@ -76,15 +76,15 @@ class IndexArrays:
         self.tasks: list[str] = info["tasks"]
         column = self._column
         self.ids: pa.Array = column("episode_id")
-        self.shard_of, self.lengths, self.fps = (_numpy(column(c)) for c in ("shard", "length", "fps"))
-        self.task_of = _numpy(column("task"))
+        self.shard_of, self.lengths, self.fps = (numpy_of(column(c)) for c in ("shard", "length", "fps"))
+        self.task_of = numpy_of(column("task"))
         self.runs = _runs(column("task_runs"))
         self.features: dict[str, dict[str, Any]] = {}
         for i, meta in enumerate(info["features"]):
             entry = {k: meta[k] for k in ("kind", "dtype")}
             entry["shape"] = tuple(meta["shape"])
             for key in ("fps", "frames", "offset", "size"):
-                entry[key] = _numpy(column(f"f{i}.{key}"))
+                entry[key] = numpy_of(column(f"f{i}.{key}"))
             names = f"f{i}.member"  # kept for episodes held in memory only (shards are read by offset)
             entry["member"] = column(names) if names in self._table.column_names else None
             self.features[meta["name"]] = entry
@@ -112,7 +112,7 @@ def _lengths(lists: pa.Array) -> np.ndarray:
     ``to_numpy`` import pandas: 0.4 s of a cold open)."""
     if lists.null_count:
         return pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
-    return np.diff(_numpy(lists.offsets))
+    return np.diff(numpy_of(lists.offsets))
 
 
 def _arrow(values: Any, kind: pa.DataType | None = None) -> pa.Array:
@@ -122,7 +122,7 @@ def _arrow(values: Any, kind: pa.DataType | None = None) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 
-def _numpy(array: pa.Array) -> np.ndarray:
+def numpy_of(array: pa.Array) -> np.ndarray:
     """A numpy view of a primitive Arrow array without nulls (read from its data buffer: no copy, and none of
     the pandas machinery ``to_numpy`` may import)."""
     if array.null_count or not pa.types.is_primitive(array.type) or pa.types.is_boolean(array.type):
@@ -137,8 +137,8 @@ def _runs(column: pa.Array) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     if not len(changing):
         return {}
     flat = column.flatten()
-    starts, codes = _numpy(flat.field("start")), _numpy(flat.field("task"))
-    offsets = _numpy(column.offsets)
+    starts, codes = numpy_of(flat.field("start")), numpy_of(flat.field("task"))
+    offsets = numpy_of(column.offsets)
     return {int(e): (starts[offsets[e]:offsets[e + 1]].astype(np.int64), codes[offsets[e]:offsets[e + 1]]
                      .astype(np.int64)) for e in changing}
 
@@ -147,7 +147,7 @@ def _first_appearance(values: pa.Array) -> tuple[np.ndarray, list[str]]:
     """Dictionary codes of strings (or of a dictionary array) numbered in order of first appearance, and the
     distinct values in that order."""
     encoded = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
-    indices = _numpy(encoded.indices).astype(np.int64)
+    indices = numpy_of(encoded.indices).astype(np.int64)
     used, first = np.unique(indices, return_index=True)
     order = used[np.argsort(first)]
     remap = np.full(len(encoded.dictionary), -1, np.int64)
@@ -238,11 +238,11 @@ def _read_regular(index_path: str) -> pa.Table | None:
     if any(rows[c].null_count for c in ("episode_id", "shard", "length", "fps")) or fields["shape"].flatten().null_count or any(
             v.null_count for v in fields.values()):  # empty values: the full reader names them
         return None
-    codes = {key: _numpy(fields[key].indices).reshape(n, k) for key in ("name", "kind", "dtype")}
+    codes = {key: numpy_of(fields[key].indices).reshape(n, k) for key in ("name", "kind", "dtype")}
     if any((c != c[0]).any() for c in codes.values()) or len(set(codes["name"][0].tolist())) != k:
         return None
     ndim = _lengths(fields["shape"]).reshape(n, k)
-    dims = _numpy(fields["shape"].flatten())
+    dims = numpy_of(fields["shape"].flatten())
     if (ndim != ndim[0]).any() or (dims.reshape(n, -1) != dims[:int(ndim[0].sum())]).any():
         return None
     starts = np.concatenate([[0], np.cumsum(ndim[0])])
@@ -252,7 +252,7 @@ def _read_regular(index_path: str) -> pa.Table | None:
         columns[name] = {"kind": fields["kind"].dictionary[int(codes["kind"][0, j])].as_py(),
                          "dtype": fields["dtype"].dictionary[int(codes["dtype"][0, j])].as_py(),
                          "shape": tuple(int(d) for d in dims[starts[j]:starts[j + 1]]),
-                         **{key: np.ascontiguousarray(_numpy(fields[key]).reshape(n, k)[:, j])
+                         **{key: np.ascontiguousarray(numpy_of(fields[key]).reshape(n, k)[:, j])
                             for key in ("fps", "frames", "offset", "size")}}
     return _assemble(rows, columns)
 
@@ -284,7 +284,7 @@ def index_arrays(index_path: str | os.PathLike, *, cache_dir: str | os.PathLike 
             return _mapped(str(cached))
         except (pa.ArrowInvalid, OSError, KeyError, ValueError) as err:  # a torn or foreign file: derive again
             log.warning("%s: unreadable cached index arrays (%s); deriving them again", cached, err)
-    with _reading_pool():
+    with reading_pool():
         table = _read_regular(index_path) if _is_current(index_path) else None
         if table is None:  # an index of another layout (or one this fast path cannot vouch for): the full reader
             table = derive(_read(index_path), index_path, members=False)
@@ -315,7 +315,7 @@ def _write(table: pa.Table, index_path: str, cached: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _reading_pool():
+def reading_pool():
     """Arrow's jemalloc pool while the index is read, where this pyarrow has it: the parquet reader's many large
     first allocations cost 2.1-2.3 s of a million-episode read under mimalloc (pyarrow's default) and 0.8-0.9 s
     under jemalloc. Its arenas are made with no decay, so the pages the read frees go back to the system at once

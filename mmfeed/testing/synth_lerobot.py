@@ -305,7 +305,8 @@ def _image_stats(frames: np.ndarray) -> dict[str, list]:
 
 
 def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, keep_stats: str = "observation.state",
-                 rows_per_file: int = 1_000_000, frames_per_video: int = 100_000) -> str:
+                 rows_per_file: int = 1_000_000, frames_per_video: int = 100_000,
+                 row_group_size: int | None = None) -> str:
     """Grow the LeRobot v3 directory ``root`` (written by :func:`write_lerobot`) to ``episodes`` episodes, for
     measuring how opening, planning and reading scale: episode ``i`` is a copy of written episode ``i % n`` (same
     values, frames and tasks) under its own ``episode_index``, with rows and frames of its own, so the grown
@@ -318,7 +319,9 @@ def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, kee
     (a copy where links cannot be made). ``meta/info.json``'s
     totals follow. The episode rows are split over ``files`` parquet files of ``meta/episodes/chunk-000`` as
     LeRobot splits large metadata; of the per-episode stats only ``keep_stats``'s columns stay (each episode's
-    stats of every feature would make gigabytes at a million episodes; the reader must skip them either way)."""
+    stats of every feature would make gigabytes at a million episodes; the reader must skip them either way).
+    ``row_group_size=10`` writes those files in row groups of ten episodes, as LeRobot does (it flushes its
+    episode metadata every ten episodes), which makes their footers large (None: pyarrow's default)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -387,7 +390,7 @@ def grow_lerobot(root: str | os.PathLike, episodes: int, *, files: int = 10, kee
             if name in part.column_names:
                 kind = part.schema.field(name).type
                 part = part.set_column(part.column_names.index(name), name, pa.array(values[lo:hi], kind))
-        pq.write_table(part, meta_dir / f"file-{i:03d}.parquet")
+        pq.write_table(part, meta_dir / f"file-{i:03d}.parquet", row_group_size=row_group_size)
     info["total_episodes"] = int(episodes)
     info["total_frames"] = int(lengths.sum())
     info["splits"] = {"train": f"0:{episodes}"}

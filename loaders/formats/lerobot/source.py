@@ -23,9 +23,11 @@ read as shape ``()``. With ``frame_format="yuv420"`` frames come as I420 planes 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +52,9 @@ from mmfeed.loaders.transport.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.stores.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.sources.readers import ReaderCaches
+from mmfeed.loaders.stores import derived
+from mmfeed.loaders.stores.index_arrays import numpy_of, reading_pool
+from mmfeed.loaders.transport.tar import stat_file
 from mmfeed.loaders.stores.stats import step_shaped
 from mmfeed.packing.bins import split_rows
 from mmfeed.packing.windows import check_stream_frames
@@ -659,55 +664,90 @@ def _episode_files(files: DatasetFiles, info: Mapping) -> list[str]:
     return [f for _, f in sorted(numbered)]
 
 
+EPISODES_VERSION = 1
+"""The version of what :func:`_read_episodes` derives (part of its per-node cache key)."""
+
+CACHE_MIN_BYTES = 1 << 20
+"""meta/episodes files smaller than this in all are read at every open; larger ones are derived once per node and
+mapped after (:mod:`mmfeed.loaders.stores.derived`)."""
+
+
 def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str], tasks: Sequence[str]
                    ) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[np.ndarray, list[str]]]:
     """The columns of meta/episodes planning and reads need, sorted by episode_index, each episode's task id
     (-1 where it lists several, or none: its rows then say), and which file each episode's row came from (an
     index into the files' paths, given beside it, for messages). Any number of files and row groups, task lists
     as list or large_list of plain or dictionary-encoded strings; the per-episode stats columns are never read.
-    Whether the rows agree with the data is :func:`~mmfeed.loaders.sources.consistency.lerobot_episodes`' to say."""
+    Whether the rows agree with the data is :func:`~mmfeed.loaders.formats.lerobot.metadata.lerobot_episodes`' to
+    say.
+
+    LeRobot flushes meta/episodes every ten episodes, so a million episodes carry footers of 100k row groups that
+    pyarrow parses in seconds: the files are read in parallel threads (parquet decoding runs outside the GIL)
+    through Arrow's jemalloc pool, which gives its pages back after, and what is derived is kept once per node
+    (:mod:`~mmfeed.loaders.stores.derived`, keyed by every file's size and mtime) for every later open to map."""
     paths = _episode_files(files, info)
     if not paths:
         raise FileNotFoundError(f"{files.root}: no meta/episodes/chunk-*/file-*.parquet files")
+    stamps = [(p, *stat_file(files.where(p))) for p in paths]
+    key = None
+    if sum(size for _, size, _ in stamps) >= CACHE_MIN_BYTES:
+        key = derived.key_of("lerobot-episodes", EPISODES_VERSION, files.root, stamps, list(video_keys),
+                             hashlib.sha1("\0".join(tasks).encode()).hexdigest())
+        hit = derived.load(key)
+        if hit is not None:
+            arrays, extra = hit
+            task, came = arrays.pop("__task__"), arrays.pop("__source__")
+            return arrays, task, (came, extra["sources"])
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
     ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in [*wanted, *ends]}
-    episode_tasks, source = [], []
     lookup = pa.array(list(tasks), type=pa.large_string())
-    for relative in paths:
-        where = files.where(relative)
-        parquet = files.parquet(relative)
-        present = parquet.schema_arrow.names
-        missing = [c for c in wanted if c not in present]
-        if missing:
-            raise ValueError(f"{where}: meta/episodes has no columns {missing}")
-        ends = [c for c in ends if c in present]  # kept only where every file has them
-        columns = wanted + ends + (["tasks"] if "tasks" in present else [])
-        try:
-            table = parquet.read(columns=columns)
-        except pa.ArrowNotImplementedError:  # a list of dictionary strings over several row groups, which the
-            # file reader cannot return as one array: read it row group by row group
-            table = pq.read_table(files.open(relative), columns=columns)
-        for c in wanted + ends:
-            if table[c].null_count:
-                raise ValueError(f"{where}: column {c!r} has {table[c].null_count} empty values")
-            kind = table[c].type
-            if not (pa.types.is_integer(kind) or c.endswith("timestamp") and pa.types.is_floating(kind)):
-                raise ValueError(f"{where}: column {c!r} holds {kind}; expected "
-                                 f"{'seconds (numbers)' if c.endswith('timestamp') else 'integers'}")
-            parts[c].append(table[c].to_numpy())
-        if "tasks" in present:
-            episode_tasks.append(_episode_task_ids(table["tasks"], lookup, table["episode_index"], where))
-        else:
-            episode_tasks.append(np.full(table.num_rows, -1, dtype=np.int64))
-        source.append(np.full(table.num_rows, len(source), dtype=np.int32))
-    meta = {c: np.concatenate(v) for c, v in parts.items() if c in wanted or c in ends}
-    task, came = np.concatenate(episode_tasks), np.concatenate(source)
+    with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
+        read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup), paths))
+    kept = [c for c in ends if all(c in columns for columns, _ in read)]  # ends kept only where every file has them
+    meta = {c: np.concatenate([columns[c] for columns, _ in read]) for c in [*wanted, *kept]}
+    task = np.concatenate([t for _, t in read])
+    came = np.concatenate([np.full(len(t), k, dtype=np.int32) for k, (_, t) in enumerate(read)])
     order = meta["episode_index"]
     if (np.diff(order) < 0).any():
         order = np.argsort(order, kind="stable")
         meta, task, came = {c: v[order] for c, v in meta.items()}, task[order], came[order]
-    return meta, task, (came, [files.where(p) for p in paths])
+    sources = [files.where(p) for p in paths]
+    if key is not None:
+        derived.save(key, {**meta, "__task__": task, "__source__": came}, {"sources": sources})
+    return meta, task, (came, sources)
+
+
+def _read_episode_file(files: DatasetFiles, relative: str, wanted: Sequence[str], ends: Sequence[str],
+                       lookup: pa.Array) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """One meta/episodes file's ``wanted`` columns and those of ``ends`` it has (numpy), and its episodes' task
+    ids; ValueError naming the file for a missing, empty or mistyped column."""
+    where = files.where(relative)
+    parquet = files.parquet(relative)
+    present = parquet.schema_arrow.names
+    missing = [c for c in wanted if c not in present]
+    if missing:
+        raise ValueError(f"{where}: meta/episodes has no columns {missing}")
+    has = [c for c in ends if c in present]
+    columns = [*wanted, *has, *(["tasks"] if "tasks" in present else [])]
+    try:
+        table = parquet.read(columns=columns)
+    except pa.ArrowNotImplementedError:  # a list of dictionary strings over several row groups, which the
+        # file reader cannot return as one array: read it row group by row group
+        table = pq.read_table(files.open(relative), columns=columns)
+    out = {}
+    for c in [*wanted, *has]:
+        if table[c].null_count:
+            raise ValueError(f"{where}: column {c!r} has {table[c].null_count} empty values")
+        kind = table[c].type
+        if not (pa.types.is_integer(kind) or c.endswith("timestamp") and pa.types.is_floating(kind)):
+            raise ValueError(f"{where}: column {c!r} holds {kind}; expected "
+                             f"{'seconds (numbers)' if c.endswith('timestamp') else 'integers'}")
+        out[c] = table[c].to_numpy()
+    if "tasks" in present:
+        task = _episode_task_ids(table["tasks"], lookup, table["episode_index"], where)
+    else:
+        task = np.full(table.num_rows, -1, dtype=np.int64)
+    return out, task
 
 
 def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.ChunkedArray, where: str) -> np.ndarray:
@@ -773,7 +813,7 @@ def _read_tasks(files: DatasetFiles) -> list[str]:
     if text is None or "task_index" not in table.column_names:
         raise ValueError(f"{path}: expected columns task_index and task (or the index __index_level_0__), got "
                          f"{table.column_names}")
-    ids = table["task_index"].to_numpy()
+    ids = numpy_of(table["task_index"].combine_chunks())  # to_numpy would import pandas (0.5 s of a warm open)
     if sorted(ids.tolist()) != list(range(len(ids))):
         raise ValueError(f"{path}: task_index must number the tasks 0..{len(ids) - 1}, got {sorted(ids.tolist())}")
     texts = table[text].to_pylist()
