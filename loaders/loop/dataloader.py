@@ -337,10 +337,10 @@ class DataLoader(TorchDataLoader[_T_co]):
         if spec.batch_sampler is not None:  # auto-collation
             inner = user_batches if user_batches is not None else BatchSampler(base, spec.batch_size, spec.drop_last)
             self.batch_sampler = inner
-            index = ResumableIndex(inner, None if user_batches is not None else spec.batch_size, self.cursor)
+            index = ResumableIndex(inner, None if user_batches is not None else spec.batch_size)
             out.update(batch_size=1, batch_sampler=index)
         else:
-            index = ResumableIndex(base, 1, self.cursor)
+            index = ResumableIndex(base, 1)
             out.update(batch_size=None, batch_sampler=None, sampler=index)
         self._epochs.index = index
         return out

@@ -135,11 +135,11 @@ class Epochs:
         if pending is not None:
             cursor.begin(pending["epoch"], pending["batches"])
             if index is not None:
-                index.begin(pending["order"], pending["batches"])
+                cursor.order = index.begin(pending["order"], pending["batches"])
         else:
             cursor.begin(cursor.epoch + 1)
             if index is not None:
-                index.begin()
+                cursor.order = index.begin()
                 if sampler is not None and index.target is sampler:
                     # where this epoch's pass starts, not where an unfinished earlier pass stopped
                     cursor.order = sampler.state_of(sampler.epoch, sampler.start, sampler.done)
@@ -163,7 +163,7 @@ class Epochs:
         samples the workers' error policy skipped, and ``states`` gives the dataset's state after it."""
         if not self._is_active(it):
             return
-        self.cursor.handed_out()
+        self.cursor.batches += 1
         metadata = getattr(batch, "metadata", None)
         errors = metadata.get("errors") if isinstance(metadata, dict) else None
         if errors:
@@ -181,9 +181,9 @@ class Epochs:
         chained = feed.chained_index
         if chained is not None and chained.chain:  # the sampler ran ahead of the loop
             self.cursor.order = self._state_after_epoch()
-        elif self.index is not None:
-            self.index.ended()
-        self.cursor.end()
+        elif self.index is not None and self.index.kind == "stateful":
+            self.cursor.order = self.index.order()  # where the source's next epoch starts
+        self.cursor.done = True
         if feed.recycler is not None and not feed.loader.persistent_workers:
             feed.recycler.clear()  # the workers are gone: let their buffers go with them
 
@@ -236,7 +236,7 @@ class Epochs:
                             "state_dict()/load_state_dict() (a deterministic sampler may return {}), or use "
                             "shuffle=True instead of passing a RandomSampler")
         state["dataset_len"] = len(dataset)
-        state["order"] = self.index.state_dict()
+        state["order"] = self.index.state_dict(cursor)
         return state
 
     def load_state_dict(self, loader: Loader, state: dict[str, Any],
@@ -273,9 +273,10 @@ class Epochs:
             adopt_generator(index.target.generator)  # the loader's, as torch's would be
         if state["done"]:  # the epoch ran out: the next iter() starts a fresh epoch
             cursor.begin(state["epoch"], state["batches"])
-            cursor.end()
-            cursor.pending = None
+            cursor.done, cursor.pending = True, None
             if index is not None:
                 index.load_state_dict(order)
+                if index.kind in ("stateful", "epoch") and order.get("state") is not None:
+                    cursor.order = copy.deepcopy(order["state"])
             return
         cursor.pending = copy.deepcopy(state)
