@@ -274,3 +274,47 @@ def test_a_batch_walks_one_way():
     for name in PATH:
         back = {t for t in GRAPH[name] if t in position and position[t] < position[name]}
         assert not back, f"{name} imports {back}, earlier on the path"
+
+
+def test_the_loop_modules_form_no_cycle_also_not_for_annotations():
+    """The loop's modules import one another one way, ``if TYPE_CHECKING:`` imports included: the epoch iterator
+    and the epochs' owner know the loader only through protocols, never by importing dataloader."""
+    loop = {name: path for name, path in MODULES.items() if name.startswith("mmfeed.loaders.loop.")}
+    assert {"mmfeed.loaders.loop.epochs", "mmfeed.loaders.loop.epoch_iter"} <= set(loop)
+    graph = {}
+    for name, path in loop.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mmfeed.loaders.loop."):
+                found.add(node.module)
+        graph[name] = found & set(loop)
+    assert "mmfeed.loaders.loop.dataloader" not in graph["mmfeed.loaders.loop.epoch_iter"]
+    assert "mmfeed.loaders.loop.dataloader" not in graph["mmfeed.loaders.loop.epochs"]
+    done, visiting = set(), []
+
+    def visit(name):
+        assert name not in visiting, f"import cycle: {' -> '.join([*visiting, name])}"
+        if name in done:
+            return
+        visiting.append(name)
+        for target in graph[name]:
+            visit(target)
+        visiting.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)
+
+
+def test_the_epoch_iterator_reads_no_private_member_of_the_loader_or_the_epochs():
+    """The iterator reads the loader's public settings and the epochs' public verbs, nothing private of either."""
+    tree = ast.parse((ROOT / "loaders" / "loop" / "epoch_iter.py").read_text())
+    owners = {"loader", "epochs", "_settings", "_epochs"}
+    private = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+            if name in owners:
+                private.append(f"{name}.{node.attr} (line {node.lineno})")
+    assert private == []

@@ -62,10 +62,8 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import inspect
 import warnings
-import weakref
 from typing import Any, TypeVar
 
 import torch
@@ -73,19 +71,18 @@ from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.loaders.clock import TimedCollate
-from mmfeed.loaders.loop.epoch_iter import Chain, LoaderIter
+from mmfeed.loaders.loop.epoch_iter import LoaderIter
+from mmfeed.loaders.loop.epochs import Epochs, Feed
 from mmfeed.loaders.loop.prefetch import _resolve_device
 from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor, ResumableIndex, ShuffleSampler
 from mmfeed.loaders.loop.shm import ReleaseTracker
-from mmfeed.loaders.loop.threads import ThreadedBatches
-from mmfeed.loaders.loop.workers import WorkerInit, start_torch_iterator
+from mmfeed.loaders.loop.workers import WorkerInit
 from mmfeed.loaders.observe.timing import StepTimer
 from mmfeed.loaders.planned.dataset import PlannedDataset, PlanSampler
 from mmfeed.loaders.sources.base import EpisodeSource
 
 __all__ = ["DataLoader"]
 
-_STATE_VERSION = 1
 WORKER_MODES = ("process", "thread")
 """``worker_mode`` values: worker processes (torch's), or threads of this process (:mod:`mmfeed.loaders.loop.threads`)."""
 _TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
@@ -223,15 +220,11 @@ class DataLoader(TorchDataLoader[_T_co]):
         self.device = _as_device(self, device)
         self.worker_mode, self.recycle_buffers = worker_mode, bool(recycle_buffers)
         self._iterable = isinstance(dataset, IterableDataset)
-        self.cursor = EpochCursor()  # where the loop stands: epoch, batches handed out, a loaded state, ...
-        self._index: ResumableIndex | None = None
+        # the one owner of where the loop stands: cursor, index, plan sampler, chain of epochs, active iterator
+        self._epochs = Epochs(iterable=self._iterable,
+                              plan_sampler=self.sampler if isinstance(self.sampler, PlanSampler) else None)
         self._args = args  # what the torch loader that does the loading is built from, with the settings below
         self._order = self._make_order(self, args)
-        self._plan_sampler = self.sampler if isinstance(self.sampler, PlanSampler) else None
-        self._chain: Chain | None = None
-        self._active: weakref.ref[LoaderIter] | None = None  # weak: dropping the iterator frees its workers
-        # samples skipped under an ErrorPolicy of "skip"/"warn": how many, and (source, episode, reason) of each
-        self.stats: dict[str, Any] = {"skipped_samples": 0, "errors": []}
         self._build()
         self._building = False
 
@@ -248,6 +241,35 @@ class DataLoader(TorchDataLoader[_T_co]):
         if name in _REBUILT:
             object.__setattr__(self, "_stale", True)
 
+    @property
+    def cursor(self) -> EpochCursor:
+        """Where the loop stands: epoch, batches handed out, a loaded state (see :class:`EpochCursor`)."""
+        return self._epochs.cursor
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Samples skipped under an ErrorPolicy of "skip"/"warn": ``skipped_samples`` (how many) and ``errors``
+        ((source, episode, reason) of each)."""
+        return self._epochs.stats
+
+    @stats.setter
+    def stats(self, value: dict[str, Any]) -> None:
+        self._epochs.stats = value
+
+    @property
+    def _loader(self) -> TorchDataLoader:
+        """The torch loader that does the loading."""
+        return self._epochs.feed.loader
+
+    @property
+    def _recycler(self) -> ReleaseTracker | None:
+        return self._epochs.feed.recycler
+
+    @property
+    def _chain(self) -> Any:
+        """The chain of epochs in flight (:class:`~mmfeed.loaders.loop.epoch_iter.Chain`), or None."""
+        return self._epochs.chain
+
     def _build(self) -> None:
         """Build the torch loader that does the loading (``self._loader``) from the arguments and the current
         settings: the order (:meth:`_make_order`), worker processes or threads, the recycled buffers, the worker
@@ -263,31 +285,34 @@ class DataLoader(TorchDataLoader[_T_co]):
         if self.timer is not None:
             args["collate_fn"] = TimedCollate(self.collate_fn)
         depth = workers * (self.prefetch_factor or 2)
-        self._threads = None
+        thread_opts = None
         if threads:  # torch's loader only samples and collates here: the threads call it in this process
-            self._threads = {"worker_init_fn": self.worker_init_fn, "pin_memory": self.pin_memory,
-                             "timeout": self.timeout, "depth": depth}
+            thread_opts = {"worker_init_fn": self.worker_init_fn, "pin_memory": self.pin_memory,
+                           "timeout": self.timeout, "depth": depth}
             args.update(num_workers=0, prefetch_factor=None, persistent_workers=False, worker_init_fn=None,
                         multiprocessing_context=None, pin_memory=False, timeout=0)
-        self._recycler: ReleaseTracker | None = None
+        recycler: ReleaseTracker | None = None
         if self.recycle_buffers and _is_planned(self.dataset) and workers > 0 and not self.pin_memory \
                 and not threads:
             per_key = (self.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
             args["worker_init_fn"] = WorkerInit(per_key, self.worker_init_fn)
-            self._recycler = ReleaseTracker(stale_after=8 * workers * per_key)
+            recycler = ReleaseTracker(stale_after=8 * workers * per_key)
         elif workers > 0 and not threads:
             args["worker_init_fn"] = WorkerInit(None, self.worker_init_fn)
         # epochs chain (one torch iterator for all of them): planned datasets with persistent workers, in order
-        self._chained_index: ChainedIndex | None = None
-        if (self._plan_sampler is not None and args["persistent_workers"] and getattr(self, "in_order", True)
-                and not threads and self._index is not None and self._index.target is self._plan_sampler
-                and args.get("sampler") is self._index):
-            self._chained_index = args["sampler"] = ChainedIndex(self._index)
+        chained: ChainedIndex | None = None
+        epochs = self._epochs
+        index, sampler = epochs.index, epochs.plan_sampler
+        if (sampler is not None and args["persistent_workers"] and getattr(self, "in_order", True)
+                and not threads and index is not None and index.target is sampler
+                and args.get("sampler") is index):
+            chained = args["sampler"] = ChainedIndex(index)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")  # said when this one was made
-            self._loader = TorchDataLoader(**args)
-        self._tap_dataset_state = (self._iterable and workers == 0
-                                   and callable(getattr(self.dataset, "state_dict", None)))
+            torch_loader = TorchDataLoader(**args)
+        tap = self._iterable and workers == 0 and callable(getattr(self.dataset, "state_dict", None))
+        epochs.feed = Feed(torch_loader, recycler=recycler, threads=thread_opts, chained_index=chained,
+                           tap_dataset=tap)
         self._stale = False
 
     # -- the extension point ---------------------------------------------------------------------------------
@@ -312,186 +337,39 @@ class DataLoader(TorchDataLoader[_T_co]):
         if spec.batch_sampler is not None:  # auto-collation
             inner = user_batches if user_batches is not None else BatchSampler(base, spec.batch_size, spec.drop_last)
             self.batch_sampler = inner
-            self._index = ResumableIndex(inner, None if user_batches is not None else spec.batch_size, self.cursor)
-            out.update(batch_size=1, batch_sampler=self._index)
+            index = ResumableIndex(inner, None if user_batches is not None else spec.batch_size)
+            out.update(batch_size=1, batch_sampler=index)
         else:
-            self._index = ResumableIndex(base, 1, self.cursor)
-            out.update(batch_size=None, batch_sampler=None, sampler=self._index)
+            index = ResumableIndex(base, 1)
+            out.update(batch_size=None, batch_sampler=None, sampler=index)
+        self._epochs.index = index
         return out
 
     # -- iteration -------------------------------------------------------------------------------------------
     def __iter__(self) -> LoaderIter:
-        chain, cursor = self._chain, self.cursor
-        if chain is not None and cursor.pending is None and self.chain_epochs and not self._stale \
-                and not chain.closed and chain.complete(cursor) and chain.length(chain.pass_of(cursor)):
-            # the loop handed out the whole of the chain's epoch: the next one is already in flight
-            cursor.order = self._state_after_epoch()
-            cursor.begin(cursor.epoch + 1)
-        else:
-            chain = self._start()
-        if self.timer is not None:
-            self.timer.begin_epoch()
-        if chain is not None:
-            it = LoaderIter(self, chain=chain)
-        else:
-            if self._recycler is not None and not self._loader.persistent_workers:
-                self._recycler.clear()  # new workers, new pools
-            if self._threads is not None:
-                opts = dict(self._threads)
-                source = ThreadedBatches(self._loader, self.num_workers, opts.pop("depth"), **opts)
-            else:
-                source = start_torch_iterator(self._loader)
-            it = LoaderIter(self, source)
-        self._active = weakref.ref(it)
-        return it
-
-    def _start(self) -> Chain | None:
-        """Begin the next epoch (or the loaded one) afresh; the chain that runs it, when epochs chain."""
-        active = self._active() if self._active is not None else None
-        if active is not None:
-            active.close()
-        self._drop_chain()
-        if self._stale:  # settings changed since the torch loader was built
-            self._build()
-        cursor = self.cursor
-        pending, cursor.pending = cursor.pending, None
-        if pending is not None:
-            cursor.begin(pending["epoch"], pending["batches"])
-            if self._index is not None:
-                self._index.begin(pending["order"], pending["batches"])
-        else:
-            cursor.begin(cursor.epoch + 1)
-            if self._index is not None:
-                self._index.begin()
-                if self._plan_sampler is not None and self._index.target is self._plan_sampler:
-                    # where this epoch's pass starts, not where an unfinished earlier pass stopped
-                    sampler = self._plan_sampler
-                    cursor.order = sampler.state_of(sampler.epoch, sampler.start, sampler.done)
-        if self._chained_index is None:
-            return None
-        self._chained_index.chain = bool(self.chain_epochs)
-        if not self.chain_epochs:
-            return None
-        self._chained_index.first = max(len(self._plan_sampler) - cursor.batches, 0)  # what the resumed epoch has left
-        len(self.dataset)  # the plan state_dict() counts, made now: later, other threads plan other epochs
-        self._chain = Chain(self)
-        return self._chain
-
-    def _state_after_epoch(self) -> Any:
-        """The plan sampler's state once the loop's epoch is over (what its pass leaves, unchained)."""
-        state = self.cursor.order
-        if state is None or self.cursor.done:  # an ended epoch's state already is what it left
-            return copy.deepcopy(state)
-        return self._plan_sampler.state_of(int(state["epoch"]) + 1)
-
-    def _drop_chain(self, chain: Chain | None = None) -> None:
-        """Close the chain (or only ``chain``) and put the plan sampler, ahead of the loop, where the loop's epoch
-        leaves it."""
-        current = self._chain
-        if chain is not None and chain is not current:
-            chain.close()
-            return
-        if current is None:
-            return
-        self._chain = None
-        current.close()  # joins the prefetch thread: nothing else moves the sampler now
-        after = self._state_after_epoch()
-        if after is not None:
-            self._plan_sampler.load_state_dict(after)
-
-    def _count_errors(self, batch: Any) -> None:
-        """Samples the error policy skipped in the workers, carried back in the batch's metadata."""
-        metadata = getattr(batch, "metadata", None)
-        errors = metadata.get("errors") if isinstance(metadata, dict) else None
-        if errors:
-            self.stats["skipped_samples"] += len(errors)
-            self.stats["errors"].extend(errors)
-
-    def _is_active(self, it: LoaderIter) -> bool:
-        return self._active is not None and self._active() is it
-
-    def _epoch_ended(self) -> None:
-        if self._chained_index is not None and self._chained_index.chain:  # the sampler ran ahead of the loop
-            self.cursor.order = self._state_after_epoch()
-        elif self._index is not None:
-            self._index.ended()
-        self.cursor.end()
-        if self._recycler is not None and not self._loader.persistent_workers:
-            self._recycler.clear()  # the workers are gone: let their buffers go with them
+        """The next epoch's iterator (or a loaded state's): see :meth:`Epochs.begin`."""
+        return self._epochs.begin(self, self._build if self._stale else None)
 
     def __len__(self) -> int:
         return len(self._loader)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or "_loader" not in self.__dict__:
+        epochs = self.__dict__.get("_epochs")
+        if name.startswith("__") or epochs is None or epochs.feed is None:
             raise AttributeError(name)
-        return getattr(self.__dict__["_loader"], name)
+        return getattr(epochs.feed.loader, name)
 
     # -- resume ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: epoch, batches handed out, and what fixed this epoch's order (see module doc)."""
-        cursor = self.cursor
-        if cursor.pending is not None:
-            return copy.deepcopy(cursor.pending)
-        state: dict[str, Any] = {"version": _STATE_VERSION, "epoch": cursor.epoch, "batches": cursor.batches,
-                                 "done": cursor.done, "batch_size": self.batch_size, "drop_last": self.drop_last,
-                                 "order": None}
-        if self._iterable:
-            if not callable(getattr(self.dataset, "state_dict", None)):
-                raise TypeError(f"cannot resume {type(self.dataset).__name__}: an iterable dataset needs its own "
-                                "state_dict()/load_state_dict() for mmfeed.DataLoader to resume it")
-            if self.num_workers > 0:
-                raise ValueError("cannot resume an iterable dataset with num_workers > 0: its copies live in the "
-                                 "worker processes; use num_workers=0 or a map-style dataset")
-            if cursor.dataset is None:
-                cursor.dataset = copy.deepcopy(self.dataset.state_dict())
-            state["dataset"] = copy.deepcopy(cursor.dataset)
-            return state
-        assert self._index is not None
-        if self._index.kind == "none":
-            raise TypeError(f"cannot resume with sampler {type(self._index.target).__name__}: give it "
-                            "state_dict()/load_state_dict() (a deterministic sampler may return {}), or use "
-                            "shuffle=True instead of passing a RandomSampler")
-        state["dataset_len"] = len(self.dataset)
-        state["order"] = self._index.state_dict()
-        return state
+        return self._epochs.state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict`) at the next ``iter(loader)``."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not an mmfeed.DataLoader state (version {_STATE_VERSION}): {state!r:.200}")
-        self._drop_chain()  # the batches in flight belong to where the loop was
-        reshard = getattr(self.dataset, "reshard_state", None)
-        if callable(reshard):  # a planned dataset: a state saved at another world size re-plans what is left
-            state = reshard(state)
-        for key in ("batch_size", "drop_last"):
-            if state[key] != getattr(self, key):
-                raise ValueError(f"state was saved with {key}={state[key]!r} but this loader has "
-                                 f"{key}={getattr(self, key)!r}; build the loader with the same batching arguments")
-        cursor = self.cursor
-        if self._iterable:
-            self.dataset.load_state_dict(copy.deepcopy(state["dataset"]))
-            cursor.dataset = copy.deepcopy(state["dataset"])
-        elif state.get("dataset_len") != len(self.dataset):
-            raise ValueError(f"state was saved for a dataset of {state.get('dataset_len')} samples, this one has "
-                             f"{len(self.dataset)}; resume with the same dataset")
-        order = state.get("order") or {}
-        if self._index is not None and order.get("kind") != self._index.kind:
-            raise ValueError(f"state was saved with a {order.get('kind')!r} order but this loader's sampler gives "
-                             f"a {self._index.kind!r} order; build the loader with the same sampling arguments")
-        if self._index is not None and order.get("kind") == "shuffle" and isinstance(order.get("state"),
-                                                                                   torch.Tensor):
-            # the order came from a generator: restore it into yours, or into one of ours if you gave none, so
-            # that later epochs (and torch's worker seeds) draw from it as they would have
-            if self._index.target.generator is None:
-                self._index.target.generator = torch.Generator()
-            object.__setattr__(self, "generator", self._index.target.generator)  # the loader's, as torch's would be
-            self._loader.generator = self.generator
-        if state["done"]:  # the epoch ran out: the next iter() starts a fresh epoch
-            cursor.begin(state["epoch"], state["batches"])
-            cursor.end()
-            cursor.pending = None
-            if self._index is not None:
-                self._index.load_state_dict(order)
-            return
-        cursor.pending = copy.deepcopy(state)
+        self._epochs.load_state_dict(self, state, self._adopt_generator)
+
+    def _adopt_generator(self, generator: torch.Generator) -> None:
+        """The generator a loaded shuffle state restored: the loader's (and its torch loader's) from now on, as
+        torch's would be, without rebuilding the torch loader."""
+        object.__setattr__(self, "generator", generator)
+        self._loader.generator = generator

@@ -1,23 +1,48 @@
 """One epoch of an mmfeed DataLoader, as its loop sees it: :class:`LoaderIter`, what ``iter(loader)`` returns,
 over torch's iterator (or a :class:`Chain` of epochs from one persistent torch iterator), through the loader's
-buffer recycling and prefetcher, counting the batches it hands out so that the loader can say where it is."""
+buffer recycling and prefetcher. It tells the epochs' owner (:class:`~mmfeed.loaders.loop.epochs.Epochs`, seen
+here as :class:`EpochOwner`) of each batch it hands out and of its epoch's end, so that the loader can say where it
+is; of the loader it reads only public settings (:class:`LoaderSettings`)."""
 
 from __future__ import annotations
 
 import collections
 import copy
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.loaders.loop.prefetch import DevicePrefetcher
-from mmfeed.loaders.loop.resume import EpochCursor
+from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor
 from mmfeed.loaders.loop.shm import ReleaseTracker
 from mmfeed.loaders.loop.workers import start_torch_iterator
 
-if TYPE_CHECKING:
-    from mmfeed.loaders.loop.dataloader import DataLoader
+__all__ = ["Chain", "EpochOwner", "LoaderIter", "LoaderSettings"]
 
-__all__ = ["Chain", "LoaderIter"]
+
+class LoaderSettings(Protocol):
+    """What an epoch reads of its loader: public settings only (an mmfeed DataLoader)."""
+
+    dataset: Any
+    device: Any
+    prefetch: int
+    timer: Any
+
+    def __len__(self) -> int: ...
+
+
+class EpochOwner(Protocol):
+    """Who owns the epochs' position (:class:`~mmfeed.loaders.loop.epochs.Epochs`): the iterator reads its cursor
+    and tells it of each batch handed out, of the epoch's end, and of a chain left early."""
+
+    cursor: EpochCursor
+
+    def handed_out(self, it: Any, batch: Any, states: collections.deque[Any] | None = None) -> None: ...
+
+    def ended(self, it: Any) -> None: ...
+
+    def drop(self, chain: Chain | None = None) -> None: ...
 
 
 def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
@@ -26,7 +51,7 @@ def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
         yield item
 
 
-def _prefetcher(loader: DataLoader, source: Iterator[Any]) -> DevicePrefetcher | None:
+def _prefetcher(loader: LoaderSettings, source: Iterator[Any]) -> DevicePrefetcher | None:
     """The prefetcher the loader's batches pass through: a thread ``prefetch`` ahead with ``device``, a
     synchronous pass-through for timing (and TimedBatch unwrapping) with only a timer, else none."""
     if loader.device is not None:
@@ -39,17 +64,18 @@ def _prefetcher(loader: DataLoader, source: Iterator[Any]) -> DevicePrefetcher |
 class Chain:
     """Epoch after epoch of batches from one torch iterator (persistent workers), through the loader's recycling
     and prefetcher: the stream runs on across epoch ends. Pass ``k`` of the chained index is epoch
-    ``first_epoch + k`` (the first resumed after ``skipped`` batches); where the loop is, the loader's cursor says.
+    ``first_epoch + k`` (the first resumed after ``skipped`` batches); where the loop is, the cursor says.
     Holds no reference to the loader."""
 
-    def __init__(self, loader: DataLoader) -> None:
-        self.torch_iter = source = start_torch_iterator(loader._loader)  # torch's persistent iterator, started or reset
-        self.lengths = loader._chained_index.lengths  # the list of the index pass torch now runs
-        if loader._recycler is not None:
-            source = _recycle(source, loader._recycler)
+    def __init__(self, torch_loader: TorchDataLoader, index: ChainedIndex, recycler: ReleaseTracker | None,
+                 loader: LoaderSettings, cursor: EpochCursor) -> None:
+        self.torch_iter = source = start_torch_iterator(torch_loader)  # torch's persistent iterator, started or reset
+        self.lengths = index.lengths  # the list of the index pass torch now runs
+        if recycler is not None:
+            source = _recycle(source, recycler)
         self.prefetcher = _prefetcher(loader, source)
         self.source: Iterator[Any] = self.prefetcher if self.prefetcher is not None else source
-        self.first_epoch, self.skipped, self.closed = loader.cursor.epoch, loader.cursor.batches, False
+        self.first_epoch, self.skipped, self.closed = cursor.epoch, cursor.batches, False
 
     def pass_of(self, cursor: EpochCursor) -> int:
         """The pass of the chained index that runs the cursor's epoch."""
@@ -74,33 +100,36 @@ class Chain:
 
 
 class LoaderIter:
-    """One epoch of an mmfeed DataLoader: torch's iterator, optionally through the prefetcher; counts batches.
-    With ``chain``, the epoch is the chain's current pass: exactly its batches, then StopIteration, leaving the
-    chain (torch's iterator and the prefetcher) running into the next epoch."""
+    """One epoch of an mmfeed DataLoader: torch's iterator, optionally through the prefetcher; tells ``epochs`` of
+    each batch. With ``chain``, the epoch is the chain's current pass: exactly its batches, then StopIteration,
+    leaving the chain (torch's iterator and the prefetcher) running into the next epoch. ``recycler`` watches the
+    batches' shared memory; ``tap``: after each batch, the (iterable) dataset's own state is kept for the cursor."""
 
-    def __init__(self, loader: DataLoader, source: Iterator[Any] | None = None, chain: Chain | None = None) -> None:
-        self._loader = loader
+    def __init__(self, loader: LoaderSettings, epochs: EpochOwner, source: Iterator[Any] | None = None,
+                 chain: Chain | None = None, *, recycler: ReleaseTracker | None = None, tap: bool = False) -> None:
+        self._settings = loader
+        self._epochs = epochs
         self._states: collections.deque[Any] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         self._chain = chain
         self._finished = False
         # the iterator torch's loader made (or the threads' batches): what it has can be read through this one
         self._torch_iter = chain.torch_iter if chain is not None else source
-        self._epoch = loader.cursor.epoch  # the epoch this iterator hands out
+        self._epoch = epochs.cursor.epoch  # the epoch this iterator hands out
         if chain is not None:
             self._source: Iterator[Any] = iter(())
             return
         assert source is not None
-        if loader._recycler is not None:
-            source = _recycle(source, loader._recycler)
-        if loader._tap_dataset_state:
+        if recycler is not None:
+            source = _recycle(source, recycler)
+        if tap:
             self._states = collections.deque()
             source = self._tap(source)
         self._prefetcher = _prefetcher(loader, source)
         self._source = self._prefetcher if self._prefetcher is not None else source
 
     def _tap(self, source: Iterator[Any]) -> Iterator[Any]:
-        dataset = self._loader.dataset
+        dataset = self._settings.dataset
         for item in source:
             self._states.append(copy.deepcopy(dataset.state_dict()))
             yield item
@@ -123,45 +152,37 @@ class LoaderIter:
             batch = next(self._source)
         except StopIteration:
             self._source = iter(())  # let torch's iterator (and its workers) go now
-            if self._loader._is_active(self):
-                self._loader._epoch_ended()
+            self._epochs.ended(self)
             raise
-        if self._loader._is_active(self):
-            self._loader.cursor.handed_out()
-            self._loader._count_errors(batch)
-            if self._states is not None:
-                self._loader.cursor.dataset = self._states.popleft()
+        self._epochs.handed_out(self, batch, self._states)
         return batch
 
     def _next_chained(self, chain: Chain) -> Any:
-        loader = self._loader
-        if self._finished or chain.closed or loader.cursor.epoch != self._epoch:  # over, or left for a newer one
+        epochs, timer = self._epochs, self._settings.timer
+        if self._finished or chain.closed or epochs.cursor.epoch != self._epoch:  # over, or left for a newer one
             raise StopIteration
-        if chain.complete(loader.cursor):
+        if chain.complete(epochs.cursor):
             self._finished = True
-            if loader.timer is not None:  # as a prefetcher that runs out: the last step ends as it asks for more
-                loader.timer.request()
-                loader.timer.exhausted()
-            if loader._is_active(self):
-                loader._epoch_ended()
+            if timer is not None:  # as a prefetcher that runs out: the last step ends as it asks for more
+                timer.request()
+                timer.exhausted()
+            epochs.ended(self)
             raise StopIteration
         try:
             batch = next(chain.source)
         except BaseException as exc:  # an error, or the end after a pass of no items (this epoch had none)
-            self._finished, active = True, loader._is_active(self)
-            loader._drop_chain(chain)  # the next iter(loader) starts afresh
-            if active and isinstance(exc, StopIteration):
-                loader._epoch_ended()
+            self._finished = True
+            epochs.drop(chain)  # the next iter(loader) starts afresh
+            if isinstance(exc, StopIteration):
+                epochs.ended(self)
             raise
-        if loader._is_active(self):
-            loader.cursor.handed_out()
-            loader._count_errors(batch)
+        epochs.handed_out(self, batch)
         return batch
 
     def __len__(self) -> int:
         chain = self._chain
         n = chain.length(self._epoch - chain.first_epoch) if chain is not None else None
-        return n if n is not None else len(self._loader)
+        return n if n is not None else len(self._settings)
 
     def __del__(self) -> None:
         self.close()
@@ -172,9 +193,9 @@ class LoaderIter:
         self.__dict__["_torch_iter"] = None
         chain = self.__dict__.get("_chain")
         if chain is not None:
-            cursor = self._loader.cursor
+            cursor = self._epochs.cursor
             if not self._finished and cursor.epoch == self._epoch and not chain.closed and not chain.complete(cursor):
-                self._loader._drop_chain(chain)
+                self._epochs.drop(chain)
             self._finished = True
             return
         prefetcher = self.__dict__.get("_prefetcher")

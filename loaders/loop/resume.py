@@ -1,9 +1,9 @@
 """Where an mmfeed DataLoader stands in its epochs, and how it resumes from there.
 
 :class:`EpochCursor` is the one record of the loop's position: the epoch, the batches of it handed out, whether it
-ran out, what fixed its order, and a loaded state waiting for the next ``iter(loader)``; the loader, its chain of
-epochs (:mod:`mmfeed.loaders.loop.epoch_iter`) and its index read and move it, and the loader's ``state_dict()``
-is its dict form. What fixes an epoch's order comes from the index sampler torch iterates
+ran out, what fixed its order, and a loaded state waiting for the next ``iter(loader)``; only the loader's
+:class:`~mmfeed.loaders.loop.epochs.Epochs` moves it (the chain of epochs and the index read it), and the loader's
+``state_dict()`` is its dict form. What fixes an epoch's order comes from the index sampler torch iterates
 (:class:`ResumableIndex`), which wraps whichever sampler or batch sampler the loader has and knows how that kind
 of order source resumes (see :func:`order_kind`): our :class:`ShuffleSampler` draws from the same RNG in the same
 order as torch's RandomSampler (so a loader given only torch's arguments yields torch's batches) and remembers its
@@ -32,7 +32,8 @@ class EpochCursor:
     epoch: the epoch the loop is in (-1 before the first); batches: the batches of it handed out (those a resumed
     epoch skipped included); done: it ran out (or none began); order: what fixed its order, the index's state at
     its start (:meth:`ResumableIndex.state_dict`); dataset: an iterable dataset's own state after the last batch
-    handed out; pending: a loaded state that the next ``iter(loader)`` continues from.
+    handed out; pending: a loaded state that the next ``iter(loader)`` continues from. A batch handed out counts in
+    ``batches``; an epoch that runs out sets ``done``.
     """
 
     def __init__(self) -> None:
@@ -44,12 +45,6 @@ class EpochCursor:
     def begin(self, epoch: int, batches: int = 0) -> None:
         """The loop enters ``epoch`` with ``batches`` of it already handed out (a resumed epoch's)."""
         self.epoch, self.batches, self.done = int(epoch), int(batches), False
-
-    def handed_out(self) -> None:
-        self.batches += 1
-
-    def end(self) -> None:
-        self.done = True
 
     def __repr__(self) -> str:
         return (f"EpochCursor(epoch={self.epoch}, batches={self.batches}, done={self.done}"
@@ -141,22 +136,22 @@ class ResumableIndex:
     """The index sampler torch iterates: ``inner`` (a batch sampler or sampler), restartable from a saved order
     state with the first items left out. ``samples_per_item`` lets a skip go straight to our shuffle sampler
     (each item is a batch of that many indices) instead of iterating the skipped items. What fixed the current
-    epoch's order is kept in the loader's ``cursor`` (:class:`EpochCursor`)."""
+    epoch's order is kept in the loader's cursor (:class:`EpochCursor`), which the loader's epochs write from what
+    :meth:`begin` and :meth:`order` return."""
 
-    def __init__(self, inner: Any, samples_per_item: int | None, cursor: EpochCursor) -> None:
+    def __init__(self, inner: Any, samples_per_item: int | None) -> None:
         self.inner = inner
         self.kind = order_kind(inner)
         self.target = order_target(inner)
         self.samples_per_item = samples_per_item if self.kind == "shuffle" else None
-        self.cursor = cursor
         self._skip = 0
 
     def __len__(self) -> int:
         return len(self.inner)
 
-    def begin(self, order: dict[str, Any] | None = None, skip: int = 0) -> None:
-        """At ``iter(loader)``: restore ``order`` (a loaded state's, if given), note what fixes this epoch's order
-        in the cursor, and arrange for the first ``skip`` items to be left out."""
+    def begin(self, order: dict[str, Any] | None = None, skip: int = 0) -> Any:
+        """At ``iter(loader)``: restore ``order`` (a loaded state's, if given) and arrange for the first ``skip``
+        items to be left out. Returns what fixes this epoch's order (:meth:`order`)."""
         state = None if order is None else order.get("state")
         if self.kind == "shuffle":
             self.target.epoch_seed = None  # drawn lazily, at the first index, exactly when torch draws it
@@ -167,22 +162,31 @@ class ResumableIndex:
         elif self.kind == "stateful":
             if state is not None:
                 self.target.load_state_dict(copy.deepcopy(state))
-            self.cursor.order = copy.deepcopy(self.target.state_dict())
         elif self.kind == "epoch":
             if state is not None:
                 self.target.set_epoch(state)
-            self.cursor.order = self.target.epoch
         self._skip = skip
+        return self.order()
 
-    def state_dict(self) -> dict[str, Any]:
-        """What fixes the current epoch's order (a shuffle's seed, drawn now if the epoch began and its sampler has
-        not drawn it yet)."""
+    def order(self) -> Any:
+        """What fixes the order of the epoch the source starts next, as the cursor keeps it: a stateful source's
+        state, a DistributedSampler's epoch; None for the other kinds (a shuffle keeps its seed itself, drawn
+        lazily; a fixed order needs nothing)."""
+        if self.kind == "stateful":
+            return copy.deepcopy(self.target.state_dict())
+        if self.kind == "epoch":
+            return self.target.epoch
+        return None
+
+    def state_dict(self, cursor: EpochCursor) -> dict[str, Any]:
+        """What fixes the order of the cursor's epoch (a shuffle's seed, drawn now if the epoch began and its
+        sampler has not drawn it yet)."""
         if self.kind == "shuffle":
             seed = self.target.epoch_seed
-            if seed is None and not self.cursor.done:
+            if seed is None and not cursor.done:
                 seed = self.target.draw_early()
             return {"kind": "shuffle", "state": seed.clone() if isinstance(seed, torch.Tensor) else seed}
-        return {"kind": self.kind, "state": copy.deepcopy(self.cursor.order)}
+        return {"kind": self.kind, "state": copy.deepcopy(cursor.order)}
 
     def load_state_dict(self, order: dict[str, Any]) -> None:
         """A loaded state whose epoch ran out: leave the order source as that finished epoch left it (an epoch in
@@ -194,15 +198,8 @@ class ResumableIndex:
                 self.target.fast_forward(state)
         elif self.kind == "stateful" and state is not None:
             self.target.load_state_dict(copy.deepcopy(state))
-            self.cursor.order = copy.deepcopy(state)
         elif self.kind == "epoch" and state is not None:
             self.target.set_epoch(state)
-            self.cursor.order = state
-
-    def ended(self) -> None:
-        """The epoch ran out: a stateful source's state now is where the next epoch starts."""
-        if self.kind == "stateful":
-            self.cursor.order = copy.deepcopy(self.target.state_dict())
 
     def __iter__(self) -> Iterator[Any]:
         skip, self._skip = self._skip, 0
