@@ -33,6 +33,13 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   ``peak_rss_bytes`` the process's peak (``VmHWM``, torch and everything imported included) and
   ``peak_above_import_bytes`` that less its RSS once the imports are done.
 
+- ``lerobot_open``: ``open_dataset`` of a LeRobot v3 directory of ``episodes`` 20-step episodes in LeRobot's own
+  layout (4 real episodes grown by :func:`mmfeed.testing.grow_lerobot`, ``meta/episodes`` in 4 files of row groups
+  of ten, as LeRobot flushes them), each in a fresh process after the imports: ``floor`` only parses those files'
+  parquet footers (what any reader pays), ``cold`` is the node's first open (the derived columns then kept in
+  ``$MMFEED_CACHE/derived``), ``warm`` a later open mapping them; ``seconds``, ``rss_bytes`` (what the open left in
+  the process) and the process's peak.
+
 - ``stats``: ``mmfeed stats`` (:func:`~mmfeed.loaders.conversion.statistics.compute_stats`, local processes) over
   a LeRobot v3 directory of ``episodes`` 20-step episodes of a 7-dim arm (state, action, velocity, reward, done:
   4 real episodes grown by :func:`mmfeed.testing.grow_lerobot`, each grown episode with rows of its own, so each
@@ -61,13 +68,13 @@ __all__ = ["main"]
 
 QUICK = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 1024)],
          "block_mask": [8192, 32768, 131072], "open": [10**5], "windows": [(10**4, 1024, "one")],
-         "stats": [(10**5, 1)]}
+         "lerobot_open": [10**5], "stats": [(10**5, 1)]}
 FULL = {"plan": [(10**6, 8), (10**6, 1024), (10**6, 4096), (10**7, 8), (10**7, 1024), (10**7, 4096),
                  (10**8, 8), (10**8, 4096)],
         "block_mask": [8192, 32768, 131072, 1048576], "open": [10**6],
         "windows": [(10**4, 1024, "varied"), (10**4, 1024, "one"), (54_000, 1024, "varied"), (54_000, 1024, "one"),
                     (10**6, 1024, "one"), (10**6, 1024, "varied")],
-        "stats": [(10**5, 1), (10**6, 1), (10**6, 2)]}
+        "lerobot_open": [10**5, 10**6], "stats": [(10**5, 1), (10**6, 1), (10**6, 2)]}
 
 
 def _rss() -> int:
@@ -264,6 +271,50 @@ def _case_windows(episodes: int, world: int, prices: str, root: str) -> dict:
             "first_batch_s": done - opened, "peak_rss_bytes": peak, "peak_above_import_bytes": peak - base}
 
 
+def _case_lerobot_open(episodes: int, mode: str, root: str) -> dict:
+    import glob
+
+    import pyarrow.parquet as pq
+
+    import mmfeed.loaders.formats.lerobot.source  # noqa: F401 - imported before the clock starts, as in training
+    from mmfeed.loaders import open_dataset
+
+    base = _rss()
+    start = time.perf_counter()
+    if mode == "floor":
+        for path in sorted(glob.glob(os.path.join(root, "meta", "episodes", "*", "*.parquet"))):
+            pq.ParquetFile(path).metadata  # the footer, parsed
+    else:
+        assert len(open_dataset(root)) == episodes
+    seconds = time.perf_counter() - start
+    return {"episodes": episodes, "mode": mode, "seconds": seconds, "rss_bytes": max(_rss() - base, 0),
+            "peak_rss_bytes": _high_water()}
+
+
+def _lerobot_meta_root(episodes: int) -> str:
+    """A LeRobot directory of 4 real 20-step arm episodes grown to ``episodes``, meta/episodes in 4 files of row
+    groups of ten (in the bench cache)."""
+    from mmfeed.bench.common import cache_dir
+    from mmfeed.testing import grow_lerobot, make_episodes, write_lerobot
+
+    root = cache_dir("scale-lerobot-meta") / str(episodes)
+    if not (root / "meta" / "info.json").exists():
+        write_lerobot(root, make_episodes(4, seed=0, min_length=20, max_length=20, cameras=(), state_dim=7,
+                                          action_dim=7))
+        grow_lerobot(root, episodes, files=4, row_group_size=10)
+    return str(root)
+
+
+def _lerobot_open_rows(episodes: int, timeout: float) -> list[dict]:
+    """The footer floor, the node's first open and a later one, each in a fresh process."""
+    import tempfile
+
+    root = _lerobot_meta_root(episodes)
+    with tempfile.TemporaryDirectory() as cache:
+        return [_child("lerobot_open", [episodes, mode, root], None, timeout, env={"MMFEED_CACHE": cache})
+                for mode in ("floor", "cold", "warm")]
+
+
 def _case_stats(episodes: int, workers: int, root: str) -> dict:
     from mmfeed.loaders.conversion.statistics import compute_stats
 
@@ -353,13 +404,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(_case_open(int(nums[0]), nums[1])))
         elif kind == "stats":
             print(json.dumps(_case_stats(int(nums[0]), int(nums[1]), nums[2])))
+        elif kind == "lerobot_open":
+            print(json.dumps(_case_lerobot_open(int(nums[0]), nums[1], nums[2])))
         elif kind == "windows":
             print(json.dumps(_case_windows(int(nums[0]), int(nums[1]), nums[2], nums[3])))
         else:
             print(json.dumps(_case_block_mask(int(nums[0]), args.before)))
         return 0
     cases = QUICK if args.quick else FULL
-    out: dict = {"plan": [], "windows": [], "open": [], "block_mask": [], "stats": []}
+    out: dict = {"plan": [], "windows": [], "open": [], "lerobot_open": [], "block_mask": [], "stats": []}
     print(f"{'samples':>11} {'ranks':>6} {'seconds':>8} {'peak MB':>8} {'B/sample':>9} {'efficiency':>10}")
     for samples, world in cases["plan"]:
         row = _child("plan", [samples, world], args.before, args.timeout)
@@ -389,6 +442,18 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{episodes:>9} {row['cache']:>5} {row['seconds']:>8.2f} {row['rss_bytes'] / 2**20:>7.0f} "
                       f"{row['worker_private_bytes'] / 2**20:>17.1f} {row['worker_pss_bytes'] / 2**20:>13.0f}")
+    print(f"\n{'LeRobot':>9} {'open':>5} {'seconds':>8} {'x floor':>7} {'RSS MB':>7} {'peak MB':>7}")
+    for episodes in cases["lerobot_open"] if not args.before else ():
+        rows = _lerobot_open_rows(episodes, args.timeout)
+        floor = rows[0].get("seconds")
+        for row in rows:
+            out["lerobot_open"].append(row)
+            if "error" in row:
+                print(f"{episodes:>9} {'':>5}  {row['error']}")
+            else:
+                ratio = f"{row['seconds'] / floor:.2f}" if floor else ""
+                print(f"{episodes:>9} {row['mode']:>5} {row['seconds']:>8.2f} {ratio:>7} "
+                      f"{row['rss_bytes'] / 2**20:>7.0f} {row['peak_rss_bytes'] / 2**20:>7.0f}")
     print(f"\n{'episodes':>9} {'windows':>11} {'ranks':>5} {'prices':>6} {'plan':>11} {'open s':>6} "
           f"{'1st batch s':>11} {'peak MB':>7} {'above import MB':>15}")
     for episodes, world, prices in cases["windows"] if not args.before else ():
