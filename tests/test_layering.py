@@ -134,6 +134,12 @@ def test_sources_import_nothing_of_the_loaders_root_but_the_stage_clock():
             assert outside <= {"mmfeed.loaders.clock"}, f"{name} imports {outside}"
 
 
+def test_the_loop_imports_the_planned_path_never_the_reverse():
+    for name, targets in GRAPH.items():
+        if name.startswith("mmfeed.loaders.planned"):
+            assert not {t for t in targets if t.startswith("mmfeed.loaders.loop")}, f"{name} imports the loop"
+
+
 @pytest.mark.parametrize("room", ["planned", "loop", "streaming", "conversion", "observe"])
 def test_each_room_is_a_package_with_its_own_docstring(room):
     init = ROOT / "loaders" / room / "__init__.py"

@@ -11,8 +11,8 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.loop import shm
-from mmfeed.loaders.loop.shm import FREE, IN_MAIN, IN_WORKER, BufferPool, ReleaseTracker, _is_pooled, _state
+from mmfeed.loaders import shm
+from mmfeed.loaders.shm import FREE, IN_MAIN, IN_WORKER, BufferPool, ReleaseTracker, _is_pooled, _state
 from mmfeed.packing import PackedBatch
 from mmfeed.testing import make_episodes, write_webdataset
 

@@ -3,10 +3,11 @@
 :class:`~mmfeed.loaders.loop.dataloader.DataLoader` (torch's DataLoader, wrapped: same arguments, same batches,
 plus device prefetch, timing and exact resume), :mod:`~mmfeed.loaders.loop.prefetch` (batches copied to the device
 on a side stream ahead of the step), :mod:`~mmfeed.loaders.loop.threads` (workers as threads of the training
-process), :mod:`~mmfeed.loaders.loop.shm` (shared-memory buffers recycled between workers and the loop),
-:mod:`~mmfeed.loaders.loop.resume` (where the epoch stands, and how it resumes),
-:mod:`~mmfeed.loaders.loop.heap` (the free heap a worker process gives back between epochs) and
-:mod:`~mmfeed.loaders.loop.dist` (rank, world size and worker of this process).
+process), :mod:`~mmfeed.loaders.loop.resume` (where the epoch stands, and how it resumes) and
+:mod:`~mmfeed.loaders.loop.dist` (rank, world size and worker of this process). Two worker-process helpers live
+beside the loop rather than in it, because the planned path uses them in the workers and never imports the loop:
+:mod:`mmfeed.loaders.shm` (shared-memory buffers recycled between the workers and the loop) and
+:mod:`mmfeed.loaders.heap` (the free heap a worker process gives back between epochs).
 """
 
 from __future__ import annotations

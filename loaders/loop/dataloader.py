@@ -17,7 +17,7 @@ after torch's:
   FFmpeg decodes with the GIL released. Same batches, same order, same resume; map-style datasets only.
 * ``recycle_buffers=True`` (default; planned datasets with workers, without ``pin_memory``): workers write the
   decoded frames of later batches into the shared memory of earlier ones once the loop holds no tensor of them
-  any more (:mod:`mmfeed.loaders.loop.shm`), which spares the page faults of fresh shared memory in both processes;
+  any more (:mod:`mmfeed.loaders.shm`), which spares the page faults of fresh shared memory in both processes;
   each buffer's file descriptor crosses to the training process once, later batches name it. Set it False if
   batch tensors are handed on to other processes that may still read them.
 * ``state_dict()`` / ``load_state_dict(sd)``: exact mid-epoch resume. For map-style datasets the state is
@@ -76,7 +76,7 @@ from mmfeed.loaders.clock import TimedCollate
 from mmfeed.loaders.loop.epoch_iter import Chain, LoaderIter
 from mmfeed.loaders.loop.prefetch import _resolve_device
 from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor, ResumableIndex, ShuffleSampler
-from mmfeed.loaders.loop.shm import ReleaseTracker
+from mmfeed.loaders.shm import ReleaseTracker
 from mmfeed.loaders.loop.threads import ThreadedBatches
 from mmfeed.loaders.loop.workers import WorkerInit, start_torch_iterator
 from mmfeed.loaders.observe.timing import StepTimer

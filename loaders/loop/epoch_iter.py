@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmfeed.loaders.loop.prefetch import DevicePrefetcher
 from mmfeed.loaders.loop.resume import EpochCursor
-from mmfeed.loaders.loop.shm import ReleaseTracker
+from mmfeed.loaders.shm import ReleaseTracker
 from mmfeed.loaders.loop.workers import start_torch_iterator
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ row. ``metadata`` holds per-document ``sample``, ``episode``, ``start_step``, ``
 mixture, ``dataset`` (and ``embodiment``, given embodiments).
 
 In a DataLoader worker the frames of a batch are decoded straight into one shared-memory buffer per feature
-(recycled between batches, :mod:`mmfeed.loaders.loop.shm`), so handing the batch to the training process copies
+(recycled between batches, :mod:`mmfeed.loaders.shm`), so handing the batch to the training process copies
 nothing. A transform (``Packing(transform=fn)``, ``PlannedDataset.records(..., transform=fn)``) runs on each
 sample after it is read, with a generator seeded from ``(seed, epoch, sample id)``: the same augmentation for any
 number of workers, replayed exactly after a resume.
@@ -36,7 +36,7 @@ import torch
 
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
-from mmfeed.loaders.loop.shm import pooled_buffer
+from mmfeed.loaders.shm import pooled_buffer
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
 from mmfeed.loaders.planned.steps import (
     batch_layout,
@@ -278,7 +278,7 @@ def _fill_direct(requests: list, read: list, direct: dict) -> None:
 
 def _alloc(key: str, shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
     """A uint8 buffer for payload ``key``; in a DataLoader worker a shared-memory tensor, which the training
-    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.loop.shm`)."""
+    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.shm`)."""
     if torch.utils.data.get_worker_info() is None:
         return np.empty(shape, dtype=np.uint8)
     pooled = pooled_buffer(key, shape)

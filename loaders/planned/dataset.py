@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.loaders.loop.heap import epoch_began
+from mmfeed.loaders.heap import epoch_began
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.classes import ClassPlan
