@@ -134,6 +134,17 @@ def test_sources_import_nothing_of_the_loaders_root_but_the_stage_clock():
             assert outside <= {"mmfeed.loaders.clock"}, f"{name} imports {outside}"
 
 
+def test_collation_calls_no_item_kind_and_no_dataset_back():
+    """Items hand collation data (``items.reads``); collation and its steps import nothing of the item kinds or
+    the dataset, and the steps nothing of collation."""
+    kinds = {"mmfeed.loaders.planned.items", "mmfeed.loaders.planned.records", "mmfeed.loaders.planned.dataset"}
+    for name in ("mmfeed.loaders.planned.collate", "mmfeed.loaders.planned.steps", "mmfeed.loaders.planned.reads"):
+        assert not GRAPH[name] & kinds, f"{name} imports {GRAPH[name] & kinds}"
+    assert "mmfeed.loaders.planned.collate" not in GRAPH["mmfeed.loaders.planned.steps"]
+    for name in ("mmfeed.loaders.planned.items", "mmfeed.loaders.planned.records"):
+        assert "mmfeed.loaders.planned.collate" not in GRAPH[name], f"{name} imports collation"
+
+
 def test_the_loop_imports_the_planned_path_never_the_reverse():
     for name, targets in GRAPH.items():
         if name.startswith("mmfeed.loaders.planned"):

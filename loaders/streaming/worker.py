@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from mmfeed.loaders.planned.collate import collate_batch, samples_of
 from mmfeed.loaders.planned.errors import ErrorCounter
 from mmfeed.loaders.planned.items import EpisodeItems
 from mmfeed.loaders.sources.concat import ConcatSource
@@ -215,9 +216,9 @@ class Stream:
         local_rows = [np.arange(a, b, dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])]
         num_rows = p.plan.rows_per_batch if p.static_shapes else None
         most = p.plan.rows_per_batch * max(p.plan.capacity // max(int(items.table.tokens.min(initial=1)), 1), 1)
-        batch = items.collate(local_rows, p.plan.capacity, num_rows=num_rows, static_shapes=p.static_shapes,
-                              max_documents=most if p.static_shapes else None, errors=self.counter,
-                              epoch=ds.epoch, seed=p.seed, transform=p.transform)
+        batch = collate_batch(items.reads(samples_of(local_rows)), local_rows, p.plan.capacity, num_rows=num_rows,
+                              static_shapes=p.static_shapes, max_documents=most if p.static_shapes else None,
+                              errors=self.counter, epoch=ds.epoch, seed=p.seed, transform=p.transform)
         batch.metadata.pop("dataset", None)  # the episodes of one batch, not datasets of a mixture
         batch.metadata["sample"] = torch.from_numpy(ids)
         batch.metadata["episode"] = torch.tensor([episodes[e].number for e in local_episode], dtype=torch.int64)
