@@ -104,6 +104,12 @@ class PlanConfig:
                              f"{self.algorithm!r} undoes (it sorts samples by length); use mode 'fixed' or 'bucket', "
                              "or a packing algorithm that keeps the order ('nf')")
 
+    def most_documents(self, cheapest: int) -> int:
+        """The most documents one batch can hold when the cheapest sample costs ``cheapest`` tokens:
+        ``rows_per_batch`` rows of ``capacity // cheapest`` each (at least one a row): what ``cu_seqlens`` is
+        padded to, minus one, under static shapes."""
+        return self.rows_per_batch * max(self.capacity // max(int(cheapest), 1), 1)
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:

@@ -145,6 +145,15 @@ def test_collation_calls_no_item_kind_and_no_dataset_back():
         assert "mmfeed.loaders.planned.collate" not in GRAPH[name], f"{name} imports collation"
 
 
+def test_a_stream_is_given_what_it_reads_not_the_dataset_that_starts_it():
+    """The streaming dataset imports its worker's stream, never the reverse, not even for annotations."""
+    assert "mmfeed.loaders.streaming.worker" in GRAPH["mmfeed.loaders.streaming.dataset"]
+    tree = ast.parse(MODULES["mmfeed.loaders.streaming.worker"].read_text())
+    named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "mmfeed.loaders.streaming.dataset" not in named and "TYPE_CHECKING" not in ast.dump(tree)
+
+
 def test_the_loop_imports_the_planned_path_never_the_reverse():
     for name, targets in GRAPH.items():
         if name.startswith("mmfeed.loaders.planned"):

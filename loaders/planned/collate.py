@@ -31,6 +31,7 @@ can hold (repeating its last value), so every batch of the epoch has the same te
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ import torch
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
-from mmfeed.loaders.planned.reads import EpisodeReads, RecordReads, RecordSource, SampleRead
+from mmfeed.loaders.planned.reads import DocumentNames, EpisodeReads, RecordReads, RecordSource, SampleRead
 from mmfeed.loaders.planned.steps import (
     batch_layout,
     fail_nonfinite,
@@ -73,7 +74,7 @@ def collate_batch(reads: EpisodeReads | RecordReads, rows: Sequence[np.ndarray],
         return collate_records(reads.records, rows, capacity, **kwargs)
     if isinstance(reads, EpisodeReads):
         return collate(reads.source, reads.samples, rows, capacity, layout=reads.layout, features=reads.features,
-                       **kwargs)
+                       names=reads.names, **kwargs)
     raise TypeError(f"collate_batch takes EpisodeReads or RecordReads (what items.reads(samples) returns), got "
                     f"{type(reads).__name__}")
 
@@ -81,7 +82,7 @@ def collate_batch(reads: EpisodeReads | RecordReads, rows: Sequence[np.ndarray],
 def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[np.ndarray], capacity: int, *,
             layout: TokenLayout, features: Sequence[str], num_rows: int | None = None, static_shapes: bool = False,
             max_documents: int | None = None, errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
-            transform: Callable | None = None) -> PackedBatch:
+            transform: Callable | None = None, names: DocumentNames | None = None) -> PackedBatch:
     """Read the samples ``reads`` describe (one :class:`SampleRead` per sample id of
     ``rows``, row after row) from ``source`` and pack them into a PackedBatch whose modalities are the task text
     and ``features``, laid out by ``layout``.
@@ -91,6 +92,8 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     max_documents: with ``static_shapes``, the length ``cu_seqlens`` is padded to, minus one.
     errors: the error policy's running counter; None raises on the first failure. Samples that fail under
         "skip"/"warn" are left out of their rows (the batch still goes out) and listed in ``metadata["errors"]``.
+    names: how the documents are named in ``metadata`` when not by ``rows``' ids and the source
+        (:class:`~mmfeed.loaders.planned.reads.DocumentNames`).
     """
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = samples_of(rows)
@@ -121,6 +124,8 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
         rows, keep = without_failures(rows, samples, failures)
         samples = samples[keep]
         read, pads, reads, plans = ([x[i] for i in keep] for x in (read, pads, reads, plans))
+        if names is not None:
+            names = replace(names, sample=names.sample[keep], episode=names.episode[keep])
         direct = {}  # the decoded-in-place buffers now have holes: gather the kept pieces instead
     # lay out
     with stage("collate"):
@@ -132,7 +137,9 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
             per_entry = {f: layout.tokens(f) for f in features}
             pad_static(payload, {TEXT: layout.tokens_per_text_token, **per_entry}, nrows * row_capacity)
         batch_lay = batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(features) + 1)
-        metadata = _episode_metadata(source, samples, reads)
+        metadata = _episode_metadata(source, samples, reads, names)
+        if names is not None:
+            failures = failures + names.errors
         return packed(batch_lay, [TEXT, *features], payload, metadata, failures, static_shapes, max_documents)
 
 
@@ -261,18 +268,22 @@ def _episode_payload(source: EpisodeSource, reads: list[SampleRead], read: list,
     return payload, segments, steps, doc_tokens
 
 
-def _episode_metadata(source: EpisodeSource, samples: np.ndarray, reads: list[SampleRead]) -> dict[str, Any]:
+def _episode_metadata(source: EpisodeSource, samples: np.ndarray, reads: list[SampleRead],
+                      names: DocumentNames | None) -> dict[str, Any]:
     """Per document: ``sample``, ``episode``, ``start_step``, ``start_time``; the ``source``'s name; in a mixture
-    each document's ``dataset`` (and ``embodiment``)."""
+    each document's ``dataset`` (and ``embodiment``). ``names``, when given, names the samples, episodes and
+    source instead (and no dataset)."""
     episode = np.array([r.request.episode for r in reads], dtype=np.int64)
     start = np.array([r.start for r in reads], dtype=np.int64)
     metadata: dict[str, Any] = {
-        "sample": torch.from_numpy(samples),
-        "episode": torch.from_numpy(episode),
+        "sample": torch.from_numpy(samples if names is None else names.sample),
+        "episode": torch.from_numpy(episode if names is None else names.episode),
         "start_step": torch.from_numpy(start),
         "start_time": torch.from_numpy(start / np.maximum(source.fps[episode], 1e-12)),
-        "source": source.name,
+        "source": source.name if names is None else names.source,
     }
+    if names is not None:
+        return metadata
     dataset_of = getattr(source, "dataset_of", None)
     if dataset_of is not None:
         metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))

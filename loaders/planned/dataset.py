@@ -92,8 +92,7 @@ class PlannedDataset(torch.utils.data.Dataset):
         if self.config.capacity and len(items):
             if refuse_unfit and self.config.mode != "fixed":
                 _check_fit(items.table, self.config.capacity, self.config.mode)
-            cheapest = items.table.min_price
-            self._max_documents = self.config.rows_per_batch * max(self.config.capacity // cheapest, 1)
+            self._max_documents = self.config.most_documents(items.table.min_price)
 
     @classmethod
     def records(cls, dataset: Any, lengths: Any, **kwargs: Any) -> PlannedDataset:

@@ -24,7 +24,7 @@ from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.samples import SampleTable
 
-__all__ = ["EpisodeReads", "Items", "RecordReads", "RecordSource", "SampleRead"]
+__all__ = ["DocumentNames", "EpisodeReads", "Items", "RecordReads", "RecordSource", "SampleRead"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,14 +46,29 @@ class SampleRead:
 
 
 @dataclass(frozen=True, eq=False)
+class DocumentNames:
+    """How the documents of a batch are named in its metadata when the reader names them itself, not by the
+    sample table and the source (a stream: :mod:`mmfeed.loaders.streaming`): each sample's ``sample`` id and
+    ``episode`` number (in row order), the ``source`` name, and ``errors``, failures met before the batch was
+    collated (episodes skipped whole), listed after the batch's own. No ``dataset`` is named."""
+
+    sample: np.ndarray
+    episode: np.ndarray
+    source: str
+    errors: list[dict]
+
+
+@dataclass(frozen=True, eq=False)
 class EpisodeReads:
     """The episode samples of one batch: ``samples`` (one :class:`SampleRead` each, in row order) read from
-    ``source``, laid out by ``layout`` over the modalities task text and ``features``."""
+    ``source``, laid out by ``layout`` over the modalities task text and ``features``; ``names``: how the
+    documents are named, when not by their sample ids and the source's episodes (:class:`DocumentNames`)."""
 
     source: EpisodeSource
     samples: list[SampleRead]
     layout: TokenLayout
     features: list[str]
+    names: DocumentNames | None = None
 
 
 @runtime_checkable
