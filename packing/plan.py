@@ -1,6 +1,6 @@
 """The epoch plan: a pure function of sample prices, ``(seed, epoch)`` and the world size.
 
-From the token price of every sample (computed from the index alone, see :mod:`mmfeed.loaders.layout`) the
+From the token price of every sample (computed from the index alone, see :mod:`mmfeed.packing.layout`) the
 planner shuffles, packs samples into rows of ``capacity`` tokens, groups rows into per-rank batches with equal
 step counts and balanced attention cost, and deals batches to workers. The result is small integer arrays:
 nothing is read or decoded. Because the plan is deterministic, resuming is a cursor into it, and every rank

@@ -11,7 +11,7 @@ after torch's:
   iterator as it is (``prefetch`` is then unused).
 * ``timer=True`` (or a :class:`~mmfeed.loaders.observe.timing.StepTimer`): per-step wait / copy / compute and worker
   stage times in ``loader.timer``. The collate function is then wrapped in
-  :class:`~mmfeed.loaders.observe.timing.TimedCollate`; the loop still receives the collated batch itself, same type.
+  :class:`~mmfeed.loaders.clock.TimedCollate`; the loop still receives the collated batch itself, same type.
 * ``worker_mode="thread"``: the ``num_workers`` load batches in threads of the training process instead of
   worker processes (:mod:`mmfeed.loaders.loop.threads`): no dataset copies, no pickling, no shared-memory hand-off;
   FFmpeg decodes with the GIL released. Same batches, same order, same resume; map-style datasets only.
