@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from mmfeed.codecs.video import read_frames
 from mmfeed.inspection import robot_window
 from mmfeed.loaders import DataLoader, Packing, PlanConfig, PlannedDataset, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.clock import stage
-from mmfeed.loaders.planned.collate import SampleRead
+from mmfeed.loaders.planned.reads import EpisodeReads, SampleRead
 from mmfeed.loaders.planned.items import EpisodeItems
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing.samples import SampleTable
@@ -216,11 +216,9 @@ class WindowsAndChunks:
                     out[k] = replace(read, sample=int(samples[k]))
         return out
 
-    def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> Any:
-        from mmfeed.loaders.planned.collate import collate
-
-        reads = self.requests(np.concatenate(rows) if len(rows) else np.zeros(0, np.int64))
-        return collate(self.source, reads, rows, capacity, layout=self.layout, features=self.features, **kwargs)
+    def reads(self, samples: np.ndarray) -> EpisodeReads:
+        """What ``samples`` read, for collation (:class:`~mmfeed.loaders.planned.reads.EpisodeReads`)."""
+        return EpisodeReads(self.source, self.requests(samples), self.layout, self.features)
 
 
 # ------------------------------------------------------------------------------------------- synthetic datasets

@@ -203,7 +203,7 @@ class WorkerProbe:
             time.sleep(_PROBE_POLL_S)
 
     def _answer(self, worker_id: int, k: int) -> None:
-        from mmfeed.loaders.loop import heap
+        from mmfeed.loaders import heap
 
         out: dict[str, Any] = {"pid": os.getpid(), "types": _type_counts(), "malloc": mallinfo(),
                                "heap_trims": heap.trims}

@@ -37,7 +37,6 @@ from mmfeed.codecs.video import (
     open_reader,
     resolve_request,
 )
-from mmfeed.packing.bins import split_rows
 
 __all__ = ["FrameRequest", "READER_BUDGET_BYTES", "VideoReaderCache", "decode_batch", "readers_within"]
 
@@ -263,9 +262,15 @@ def _resolve_all(info: VideoInfo, requests: Sequence[FrameRequest]) -> list[np.n
                                  for r in requests):
         times = [np.atleast_1d(np.asarray(r.timestamps)) for r in requests]
         if all(t.ndim == 1 and t.dtype.kind == "f" for t in times):
-            return split_rows(frames_at_times(info, np.concatenate(times), tolerance),
-                              np.cumsum([0, *(len(t) for t in times)]))
+            return _split_at(frames_at_times(info, np.concatenate(times), tolerance),
+                             np.cumsum([0, *(len(t) for t in times)]))
     return [resolve_request(info, r.indices, r.timestamps, r.tolerance_s) for r in requests]
+
+
+def _split_at(items: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """``[items[offsets[r]:offsets[r + 1]] for r ...]`` (views), faster than ``np.split`` for many requests."""
+    bounds = offsets.tolist()
+    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def decode_batch(

@@ -1,6 +1,6 @@
 """The epoch plan: a pure function of sample prices, ``(seed, epoch)`` and the world size.
 
-From the token price of every sample (computed from the index alone, see :mod:`mmfeed.loaders.layout`) the
+From the token price of every sample (computed from the index alone, see :mod:`mmfeed.packing.layout`) the
 planner shuffles, packs samples into rows of ``capacity`` tokens, groups rows into per-rank batches with equal
 step counts and balanced attention cost, and deals batches to workers. The result is small integer arrays:
 nothing is read or decoded. Because the plan is deterministic, resuming is a cursor into it, and every rank
@@ -103,6 +103,12 @@ class PlanConfig:
             raise ValueError(f"PlanConfig.reuse={self.reuse} keeps each span's windows together, which algorithm "
                              f"{self.algorithm!r} undoes (it sorts samples by length); use mode 'fixed' or 'bucket', "
                              "or a packing algorithm that keeps the order ('nf')")
+
+    def most_documents(self, cheapest: int) -> int:
+        """The most documents one batch can hold when the cheapest sample costs ``cheapest`` tokens:
+        ``rows_per_batch`` rows of ``capacity // cheapest`` each (at least one a row): what ``cu_seqlens`` is
+        padded to, minus one, under static shapes."""
+        return self.rows_per_batch * max(self.capacity // max(int(cheapest), 1), 1)
 
 
 @dataclass(frozen=True, eq=False)

@@ -128,20 +128,23 @@ ARROWS = {  # room -> the rooms it may import (besides itself and the facade's p
     "mmfeed.packing": set(),
     "mmfeed.codecs": set(),
     f"{LOADERS}.clock": set(),
+    f"{LOADERS}.heap": set(),
+    f"{LOADERS}.shm": {f"{LOADERS}.clock", "mmfeed.packing"},
     f"{LOADERS}.transport": {"mmfeed.codecs"},
     f"{LOADERS}.stores": {f"{LOADERS}.transport", "mmfeed.codecs", "mmfeed.packing"},
     f"{LOADERS}.sources": {f"{LOADERS}.stores", f"{LOADERS}.transport", f"{LOADERS}.clock", "mmfeed.codecs",
                            "mmfeed.packing"},
     f"{LOADERS}.formats": {f"{LOADERS}.sources"},
     f"{LOADERS}.formats.*": {f"{LOADERS}.formats", f"{LOADERS}.sources", f"{LOADERS}.stores",
-                             f"{LOADERS}.transport", f"{LOADERS}.clock", "mmfeed.codecs", "mmfeed.packing"},
+                             f"{LOADERS}.transport", f"{LOADERS}.clock", f"{LOADERS}.heap", "mmfeed.codecs",
+                             "mmfeed.packing"},
     f"{LOADERS}.open": {f"{LOADERS}.formats", f"{LOADERS}.formats.*", f"{LOADERS}.sources", f"{LOADERS}.stores",
                         f"{LOADERS}.transport"},
     f"{LOADERS}.observe": set(),
     f"{LOADERS}.planned": {f"{LOADERS}.sources", f"{LOADERS}.stores", f"{LOADERS}.transport", f"{LOADERS}.clock",
-                           "mmfeed.codecs", "mmfeed.packing"},
+                           f"{LOADERS}.shm", f"{LOADERS}.heap", "mmfeed.codecs", "mmfeed.packing"},
     f"{LOADERS}.loop": {f"{LOADERS}.planned", f"{LOADERS}.observe", f"{LOADERS}.open", f"{LOADERS}.sources",
-                        f"{LOADERS}.clock", "mmfeed.codecs", "mmfeed.packing"},
+                        f"{LOADERS}.clock", f"{LOADERS}.shm", f"{LOADERS}.heap", "mmfeed.codecs", "mmfeed.packing"},
     f"{LOADERS}.streaming": {f"{LOADERS}.planned", f"{LOADERS}.formats.*", f"{LOADERS}.sources",
                              f"{LOADERS}.transport", f"{LOADERS}.clock", "mmfeed.codecs", "mmfeed.packing"},
     f"{LOADERS}.conversion": {f"{LOADERS}.open", f"{LOADERS}.formats.*", f"{LOADERS}.planned",
@@ -243,6 +246,32 @@ def test_no_room_of_loaders_holds_more_than_12_modules():
     for folder in sorted(p for p in (ROOT / "loaders").rglob("*") if p.is_dir() and p.name != "__pycache__"):
         count = len(list(folder.glob("*.py")))
         assert count <= 12, f"loaders/{folder.relative_to(ROOT / 'loaders')} holds {count} modules"
+
+
+def test_collation_calls_no_item_kind_and_no_dataset_back():
+    """Items hand collation data (``items.reads``); collation and its steps import nothing of the item kinds or
+    the dataset, and the steps nothing of collation."""
+    kinds = {"mmfeed.loaders.planned.items", "mmfeed.loaders.planned.records", "mmfeed.loaders.planned.dataset"}
+    for name in ("mmfeed.loaders.planned.collate", "mmfeed.loaders.planned.steps", "mmfeed.loaders.planned.reads"):
+        assert not GRAPH[name] & kinds, f"{name} imports {GRAPH[name] & kinds}"
+    assert "mmfeed.loaders.planned.collate" not in GRAPH["mmfeed.loaders.planned.steps"]
+    for name in ("mmfeed.loaders.planned.items", "mmfeed.loaders.planned.records"):
+        assert "mmfeed.loaders.planned.collate" not in GRAPH[name], f"{name} imports collation"
+
+
+def test_a_stream_is_given_what_it_reads_not_the_dataset_that_starts_it():
+    """The streaming dataset imports its worker's stream, never the reverse, not even for annotations."""
+    assert "mmfeed.loaders.streaming.worker" in GRAPH["mmfeed.loaders.streaming.dataset"]
+    tree = ast.parse(MODULES["mmfeed.loaders.streaming.worker"].read_text())
+    named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "mmfeed.loaders.streaming.dataset" not in named and "TYPE_CHECKING" not in ast.dump(tree)
+
+
+def test_the_loop_imports_the_planned_path_never_the_reverse():
+    for name, targets in GRAPH.items():
+        if name.startswith("mmfeed.loaders.planned"):
+            assert not {t for t in targets if t.startswith("mmfeed.loaders.loop")}, f"{name} imports the loop"
 
 
 @pytest.mark.parametrize("room_name", ["planned", "loop", "streaming", "conversion", "observe", "sources", "stores",

@@ -182,3 +182,29 @@ def test_every_readable_record_is_delivered_once_and_every_unreadable_one_counte
 def test_records_refuse_a_tokenizer_saying_why():
     with pytest.raises(ValueError, match="records carry their own token ids"):
         PlannedDataset.records([torch.arange(3)], [3], tokenizer=str.encode)
+
+
+def test_every_item_kind_meets_the_items_protocol_and_hands_collation_data_not_itself():
+    from mmfeed.loaders import Packing, TokenLayout, WindowSpec
+    from mmfeed.loaders.planned.collate import collate_batch
+    from mmfeed.loaders.planned.reads import EpisodeReads, Items, RecordReads
+    from mmfeed.loaders.sources.arrays import ArraySource
+    from mmfeed.testing import make_episodes
+
+    eps = make_episodes(2, seed=1, min_length=6, max_length=8, cameras=())
+    source = ArraySource([{**e.features(), "task": e.task, "fps": e.fps, "rates": e.rates()} for e in eps])
+    windows = Packing(window=WindowSpec.from_delta_timestamps({"action": [0.0, 1 / 30]})).dataset(source).items
+    chunks = Packing(layout=TokenLayout(tokens_per_frame={"action": 1})).dataset(source).items
+    records = planned().items
+    for items in (windows, chunks, records):
+        assert isinstance(items, Items)
+        reads = items.reads(np.array([1, 0]))
+        assert reads is not items and not any(v is items for v in vars(reads).values())
+    assert isinstance(windows.reads(np.array([0])), EpisodeReads)
+    reads = records.reads(np.array([1, 0]))
+    assert isinstance(reads, RecordReads) and reads.samples.tolist() == [1, 0]
+    batch = collate_batch(reads, [np.array([1, 0])], LENGTHS[0] + LENGTHS[1])
+    assert batch.metadata["sample"].tolist() == [1, 0]
+    assert batch.data["input_ids"].tolist() == [*range(1000, 1000 + LENGTHS[1]), *range(LENGTHS[0])]
+    with pytest.raises(TypeError, match="EpisodeReads or RecordReads"):
+        collate_batch([np.array([0])], [np.array([0])], 40)

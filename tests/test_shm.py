@@ -11,8 +11,8 @@ import torch
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
-from mmfeed.loaders.loop import shm
-from mmfeed.loaders.loop.shm import FREE, IN_MAIN, IN_WORKER, BufferPool, ReleaseTracker, _is_pooled, _state
+from mmfeed.loaders import shm
+from mmfeed.loaders.shm import FREE, IN_MAIN, IN_WORKER, BufferPool, ReleaseTracker, _is_pooled, _state
 from mmfeed.packing import PackedBatch
 from mmfeed.testing import make_episodes, write_webdataset
 
@@ -213,3 +213,14 @@ def test_recycling_off_and_on_yield_the_same_batches(shards):
     assert len(on._recycler) == 0  # workers that do not persist take their buffers with them at the epoch's end
     assert DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, pin_memory=True)._recycler is None
     assert DataLoader(np.arange(4), num_workers=2)._recycler is None  # torch's arguments only: torch's behaviour
+
+
+def test_the_old_module_paths_import_the_moved_modules_themselves_with_a_warning():
+    import importlib
+
+    from mmfeed.loaders import heap
+
+    for old, new in (("mmfeed.loaders.loop.shm", shm), ("mmfeed.loaders.loop.heap", heap)):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
+            assert importlib.import_module(old) is new

@@ -17,7 +17,7 @@ import torch
 
 from mmfeed.codecs._pyav import PyAVReader
 from mmfeed.codecs.demux import frames_of, open_container, packets_of, probe
-from mmfeed.loaders.loop import heap
+from mmfeed.loaders import heap
 from mmfeed.testing import frame_pattern, write_video
 
 

@@ -328,3 +328,20 @@ def test_an_unreadable_episode_is_named_or_skipped_and_counted(tmp_path, episode
     got = pairs(loader)
     assert {e for e, _ in got} == {0} and ds.stats["skipped_episodes"] == 1
     assert loader.stats["skipped_samples"] == 1 and "episode_000001" in loader.stats["errors"][0]["source"]
+
+
+def test_a_stream_takes_read_options_as_open_dataset_does_and_refuses_what_shards_do_not_read(shards):
+    from mmfeed.loaders.sources.options import ReadOptions
+
+    by_name = stream(shards, frame_size=(16, 16), frame_format="yuv420")
+    given = stream(shards, options=ReadOptions(frame_size=(16, 16), frame_format="yuv420"))
+    assert by_name.options == given.options == ReadOptions(frame_size=(16, 16), frame_format="yuv420")
+    assert (by_name.backend, by_name.frame_size, by_name.frame_format) == ("auto", (16, 16), "yuv420")
+    first, second = next(iter(by_name)), next(iter(given))
+    assert first.data[CAM].shape[1:] == (24, 16) and torch.equal(first.data[CAM], second.data[CAM])
+    with pytest.raises(ValueError, match="tolerance_s.*does not apply to webdataset shards"):
+        stream(shards, tolerance_s=0.01)
+    with pytest.raises(ValueError, match="no format takes option 'frame_rate'"):
+        stream(shards, frame_rate=10)
+    with pytest.raises(ValueError, match=r"\(H, W\)|frame size|size"):
+        stream(shards, frame_size=(1, 1))  # checked when the dataset is built, not at the first episode

@@ -11,13 +11,13 @@ after torch's:
   iterator as it is (``prefetch`` is then unused).
 * ``timer=True`` (or a :class:`~mmfeed.loaders.observe.timing.StepTimer`): per-step wait / copy / compute and worker
   stage times in ``loader.timer``. The collate function is then wrapped in
-  :class:`~mmfeed.loaders.observe.timing.TimedCollate`; the loop still receives the collated batch itself, same type.
+  :class:`~mmfeed.loaders.clock.TimedCollate`; the loop still receives the collated batch itself, same type.
 * ``worker_mode="thread"``: the ``num_workers`` load batches in threads of the training process instead of
   worker processes (:mod:`mmfeed.loaders.loop.threads`): no dataset copies, no pickling, no shared-memory hand-off;
   FFmpeg decodes with the GIL released. Same batches, same order, same resume; map-style datasets only.
 * ``recycle_buffers=True`` (default; planned datasets with workers, without ``pin_memory``): workers write the
   decoded frames of later batches into the shared memory of earlier ones once the loop holds no tensor of them
-  any more (:mod:`mmfeed.loaders.loop.shm`), which spares the page faults of fresh shared memory in both processes;
+  any more (:mod:`mmfeed.loaders.shm`), which spares the page faults of fresh shared memory in both processes;
   each buffer's file descriptor crosses to the training process once, later batches name it. Set it False if
   batch tensors are handed on to other processes that may still read them.
 * ``state_dict()`` / ``load_state_dict(sd)``: exact mid-epoch resume. For map-style datasets the state is
@@ -75,8 +75,8 @@ from mmfeed.loaders.loop.epoch_iter import LoaderIter
 from mmfeed.loaders.loop.epochs import Epochs, Feed
 from mmfeed.loaders.loop.prefetch import _resolve_device
 from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor, ResumableIndex, ShuffleSampler
-from mmfeed.loaders.loop.shm import ReleaseTracker
 from mmfeed.loaders.loop.workers import WorkerInit
+from mmfeed.loaders.shm import ReleaseTracker
 from mmfeed.loaders.observe.timing import StepTimer
 from mmfeed.loaders.planned.dataset import PlannedDataset, PlanSampler
 from mmfeed.loaders.sources.base import EpisodeSource

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.loaders.loop.prefetch import DevicePrefetcher
 from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor
-from mmfeed.loaders.loop.shm import ReleaseTracker
+from mmfeed.loaders.shm import ReleaseTracker
 from mmfeed.loaders.loop.workers import start_torch_iterator
 
 __all__ = ["Chain", "EpochOwner", "LoaderIter", "LoaderSettings"]

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.loaders.loop.epoch_iter import Chain, LoaderIter
 from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor, ResumableIndex
-from mmfeed.loaders.loop.shm import ReleaseTracker
+from mmfeed.loaders.shm import ReleaseTracker
 from mmfeed.loaders.loop.threads import ThreadedBatches
 from mmfeed.loaders.loop.workers import start_torch_iterator
 

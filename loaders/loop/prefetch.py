@@ -169,7 +169,7 @@ class DevicePrefetcher:
         pin_memory: pin host memory before a CUDA copy (ignored on CPU).
         timer: a :class:`~mmfeed.loaders.observe.timing.StepTimer` to record wait, copy and compute times in.
 
-    :class:`~mmfeed.loaders.observe.timing.TimedBatch` items are unwrapped (their stage seconds go to ``timer``).
+    :class:`~mmfeed.loaders.clock.TimedBatch` items are unwrapped (their stage seconds go to ``timer``).
     Use it as an iterator once; ``close()`` (or exhaustion, or an error) stops the thread.
     """
 

@@ -19,7 +19,7 @@ from typing import Any
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.codecs.nt_copy import warm
-from mmfeed.loaders.loop.shm import enable_pool
+from mmfeed.loaders.shm import enable_pool
 
 __all__ = ["PARENT_POLL_S", "WorkerInit", "exit_with_parent", "start_torch_iterator"]
 

@@ -2,12 +2,13 @@
 
 A batch walks one way: :class:`~mmfeed.loaders.planned.dataset.PlannedDataset` plans the epoch from its items'
 sample table (:func:`mmfeed.packing.epoch.plan_for`) and, for one step, asks its items
-(:mod:`~mmfeed.loaders.planned.items`: an episode source's windows or chunks; :mod:`~mmfeed.loaders.planned.records`:
-a map-style dataset's records) what the step's samples read (:class:`~mmfeed.loaders.planned.collate.SampleRead`,
-built by :mod:`mmfeed.loaders.sources.requests`), then :mod:`~mmfeed.loaders.planned.collate` reads them under the
-error policy (:mod:`~mmfeed.loaders.planned.errors`), checks, transforms (:mod:`~mmfeed.loaders.planned.transforms`)
-and lays them out (:mod:`~mmfeed.loaders.planned.steps`). :class:`~mmfeed.loaders.planned.config.Packing` is what
-``mmfeed.DataLoader(..., packing=...)`` is configured with.
+(:class:`~mmfeed.loaders.planned.reads.Items`: :mod:`~mmfeed.loaders.planned.items`, an episode source's windows or
+chunks; :mod:`~mmfeed.loaders.planned.records`, a map-style dataset's records) what the step's samples read, as
+data (:mod:`~mmfeed.loaders.planned.reads`; episode samples' frames built by :mod:`mmfeed.loaders.sources.requests`),
+and hands that to :func:`~mmfeed.loaders.planned.collate.collate_batch`, one straight pipeline per kind through the
+steps of :mod:`~mmfeed.loaders.planned.steps`: read under the error policy (:mod:`~mmfeed.loaders.planned.errors`)
+-> check -> transform (:mod:`~mmfeed.loaders.planned.transforms`) -> lay out.
+:class:`~mmfeed.loaders.planned.config.Packing` is what ``mmfeed.DataLoader(..., packing=...)`` is configured with.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ _EXPORTS = {
     "PlanSampler": "mmfeed.loaders.planned.dataset",
     "PlannedDataset": "mmfeed.loaders.planned.dataset",
     "RecordItems": "mmfeed.loaders.planned.records",
-    "SampleRead": "mmfeed.loaders.planned.collate",
+    "EpisodeReads": "mmfeed.loaders.planned.reads",
+    "Items": "mmfeed.loaders.planned.reads",
+    "RecordReads": "mmfeed.loaders.planned.reads",
+    "Records": "mmfeed.loaders.planned.records",
+    "SampleRead": "mmfeed.loaders.planned.reads",
     "collate": "mmfeed.loaders.planned.collate",
+    "collate_batch": "mmfeed.loaders.planned.collate",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,9 +1,12 @@
 """Collation: the samples of one planned batch read, checked, transformed and laid out as a PackedBatch.
 
-Episode samples (:func:`collate`) and records (:func:`collate_records`) go through the same steps
-(:mod:`mmfeed.loaders.planned.steps`: read under the error policy, check, transform, lay out); what differs between the
-kinds (how a sample is read, named and shown to a transform) is a small reader per batch, :class:`_EpisodeReads`
-or :class:`_RecordReads`.
+:func:`collate_batch` takes what a batch reads (:mod:`mmfeed.loaders.planned.reads`: :class:`EpisodeReads` from
+episode windows and chunks, :class:`RecordReads` from records) and runs one straight pipeline per kind,
+:func:`collate` for episode samples and :func:`collate_records` for records, through the same steps
+(:mod:`mmfeed.loaders.planned.steps`): read under the error policy -> check -> transform -> lay out. Each step gets
+explicit inputs (the source's reading functions, what was read, each sample's flags, the transform's inputs) and
+returns data; what differs between the kinds (how a sample is read, where a failure lies, what a transform is
+shown) is written here, in small functions of the source and the sample.
 
 Each sample becomes one document; its pieces follow the token layout (:mod:`mmfeed.packing.layout`) and each
 feature's payload is flat over the batch in the order its tokens appear: ``data[feature]`` ``[n, *shape]``
@@ -15,7 +18,7 @@ row. ``metadata`` holds per-document ``sample``, ``episode``, ``start_step``, ``
 mixture, ``dataset`` (and ``embodiment``, given embodiments).
 
 In a DataLoader worker the frames of a batch are decoded straight into one shared-memory buffer per feature
-(recycled between batches, :mod:`mmfeed.loaders.loop.shm`), so handing the batch to the training process copies
+(recycled between batches, :mod:`mmfeed.loaders.shm`), so handing the batch to the training process copies
 nothing. A transform (``Packing(transform=fn)``, ``PlannedDataset.records(..., transform=fn)``) runs on each
 sample after it is read, with a generator seeded from ``(seed, epoch, sample id)``: the same augmentation for any
 number of workers, replayed exactly after a resume.
@@ -28,7 +31,7 @@ can hold (repeating its last value), so every batch of the epoch has the same te
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,11 +39,12 @@ import torch
 
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
-from mmfeed.loaders.loop.shm import pooled_buffer
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
+from mmfeed.loaders.planned.reads import DocumentNames, EpisodeReads, RecordReads, RecordSource, SampleRead
 from mmfeed.loaders.planned.steps import (
     batch_layout,
-    check_finite,
+    fail_nonfinite,
+    find_nonfinite,
     packed,
     pad_static,
     read_under_policy,
@@ -49,39 +53,36 @@ from mmfeed.loaders.planned.steps import (
     transform_each,
     without_failures,
 )
+from mmfeed.loaders.shm import pooled_buffer
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
 from mmfeed.packing.layout import TEXT, SampleLayout, TokenLayout
 
-__all__ = ["SampleRead", "collate", "collate_records", "sample_generator"]
-
-
-@dataclass(frozen=True, eq=False)
-class SampleRead:
-    """What one sample reads and how it is laid out, everything collation needs of it.
-
-    sample: its id in the sample table; request: the frames of each feature it reads (its episode too);
-    pads: each feature's ``is_pad`` flags; layout: its token layout; task: its task id (-1: none) and text: the
-    token ids of that task's text; start: its first step (a window's anchor).
-    """
-
-    sample: int
-    request: EpisodeRequest
-    pads: dict[str, np.ndarray]
-    layout: SampleLayout
-    task: int
-    text: np.ndarray
-    start: int
+__all__ = ["SampleRead", "collate", "collate_batch", "collate_records", "sample_generator", "samples_of"]
 
 
 _IN_ORDER = object()  # marker: a feature's payload items are its read array in order
 
 
+def collate_batch(reads: EpisodeReads | RecordReads, rows: Sequence[np.ndarray], capacity: int,
+                  **kwargs: Any) -> PackedBatch:
+    """The PackedBatch of ``rows`` (sample ids per row) from what their samples read (``items.reads(ids)``, the
+    ids row after row): :func:`collate` for episode samples, :func:`collate_records` for records; ``kwargs`` as
+    there."""
+    if isinstance(reads, RecordReads):
+        return collate_records(reads.records, rows, capacity, **kwargs)
+    if isinstance(reads, EpisodeReads):
+        return collate(reads.source, reads.samples, rows, capacity, layout=reads.layout, features=reads.features,
+                       names=reads.names, **kwargs)
+    raise TypeError(f"collate_batch takes EpisodeReads or RecordReads (what items.reads(samples) returns), got "
+                    f"{type(reads).__name__}")
+
+
 def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[np.ndarray], capacity: int, *,
             layout: TokenLayout, features: Sequence[str], num_rows: int | None = None, static_shapes: bool = False,
             max_documents: int | None = None, errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
-            transform: Callable | None = None) -> PackedBatch:
+            transform: Callable | None = None, names: DocumentNames | None = None) -> PackedBatch:
     """Read the samples ``reads`` describe (one :class:`SampleRead` per sample id of
     ``rows``, row after row) from ``source`` and pack them into a PackedBatch whose modalities are the task text
     and ``features``, laid out by ``layout``.
@@ -91,116 +92,98 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     max_documents: with ``static_shapes``, the length ``cu_seqlens`` is padded to, minus one.
     errors: the error policy's running counter; None raises on the first failure. Samples that fail under
         "skip"/"warn" are left out of their rows (the batch still goes out) and listed in ``metadata["errors"]``.
+    names: how the documents are named in ``metadata`` when not by ``rows``' ids and the source
+        (:class:`~mmfeed.loaders.planned.reads.DocumentNames`).
     """
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = samples_of(rows)
     reads = list(reads)
-    requests = [r.request for r in reads]
     pads = [r.pads for r in reads]
-    modalities = [TEXT, *features]
-    index = {m: i for i, m in enumerate(modalities)}
-    plans: dict[int, tuple] = {}
-    for r in reads:
-        if id(r.layout) not in plans:
-            plans[id(r.layout)] = _payload_plan(r.layout, layout, index)
-    sample_plans = [plans[id(r.layout)] for r in reads]
-    direct: dict[str, Any] = {}
+    plans = _payload_plans(reads, layout, [TEXT, *features])
+    requests, direct = [r.request for r in reads], {}
     if transform is None:
-        requests, direct = _decode_in_place(source, requests, sample_plans)
-    reader = _EpisodeReads(source, reads, requests)
-    read, failures = read_under_policy(reader, errors)
+        requests, direct = _decode_in_place(source, requests, plans)
+
+    def place(k: int) -> dict:
+        return _episode_place(source, reads[k].sample, requests[k].episode)
+
+    # read under the error policy
+    read, failures = read_under_policy(len(requests), lambda: source.read_many(requests),
+                                       lambda k: source.read_many([requests[k]])[0], place, errors)
     _fill_direct(requests, read, direct)
+    # check
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
-    check_finite(reader, read, pads, floats, policy, errors, failures)
+    found = find_nonfinite(read, pads, floats, policy.nonfinite == "mask")
+    fail_nonfinite([(k, _episode_located(source, requests[k], key, bad)) for k, key, bad in found], read, place,
+                   errors, failures)
+    # transform
     if transform is not None:
-        read = transform_each(reader, read, transform, epoch, seed, pads)
+        inputs = (None if data is None else _episode_sample(source, r, data) for r, data in zip(reads, read))
+        read = transform_each(inputs, read, [r.sample for r in reads], transform, epoch, seed, "frames", pads)
     if failures:
         rows, keep = without_failures(rows, samples, failures)
         samples = samples[keep]
-        read, pads, reads = [read[i] for i in keep], [pads[i] for i in keep], [reads[i] for i in keep]
-        sample_plans = [sample_plans[i] for i in keep]
+        read, pads, reads, plans = ([x[i] for i in keep] for x in (read, pads, reads, plans))
+        if names is not None:
+            names = replace(names, sample=names.sample[keep], episode=names.episode[keep])
         direct = {}  # the decoded-in-place buffers now have holes: gather the kept pieces instead
+    # lay out
     with stage("collate"):
-        pieces: dict[str, list[np.ndarray]] = {}
-        pad_pieces: dict[str, list[np.ndarray]] = {}
-        mask_pieces: dict[str, list[np.ndarray]] = {}
-        segments, steps, doc_tokens = [], [], []
-        for r, data, pad, (order, doc_segments, doc_steps) in zip(reads, read, pads, sample_plans):
-            if len(r.text):
-                pieces.setdefault(TEXT, []).append(r.text)
-            for feature, positions in order.items():
-                if feature in direct:  # already decoded into its place in the payload
-                    pad_pieces.setdefault(feature, []).append(pad[feature])
-                    continue
-                values = data[feature]
-                # Positions in read order (the usual case) take the array as it is: no copy before the concat.
-                pieces.setdefault(feature, []).append(values if positions is _IN_ORDER else values[positions])
-                pad_pieces.setdefault(feature, []).append(
-                    pad[feature] if positions is _IN_ORDER else pad[feature][positions])
-                mask = source.dim_mask(r.request.episode, feature)
-                if mask is not None:  # one mask row per payload row of the feature
-                    mask_pieces.setdefault(feature, []).append(np.broadcast_to(mask, (len(pieces[feature][-1]),
-                                                                                      len(mask))))
-            segments.append(doc_segments)
-            steps.append(doc_steps)
-            doc_tokens.append(r.layout.num_tokens)
-        payload = {key: _concat(parts) for key, parts in pieces.items()}
-        payload.update(direct)
-        payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
-        payload.update({f"{key}_dim_mask": np.concatenate(parts) for key, parts in mask_pieces.items()})
+        payload, segments, steps, doc_tokens = _episode_payload(source, reads, read, pads, plans, direct)
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
         _add_absent(payload, source, features, read)
         if static_shapes:
             per_entry = {f: layout.tokens(f) for f in features}
             pad_static(payload, {TEXT: layout.tokens_per_text_token, **per_entry}, nrows * row_capacity)
-        batch_lay = batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(modalities))
-        episode = np.array([r.request.episode for r in reads], dtype=np.int64)
-        start = np.array([r.start for r in reads], dtype=np.int64)
-        metadata: dict[str, Any] = {
-            "sample": torch.from_numpy(samples),
-            "episode": torch.from_numpy(episode),
-            "start_step": torch.from_numpy(start),
-            "start_time": torch.from_numpy(start / np.maximum(source.fps[episode], 1e-12)),
-            "source": source.name,
-        }
-        dataset_of = getattr(source, "dataset_of", None)
-        if dataset_of is not None:
-            metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))
-            embodiment_of = getattr(source, "embodiment_of_dataset", None)
-            if embodiment_of is not None:
-                metadata["embodiment"] = torch.from_numpy(embodiment_of[metadata["dataset"].numpy()])
-        return packed(batch_lay, modalities, payload, metadata, failures, static_shapes, max_documents)
+        batch_lay = batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(features) + 1)
+        metadata = _episode_metadata(source, samples, reads, names)
+        if names is not None:
+            failures = failures + names.errors
+        return packed(batch_lay, [TEXT, *features], payload, metadata, failures, static_shapes, max_documents)
 
 
-def collate_records(items: Any, rows: Sequence[np.ndarray], capacity: int, *, num_rows: int | None = None,
-                    static_shapes: bool = False, max_documents: int | None = None,
+def collate_records(records: RecordSource, rows: Sequence[np.ndarray], capacity: int, *,
+                    num_rows: int | None = None, static_shapes: bool = False, max_documents: int | None = None,
                     errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
                     transform: Callable | None = None) -> PackedBatch:
-    """Read the records of ``rows`` (sample ids of :class:`~mmfeed.loaders.planned.items.RecordItems` per row) and pack
-    them into a PackedBatch, one document per record, token-causal: the same steps and keywords as
-    :func:`collate`. Each record tensor is flat over the batch under its key, one entry per token; with
-    ``ErrorPolicy(nonfinite="mask")`` every float key has its ``<key>_is_pad`` beside it. ``metadata`` holds
-    per-document ``sample``, the records' other entries in ``samples`` and the skipped ones in ``errors``."""
+    """Read the records of ``rows`` (record ids per row) from ``records`` (:class:`~mmfeed.loaders.planned.reads.
+    RecordSource`, e.g. :class:`~mmfeed.loaders.planned.records.Records`) and pack them into a PackedBatch, one
+    document per record, token-causal: the same steps and keywords as :func:`collate`. Each record tensor is flat
+    over the batch under its key, one entry per token; with ``ErrorPolicy(nonfinite="mask")`` every float key has
+    its ``<key>_is_pad`` beside it. ``metadata`` holds per-document ``sample``, the records' other entries in
+    ``samples`` and the skipped ones in ``errors``."""
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = samples_of(rows)
-    reader = _RecordReads(items, samples)
-    read, failures = read_under_policy(reader, errors)
+
+    def place(k: int) -> dict:
+        return {"sample": int(samples[k]), "source": records.describe(int(samples[k]))}
+
+    # read under the error policy: each record's tensors and its other entries
+    pairs, failures = read_under_policy(len(samples), None, lambda k: records.read(int(samples[k])), place, errors)
+    read = [None if p is None else p[0] for p in pairs]
+    extras = [None if p is None else p[1] for p in pairs]
     pads = [_record_pads(data, policy) for data in read]
-    check_finite(reader, read, pads, None, policy, errors, failures)
+    # check
+    found = find_nonfinite(read, pads, None, policy.nonfinite == "mask")
+    fail_nonfinite([(k, _record_located(records, int(samples[k]), key, bad)) for k, key, bad in found], read,
+                   place, errors, failures)
+    # transform
     if transform is not None:
-        read = transform_each(reader, read, transform, epoch, seed)
-    extras = reader.extras
+        inputs = (None if data is None else _record_sample(records, int(s), data, extra)
+                  for s, data, extra in zip(samples, read, extras))
+        read = transform_each(inputs, read, samples, transform, epoch, seed, "tokens")
     if failures:
         rows, keep = without_failures(rows, samples, failures)
         samples = samples[keep]
         read, pads, extras = [read[i] for i in keep], [pads[i] for i in keep], [extras[i] for i in keep]
+    # lay out
     with stage("collate"):
         if not read:  # every record of the batch failed: its keys still come, empty
-            empty = items.empty_record(policy.max_consecutive_errors)
+            empty = records.empty_record(policy.max_consecutive_errors)
             read, pads = [empty], [_record_pads(empty, policy)]
-        payload = _record_payload(items, samples, read, pads)
-        doc_tokens = items.tokens[samples]
+        payload = _record_payload(records, samples, read, pads)
+        doc_tokens = records.tokens[samples]
         row_capacity = capacity or int(doc_tokens.max(initial=1))
         nrows = len(rows) if num_rows is None else num_rows
         if static_shapes:
@@ -211,6 +194,103 @@ def collate_records(items: Any, rows: Sequence[np.ndarray], capacity: int, *, nu
         if extras:
             metadata["samples"] = extras
         return packed(layout, [TEXT], payload, metadata, failures, static_shapes, max_documents)
+
+
+# -- episode samples: where a failure lies, what a transform gets, the payload and metadata ---------------------
+def _episode_place(source: EpisodeSource, sample: int, episode: int) -> dict:
+    """The failure record's place of an episode sample: its id, episode and where the episode lives."""
+    episode = int(episode)
+    return {"sample": int(sample), "episode": episode, "source": source.describe(episode)}
+
+
+def _episode_located(source: EpisodeSource, request: EpisodeRequest, key: str, bad: np.ndarray) -> str:
+    frames = np.asarray(request.indices[key])[bad].tolist()
+    return f"{source.describe(request.episode)} feature {key!r}: NaN or inf at frames {frames}"
+
+
+def _episode_sample(source: EpisodeSource, read: SampleRead, data: dict) -> dict:
+    """What a transform gets of an episode sample: each feature's frames as tensors, its ``_is_pad`` flags,
+    ``task``, ``episode_index``, ``frame_index``; in a mixture ``dataset`` (and ``embodiment``) and each padded
+    feature's ``_dim_mask``."""
+    episode = int(read.request.episode)
+    sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
+    sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in read.pads.items()})
+    for f in data:
+        mask = source.dim_mask(episode, f)
+        if mask is not None:
+            sample[f"{f}_dim_mask"] = torch.from_numpy(mask.copy())
+    sample.update(task=source.tasks[read.task] if read.task >= 0 else "", episode_index=episode,
+                  frame_index=read.start, **source.origin(episode))
+    return sample
+
+
+def _payload_plans(reads: Sequence[SampleRead], layout: TokenLayout, modalities: list[str]) -> list[tuple]:
+    """:func:`_payload_plan` of each sample (computed once per distinct sample layout)."""
+    index = {m: i for i, m in enumerate(modalities)}
+    plans: dict[int, tuple] = {}
+    for r in reads:
+        if id(r.layout) not in plans:
+            plans[id(r.layout)] = _payload_plan(r.layout, layout, index)
+    return [plans[id(r.layout)] for r in reads]
+
+
+def _episode_payload(source: EpisodeSource, reads: list[SampleRead], read: list, pads: list, plans: list,
+                     direct: dict) -> tuple[dict[str, Any], list, list, list]:
+    """The batch's payload (each feature flat in token order, its ``_is_pad`` flags and ``_dim_mask`` rows, the
+    task text; ``direct``: features already decoded in place) and each document's segments, steps and tokens."""
+    pieces: dict[str, list[np.ndarray]] = {}
+    pad_pieces: dict[str, list[np.ndarray]] = {}
+    mask_pieces: dict[str, list[np.ndarray]] = {}
+    segments, steps, doc_tokens = [], [], []
+    for r, data, pad, (order, doc_segments, doc_steps) in zip(reads, read, pads, plans):
+        if len(r.text):
+            pieces.setdefault(TEXT, []).append(r.text)
+        for feature, positions in order.items():
+            if feature in direct:  # already decoded into its place in the payload
+                pad_pieces.setdefault(feature, []).append(pad[feature])
+                continue
+            values = data[feature]
+            # Positions in read order (the usual case) take the array as it is: no copy before the concat.
+            pieces.setdefault(feature, []).append(values if positions is _IN_ORDER else values[positions])
+            pad_pieces.setdefault(feature, []).append(
+                pad[feature] if positions is _IN_ORDER else pad[feature][positions])
+            mask = source.dim_mask(r.request.episode, feature)
+            if mask is not None:  # one mask row per payload row of the feature
+                mask_pieces.setdefault(feature, []).append(np.broadcast_to(mask, (len(pieces[feature][-1]),
+                                                                                  len(mask))))
+        segments.append(doc_segments)
+        steps.append(doc_steps)
+        doc_tokens.append(r.layout.num_tokens)
+    payload = {key: _concat(parts) for key, parts in pieces.items()}
+    payload.update(direct)
+    payload.update({f"{key}_is_pad": np.concatenate(parts) for key, parts in pad_pieces.items()})
+    payload.update({f"{key}_dim_mask": np.concatenate(parts) for key, parts in mask_pieces.items()})
+    return payload, segments, steps, doc_tokens
+
+
+def _episode_metadata(source: EpisodeSource, samples: np.ndarray, reads: list[SampleRead],
+                      names: DocumentNames | None) -> dict[str, Any]:
+    """Per document: ``sample``, ``episode``, ``start_step``, ``start_time``; the ``source``'s name; in a mixture
+    each document's ``dataset`` (and ``embodiment``). ``names``, when given, names the samples, episodes and
+    source instead (and no dataset)."""
+    episode = np.array([r.request.episode for r in reads], dtype=np.int64)
+    start = np.array([r.start for r in reads], dtype=np.int64)
+    metadata: dict[str, Any] = {
+        "sample": torch.from_numpy(samples if names is None else names.sample),
+        "episode": torch.from_numpy(episode if names is None else names.episode),
+        "start_step": torch.from_numpy(start),
+        "start_time": torch.from_numpy(start / np.maximum(source.fps[episode], 1e-12)),
+        "source": source.name if names is None else names.source,
+    }
+    if names is not None:
+        return metadata
+    dataset_of = getattr(source, "dataset_of", None)
+    if dataset_of is not None:
+        metadata["dataset"] = torch.from_numpy(np.asarray(dataset_of)[episode].astype(np.int64))
+        embodiment_of = getattr(source, "embodiment_of_dataset", None)
+        if embodiment_of is not None:
+            metadata["embodiment"] = torch.from_numpy(embodiment_of[metadata["dataset"].numpy()])
+    return metadata
 
 
 def _payload_plan(lay: SampleLayout, layout,
@@ -278,7 +358,7 @@ def _fill_direct(requests: list, read: list, direct: dict) -> None:
 
 def _alloc(key: str, shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
     """A uint8 buffer for payload ``key``; in a DataLoader worker a shared-memory tensor, which the training
-    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.loop.shm`)."""
+    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.shm`)."""
     if torch.utils.data.get_worker_info() is None:
         return np.empty(shape, dtype=np.uint8)
     pooled = pooled_buffer(key, shape)
@@ -306,78 +386,19 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
     return out
 
 
-class _EpisodeReads:
-    """How the shared steps read, name and show to a transform the samples of one batch of episode samples."""
-
-    unit = "frames"
-
-    def __init__(self, source: EpisodeSource, reads: list[SampleRead], requests: list) -> None:
-        self.source, self.reads, self.requests = source, reads, requests
-        self.samples = np.array([r.sample for r in reads], dtype=np.int64)
-
-    def read_all(self) -> list:
-        return self.source.read_many(self.requests)
-
-    def read_one(self, k: int) -> dict:
-        return self.source.read_many([self.requests[k]])[0]
-
-    def failure(self, k: int, reason: str) -> dict:
-        episode = int(self.requests[k].episode)
-        return {"sample": int(self.samples[k]), "episode": episode, "source": self.source.describe(episode),
-                "reason": reason}
-
-    def located(self, k: int, key: str, bad: np.ndarray) -> str:
-        frames = np.asarray(self.requests[k].indices[key])[bad].tolist()
-        return f"{self.source.describe(self.requests[k].episode)} feature {key!r}: NaN or inf at frames {frames}"
-
-    def sample(self, k: int, data: dict) -> dict:
-        """Each feature's frames as tensors, its ``_is_pad`` flags, ``task``, ``episode_index``, ``frame_index``;
-        in a mixture ``dataset`` (and ``embodiment``) and each padded feature's ``_dim_mask``."""
-        read = self.reads[k]
-        episode = int(read.request.episode)
-        sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
-        sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in read.pads.items()})
-        for f in data:
-            mask = self.source.dim_mask(episode, f)
-            if mask is not None:
-                sample[f"{f}_dim_mask"] = torch.from_numpy(mask.copy())
-        sample.update(task=self.source.tasks[read.task] if read.task >= 0 else "", episode_index=episode,
-                      frame_index=read.start, **self.source.origin(episode))
-        return sample
+# -- records: where a failure lies, what a transform gets, the payload ----------------------------------------------
+def _record_located(records: RecordSource, index: int, key: str, bad: np.ndarray) -> str:
+    return f"{records.describe(index)} key {key!r}: NaN or inf at positions {np.flatnonzero(bad).tolist()}"
 
 
-class _RecordReads:
-    """How the shared steps read, name and show to a transform the records of one batch
-    (:class:`~mmfeed.loaders.planned.items.RecordItems`); a record's other entries are kept in ``extras``."""
-
-    unit = "tokens"
-    read_all = None  # a map-style dataset reads record by record
-
-    def __init__(self, items: Any, samples: np.ndarray) -> None:
-        self.items, self.samples = items, samples
-        self.extras: list[Any] = [None] * len(samples)
-
-    def read_one(self, k: int) -> dict:
-        tensors, self.extras[k] = self.items.read(int(self.samples[k]))
-        return tensors
-
-    def failure(self, k: int, reason: str) -> dict:
-        return {"sample": int(self.samples[k]), "source": self.items.describe(int(self.samples[k])),
-                "reason": reason}
-
-    def located(self, k: int, key: str, bad: np.ndarray) -> str:
-        return (f"{self.items.describe(int(self.samples[k]))} key {key!r}: NaN or inf at positions "
-                f"{np.flatnonzero(bad).tolist()}")
-
-    def sample(self, k: int, data: dict) -> dict:
-        """The record's tensors (copies: a transform may work in place without touching the dataset), its other
-        entries and ``index``, its position in the dataset."""
-        index = int(self.samples[k])
-        extra = self.extras[k] if isinstance(self.extras[k], Mapping) else {}
-        if "index" in data or "index" in extra:
-            raise ValueError(f"{self.items.describe(index)} has an entry 'index', the name under which a transform "
-                             "gets the record's position; rename that entry")
-        return {**{key: value.clone() for key, value in data.items()}, **extra, "index": index}
+def _record_sample(records: RecordSource, index: int, data: dict, extra: Any) -> dict:
+    """What a transform gets of a record: its tensors (copies: a transform may work in place without touching the
+    dataset), its other entries and ``index``, its position in the dataset."""
+    extra = extra if isinstance(extra, Mapping) else {}
+    if "index" in data or "index" in extra:
+        raise ValueError(f"{records.describe(index)} has an entry 'index', the name under which a transform gets "
+                         "the record's position; rename that entry")
+    return {**{key: value.clone() for key, value in data.items()}, **extra, "index": index}
 
 
 def _record_pads(data: dict | None, policy: ErrorPolicy) -> dict[str, np.ndarray]:
@@ -387,13 +408,14 @@ def _record_pads(data: dict | None, policy: ErrorPolicy) -> dict[str, np.ndarray
     return {key: np.zeros(len(v), bool) for key, v in data.items() if v.is_floating_point()}
 
 
-def _record_payload(items: Any, samples: np.ndarray, read: list[dict], pads: list[dict]) -> dict[str, Any]:
+def _record_payload(records: RecordSource, samples: np.ndarray, read: list[dict], pads: list[dict]
+                    ) -> dict[str, Any]:
     """The records' tensors concatenated key by key (and their ``_is_pad`` flags); every record of a batch must
     hold the same keys."""
     keys = list(read[0])
     for s, data in zip(samples, read):
         if set(data) != set(keys):
-            raise ValueError(f"{items.describe(int(s))} holds {sorted(data)} but another record of its batch holds "
+            raise ValueError(f"{records.describe(int(s))} holds {sorted(data)} but another record of its batch holds "
                              f"{sorted(keys)}; every record must have the same tensors (they are concatenated key "
                              "by key)")
     flagged = [key for key in keys if key in pads[0]]

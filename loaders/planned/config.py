@@ -82,8 +82,6 @@ class Packing:
                              max_length=self.max_length, capacity=self.plan.capacity or None,
                              long_episodes=self.long_episodes, tokenizer=self.tokenizer, weights=self.weights,
                              frame_filter=self.frame_filter)
-        dataset = PlannedDataset(items, plan=self.plan, seed=self.seed, rank=rank, world_size=world_size,
-                                 static_shapes=self.static_shapes, errors=self.errors, transform=self.transform,
-                                 refuse_unfit=refuse_unfit)
-        dataset.packing = self
-        return dataset
+        return PlannedDataset(items, plan=self.plan, seed=self.seed, rank=rank, world_size=world_size,
+                              static_shapes=self.static_shapes, errors=self.errors, transform=self.transform,
+                              refuse_unfit=refuse_unfit)

@@ -34,8 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.loaders.loop.heap import epoch_began
+from mmfeed.loaders.heap import epoch_began
+from mmfeed.loaders.planned.collate import collate_batch, samples_of
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
+from mmfeed.loaders.planned.reads import Items
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.classes import ClassPlan
 from mmfeed.packing.epoch import PLAN_VERSION, EpochPlan, plan_for
@@ -63,7 +65,7 @@ class PlannedDataset(torch.utils.data.Dataset):
         False plans such empty epochs, as ``mmfeed inspect`` does to forecast them.
     """
 
-    def __init__(self, items: Any, *, plan: PlanConfig | None = None, seed: int = 0, rank: int = 0,
+    def __init__(self, items: Items, *, plan: PlanConfig | None = None, seed: int = 0, rank: int = 0,
                  world_size: int = 1, static_shapes: bool = False, errors: ErrorPolicy | None = None,
                  transform: Callable | None = None, refuse_unfit: bool = True) -> None:
         for name, value in (("seed", seed), ("rank", rank), ("world_size", world_size)):
@@ -90,8 +92,7 @@ class PlannedDataset(torch.utils.data.Dataset):
         if self.config.capacity and len(items):
             if refuse_unfit and self.config.mode != "fixed":
                 _check_fit(items.table, self.config.capacity, self.config.mode)
-            cheapest = items.table.min_price
-            self._max_documents = self.config.rows_per_batch * max(self.config.capacity // cheapest, 1)
+            self._max_documents = self.config.most_documents(items.table.min_price)
 
     @classmethod
     def records(cls, dataset: Any, lengths: Any, **kwargs: Any) -> PlannedDataset:
@@ -184,9 +185,9 @@ class PlannedDataset(torch.utils.data.Dataset):
         rows = self.batch_samples(int(epoch), int(step), done)
         plan = self.plan(int(epoch), done)
         num_rows = plan.max_rows if self.static_shapes else None
-        return self.items.collate(rows, plan.capacity, num_rows=num_rows, static_shapes=self.static_shapes,
-                                  max_documents=self._max_documents, errors=self._counter, epoch=int(epoch),
-                                  seed=self.seed, transform=self.transform)
+        return collate_batch(self.items.reads(samples_of(rows)), rows, plan.capacity, num_rows=num_rows,
+                             static_shapes=self.static_shapes, max_documents=self._max_documents,
+                             errors=self._counter, epoch=int(epoch), seed=self.seed, transform=self.transform)
 
     def reshard_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """A ``mmfeed.DataLoader`` state saved at any world size, rewritten to resume on this dataset's.

@@ -7,9 +7,12 @@
 - :class:`RecordItems` (:mod:`mmfeed.loaders.planned.records`): the samples of any map-style dataset, priced by a
   given length.
 
-An item kind has a ``table`` (:class:`~mmfeed.packing.samples.SampleTable`: its samples, priced from the index,
-what the epoch is planned from) and ``collate(rows, capacity, ...)`` (the :class:`~mmfeed.packing.PackedBatch` of
-one planned batch); the planned dataset (:mod:`mmfeed.loaders.planned.dataset`) does the rest once for all kinds.
+Every item kind is an :class:`~mmfeed.loaders.planned.reads.Items`: a ``table``
+(:class:`~mmfeed.packing.samples.SampleTable`: its samples, priced from the index, what the epoch is planned from)
+and ``reads(samples)`` (what those samples read, as data: :class:`~mmfeed.loaders.planned.reads.EpisodeReads` or
+:class:`~mmfeed.loaders.planned.reads.RecordReads`). The planned dataset (:mod:`mmfeed.loaders.planned.dataset`)
+plans over the table and hands a step's reads to :func:`~mmfeed.loaders.planned.collate.collate_batch`; items
+never collate, and collation never calls them back.
 """
 
 from __future__ import annotations
@@ -20,13 +23,12 @@ from typing import Any
 import numpy as np
 
 from mmfeed.codecs.text import ByteTokenizer
-from mmfeed.loaders.planned.collate import SampleRead
 from mmfeed.loaders.planned.filters import FrameFilter
+from mmfeed.loaders.planned.reads import EpisodeReads, SampleRead
 from mmfeed.loaders.planned.records import RecordItems
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.options import device_of
 from mmfeed.loaders.sources.requests import chunk_requests, window_requests
-from mmfeed.packing import PackedBatch
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.mixture import Weights
 from mmfeed.packing.samples import LONG_EPISODES, EpisodeIndex, SampleTable
@@ -143,13 +145,9 @@ class EpisodeItems:
             cached = self._layouts[key] = self.layout.sample(pieces, len(self.text[task]) if task >= 0 else 0)
         return cached
 
-    def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
-        """The PackedBatch of ``rows`` (sample ids per row): their reads, collated
-        (:func:`mmfeed.loaders.planned.collate.collate`; ``kwargs`` as there)."""
-        from mmfeed.loaders.planned.collate import collate
-
-        reads = self.requests(np.concatenate(rows) if len(rows) else np.zeros(0, np.int64))
-        return collate(self.source, reads, rows, capacity, layout=self.layout, features=self.features, **kwargs)
+    def reads(self, samples: np.ndarray) -> EpisodeReads:
+        """What ``samples`` read, for collation: the source, their :meth:`requests`, the layout and features."""
+        return EpisodeReads(self.source, self.requests(samples), self.layout, self.features)
 
 
 _NO_TEXT = np.zeros(0, np.int32)

@@ -5,6 +5,10 @@ the planned dataset (:mod:`mmfeed.loaders.planned.dataset`), for language-model 
     >>> items = RecordItems([torch.arange(5), torch.arange(3)], [5, 3])
     >>> items.read(1)[0]["text"].tolist(), items.describe(1)
     ([0, 1, 2], 'list[1]')
+
+:class:`Records` is what collation reads (a :class:`~mmfeed.loaders.planned.reads.RecordSource`, as an episode
+source is for episode samples); :class:`RecordItems` is the item kind: the records' sample table and
+``reads(samples)``, which names the records a batch reads in its :class:`Records`.
 """
 
 from __future__ import annotations
@@ -15,33 +19,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.packing import PackedBatch
+from mmfeed.loaders.planned.reads import RecordReads
 from mmfeed.packing.samples import SampleTable
 
-__all__ = ["RecordItems"]
+__all__ = ["RecordItems", "Records"]
 
 
-class RecordItems:
-    """The samples of a map-style dataset, priced ``lengths`` (an array, or a function ``index -> int``).
+class Records:
+    """The records of a map-style dataset and their lengths (``tokens``, int64, one per record, each >= 1), as
+    collation reads them (:func:`~mmfeed.loaders.planned.collate.collate_records`)."""
 
-    Samples may be 1-D tensors (token ids, stored as ``data["text"]``) or dicts of tensors whose first dimension
-    is the sample's length (each key concatenated in token order; every record of a batch has the same keys);
-    anything else (0-d tensors, strings, ...) goes to ``metadata["samples"]`` unchanged. Records carry their own
-    token ids, so no tokenizer applies. They are collated by :func:`~mmfeed.loaders.planned.collate.collate_records`
-    through the same steps as episode samples: the error policy, the finiteness check, the transform and static
-    shapes mean the same.
-    """
-
-    def __init__(self, dataset: Sequence, lengths: Sequence[int] | np.ndarray | Callable[[int], int]) -> None:
-        n = len(dataset)
-        values = [lengths(i) for i in range(n)] if callable(lengths) else lengths
-        tokens = np.asarray(values)
-        if tokens.shape != (n,) or (n and not np.issubdtype(tokens.dtype, np.integer)):
-            raise ValueError(f"lengths must give one integer per sample ({n}), got shape {tokens.shape}")
-        if n and tokens.min() < 1:
-            raise ValueError(f"sample {int(np.argmin(tokens))} has length {tokens.min()}; lengths must be >= 1")
-        self.dataset, self.tokens = dataset, tokens.astype(np.int64)
-        self.table = SampleTable.of_prices(self.tokens)
+    def __init__(self, dataset: Sequence, tokens: np.ndarray) -> None:
+        self.dataset, self.tokens = dataset, tokens
         self._empty: dict[str, torch.Tensor] | None = None
 
     def __len__(self) -> int:
@@ -86,8 +75,49 @@ class RecordItems:
                 break
         return dict(self._empty or {})
 
-    def collate(self, rows: Sequence[np.ndarray], capacity: int, **kwargs: Any) -> PackedBatch:
-        """The PackedBatch of ``rows`` (record ids per row); see :func:`mmfeed.loaders.planned.collate.collate_records`."""
-        from mmfeed.loaders.planned.collate import collate_records
 
-        return collate_records(self, rows, capacity, **kwargs)
+class RecordItems:
+    """The samples of a map-style dataset, priced ``lengths`` (an array, or a function ``index -> int``).
+
+    Samples may be 1-D tensors (token ids, stored as ``data["text"]``) or dicts of tensors whose first dimension
+    is the sample's length (each key concatenated in token order; every record of a batch has the same keys);
+    anything else (0-d tensors, strings, ...) goes to ``metadata["samples"]`` unchanged. Records carry their own
+    token ids, so no tokenizer applies. They are collated by :func:`~mmfeed.loaders.planned.collate.collate_records`
+    through the same steps as episode samples: the error policy, the finiteness check, the transform and static
+    shapes mean the same.
+    """
+
+    def __init__(self, dataset: Sequence, lengths: Sequence[int] | np.ndarray | Callable[[int], int]) -> None:
+        n = len(dataset)
+        values = [lengths(i) for i in range(n)] if callable(lengths) else lengths
+        tokens = np.asarray(values)
+        if tokens.shape != (n,) or (n and not np.issubdtype(tokens.dtype, np.integer)):
+            raise ValueError(f"lengths must give one integer per sample ({n}), got shape {tokens.shape}")
+        if n and tokens.min() < 1:
+            raise ValueError(f"sample {int(np.argmin(tokens))} has length {tokens.min()}; lengths must be >= 1")
+        self.records = Records(dataset, tokens.astype(np.int64))
+        self.table = SampleTable.of_prices(self.records.tokens)
+
+    @property
+    def dataset(self) -> Sequence:
+        return self.records.dataset
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Each record's length, in tokens (int64)."""
+        return self.records.tokens
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def reads(self, samples: np.ndarray) -> RecordReads:
+        """What ``samples`` read, for collation: those records of :attr:`records`."""
+        return RecordReads(self.records, np.asarray(samples, dtype=np.int64))
+
+    def describe(self, i: int) -> str:
+        """Where record ``i`` lies, for errors (:meth:`Records.describe`)."""
+        return self.records.describe(i)
+
+    def read(self, i: int) -> tuple[dict[str, torch.Tensor], Any]:
+        """Record ``i``'s tensors and other entries (:meth:`Records.read`)."""
+        return self.records.read(i)

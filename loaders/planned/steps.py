@@ -1,30 +1,29 @@
-"""The steps every item kind's collation shares, one helper per job, so that an option means the same for every
-kind: read under the error policy (:func:`read_under_policy`), check that float arrays are finite
-(:func:`check_finite`), transform (:func:`transform_each`) and lay out (:func:`batch_layout`,
-:func:`pad_static`, :func:`packed`).
+"""The steps every item kind's collation shares, one function per job, so that an option means the same for
+every kind: read under the error policy (:func:`read_under_policy`), find and mask or fail non-finite floats
+(:func:`find_nonfinite`, :func:`fail_nonfinite`), transform (:func:`transform_each`) and lay out
+(:func:`batch_layout`, :func:`pad_static`, :func:`packed`).
 
-What differs between kinds (how a sample is read, named in an error, and shown to a transform) is a reader made
-per batch (see :mod:`mmfeed.loaders.planned.collate`): ``samples`` (the batch's sample ids), ``read_all()`` (or None),
-``read_one(k)``, ``failure(k, reason)`` (the record of a skipped sample), ``located(k, key, bad)`` (where a
-non-finite value lies), ``sample(k, data)`` (what a transform gets) and ``unit`` (what the first dimension of an
-array counts).
+Each step is a function of what it is given: the reading functions of the data (a source's ``read_many``, a
+record source's ``read``) and plain data (what was read, each sample's ``is_pad`` flags, the failure records'
+places, the transform's inputs); none calls back into the collation that runs it (see
+:mod:`mmfeed.loaders.planned.collate`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
+from mmfeed.loaders.planned.errors import ErrorCounter
 from mmfeed.loaders.transport.errors import SampleError
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.metadata import Layout, make_layout
 
-__all__ = ["batch_layout", "check_finite", "pad_static", "packed", "read_under_policy", "sample_generator",
-           "samples_of", "transform_each", "without_failures"]
+__all__ = ["batch_layout", "fail_nonfinite", "find_nonfinite", "pad_static", "packed", "read_under_policy",
+           "sample_generator", "samples_of", "transform_each", "without_failures"]
 
 
 def sample_generator(seed: int, epoch: int, sample: int) -> torch.Generator:
@@ -38,15 +37,16 @@ def samples_of(rows: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
 
 
-def read_under_policy(reader: Any, errors: ErrorCounter | None) -> tuple[list, list[dict]]:
-    """Read a batch's samples (``reader.read_all()``; None: one by one) under the error policy. Under skip/warn a
-    failing batch is read again sample by sample (``reader.read_one(k)``) and each failing sample comes back as
-    None with a record ``reader.failure(k, reason)``, counted by ``errors``; under raise (or without a counter)
-    the first error propagates as it is. MemoryError and KeyboardInterrupt always do."""
-    count = len(reader.samples)
-    if reader.read_all is not None:
+def read_under_policy(count: int, read_all: Callable[[], list] | None, read_one: Callable[[int], Any],
+                      place: Callable[[int], dict], errors: ErrorCounter | None) -> tuple[list, list[dict]]:
+    """Read a batch's ``count`` samples (``read_all()``; None: one by one) under the error policy. Under skip/warn
+    a failing batch is read again sample by sample (``read_one(k)``) and each failing sample comes back as None
+    with a record ``{**place(k), "reason": ...}`` (where it lies, why it failed), counted by ``errors``; under
+    raise (or without a counter) the first error propagates as it is. MemoryError and KeyboardInterrupt always
+    do."""
+    if read_all is not None:
         try:
-            read = reader.read_all()
+            read = read_all()
         except MemoryError:
             raise
         except Exception:
@@ -59,14 +59,14 @@ def read_under_policy(reader: Any, errors: ErrorCounter | None) -> tuple[list, l
     read, failures = [], []
     for k in range(count):
         try:
-            read.append(reader.read_one(k))
+            read.append(read_one(k))
         except MemoryError:
             raise
         except Exception as err:
             if errors is None or errors.policy.on_error == "raise":
                 raise
             read.append(None)
-            failures.append(reader.failure(k, f"{type(err).__name__}: {err}"))
+            failures.append({**place(k), "reason": f"{type(err).__name__}: {err}"})
             errors.failed(failures[-1])
         else:
             if errors is not None:
@@ -74,12 +74,13 @@ def read_under_policy(reader: Any, errors: ErrorCounter | None) -> tuple[list, l
     return read, failures
 
 
-def check_finite(reader: Any, read: list, pads: list, keys: Sequence[str] | None, policy: ErrorPolicy,
-                 errors: ErrorCounter | None, failures: list) -> None:
-    """NaN or inf in a float array (of ``keys``; None: every key of a sample): raise (through the error policy),
-    or mask (0, flagged in the sample's pads)."""
+def find_nonfinite(read: list, pads: list, keys: Sequence[str] | None, mask: bool) -> list[tuple[int, str, Any]]:
+    """NaN or inf in the float arrays of ``keys`` (None: every key of a sample) of the samples ``read``. With
+    ``mask`` each such value becomes 0 and its rows are flagged in the sample's ``pads`` (nothing is returned);
+    else each sample's first such key comes back as ``(k, key, bad rows)``, in sample order."""
+    found: list[tuple[int, str, Any]] = []
     if keys is not None and _all_finite(read, keys):  # the usual batch: one check per key, not one per sample
-        return
+        return found
     for i, data in enumerate(read):
         if data is None:
             continue
@@ -89,18 +90,26 @@ def check_finite(reader: Any, read: list, pads: list, keys: Sequence[str] | None
             if finite is None:
                 continue
             bad = np.asarray(~finite.reshape(len(values), -1).all(1))
-            if policy.nonfinite == "mask":
+            if mask:
                 data[key] = (torch.where(finite, values, 0) if isinstance(values, torch.Tensor)
                              else np.where(finite, values, 0).astype(values.dtype))
                 pads[i][key] = pads[i][key] | bad
                 continue
-            reason = reader.located(i, key, bad)
-            if errors is None or policy.on_error == "raise":
-                raise SampleError(reason + "; fix the data or use ErrorPolicy(nonfinite='mask')")
-            read[i] = None
-            failures.append(reader.failure(i, f"SampleError: {reason}"))
-            errors.failed(failures[-1])
+            found.append((i, key, bad))
             break
+    return found
+
+
+def fail_nonfinite(found: list[tuple[int, str]], read: list, place: Callable[[int], dict],
+                   errors: ErrorCounter | None, failures: list) -> None:
+    """Samples with non-finite values (``(k, where the value lies)``, from :func:`find_nonfinite`) under the error
+    policy: raise SampleError on the first, or leave each out (None in ``read``) with its failure record."""
+    for k, reason in found:
+        if errors is None or errors.policy.on_error == "raise":
+            raise SampleError(reason + "; fix the data or use ErrorPolicy(nonfinite='mask')")
+        read[k] = None
+        failures.append({**place(k), "reason": f"SampleError: {reason}"})
+        errors.failed(failures[-1])
 
 
 def _all_finite(read: list, keys: Sequence[str]) -> bool:
@@ -129,19 +138,21 @@ def _finiteness(values: Any) -> Any:
     return None if finite is None or bool(finite.all()) else finite
 
 
-def transform_each(reader: Any, read: list, transform: Callable, epoch: int, seed: int,
-                   pads: list | None = None) -> list:
-    """Run the user's transform on each sample read (``reader.sample``: tensors in, tensors out) with its own
-    generator, from ``(seed, epoch, sample id)``. Each array comes back from its result with its first dimension
-    (frames, or a record's tokens) unchanged: tokens were planned before anything was read. With ``pads`` (each
+def transform_each(inputs: Iterable[dict | None], read: list, samples: Sequence[int], transform: Callable,
+                   epoch: int, seed: int, unit: str, pads: list | None = None) -> list:
+    """Run the user's transform on each sample read, given ``inputs`` (what the transform gets of each sample in
+    turn, None where ``read`` holds None: tensors in, tensors out), each with its own generator, from
+    ``(seed, epoch, sample id)`` (``samples``); ``unit``: what the first dimension of an array counts. Each array
+    comes back from its result with its first dimension (frames, or a record's tokens) unchanged: tokens were
+    planned before anything was read. With ``pads`` (each
     sample's ``is_pad`` flags by feature), a transform may flag more frames as padding (a camera it drops): the
     ``<feature>_is_pad`` it returns, one flag a frame, replaces the sample's."""
     out = []
-    for k, (s, data) in enumerate(zip(reader.samples, read)):
+    for k, (s, data, given) in enumerate(zip(samples, read, inputs)):
         if data is None:
             out.append(None)
             continue
-        result = transform(reader.sample(k, data), sample_generator(seed, epoch, int(s)))
+        result = transform(given, sample_generator(seed, epoch, int(s)))
         if not isinstance(result, Mapping):
             raise TypeError(f"the transform must return a dict of tensors, got {type(result).__name__}")
         new = {}
@@ -155,7 +166,7 @@ def transform_each(reader: Any, read: list, transform: Callable, epoch: int, see
             elif not isinstance(after, torch.Tensor):
                 after = torch.as_tensor(after)
             if len(after) != len(before):
-                raise ValueError(f"the transform changed the number of {reader.unit} of {key!r} in sample {int(s)} "
+                raise ValueError(f"the transform changed the number of {unit} of {key!r} in sample {int(s)} "
                                  f"from {len(before)} to {len(after)}; tokens are planned before reading, so counts "
                                  "must stay")
             new[key] = after

@@ -10,8 +10,13 @@ read/lay-out split as the planned loader:
    use) and is cut into samples exactly as the planned loader cuts them
    (:class:`~mmfeed.loaders.planned.items.EpisodeItems`: windows, or whole-episode chunks);
 3. the samples' prices go into an :class:`~mmfeed.packing.OnlinePacker`, which emits full rows;
-4. rows are collated by :func:`mmfeed.loaders.planned.collate.collate` over the episodes they hold, under the same
-   ``Packing`` (layout, static shapes, error policy, transform) as a planned dataset.
+4. rows are collated by :func:`mmfeed.loaders.planned.collate.collate_batch` over the episodes they hold, under the
+   same ``Packing`` (layout, static shapes, error policy, transform) as a planned dataset; the stream tells it how
+   its documents are named (:class:`~mmfeed.loaders.planned.reads.DocumentNames`) rather than renaming them after.
+
+Each worker's :class:`~mmfeed.loaders.streaming.worker.Stream` is given what it reads and how
+(:class:`~mmfeed.loaders.streaming.worker.StreamSetup`: shards, ``Packing``, ``ReadOptions``, the packer's window),
+never this dataset.
 
 - **Memory is bounded.** An episode's member bytes (compressed video, arrays) are held while some sample of it is
   buffered by the packer (fewer than ``window_items``) or waits in a row for its batch, and dropped after.
@@ -41,14 +46,16 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from mmfeed.codecs.video import DecodeOptions
+from mmfeed.loaders.formats.webdataset.source import WebDatasetSource, expand_shards
 from mmfeed.loaders.planned.config import Packing
-from mmfeed.loaders.formats.webdataset.source import expand_shards
-from mmfeed.loaders.streaming.worker import EPISODE_STRIDE, STATE_VERSION, Stream, new_stats, read_shards
+from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.streaming.worker import (EPISODE_STRIDE, STATE_VERSION, Stream, StreamSetup, new_stats,
+                                             read_shards)
 from mmfeed.packing import PackedBatch
 
 __all__ = ["EPISODE_STRIDE", "StreamConfig", "StreamingPackedDataset", "assign_shards", "read_shards",
@@ -108,15 +115,18 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         tokenizer, error policy, transform and seed, exactly as for the planned loader.
     config: the stream's own settings (:class:`StreamConfig`).
     rank, world_size: this process's place among the data-parallel ranks.
-    backend, frame_size, frame_format: as for :func:`~mmfeed.loaders.open_dataset`.
+    options, ``**read_options``: how episodes are read, as for :func:`~mmfeed.loaders.open_dataset`: a
+        :class:`~mmfeed.loaders.sources.options.ReadOptions` and/or its fields by name (``backend``,
+        ``frame_size``, ``frame_format``, ``decoder_threads``, ``max_frame_pixels``, ...), checked now; an option
+        webdataset shards do not read is refused.
 
     Use with ``DataLoader(ds, batch_size=None, num_workers=...)``; ``stats`` counts what this process's stream
     did (episodes, samples, oversize samples, skipped episodes, rows, batches, tokens, episodes held).
     """
 
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike], *, packing: Packing,
-                 config: StreamConfig | None = None, rank: int = 0, world_size: int = 1, backend: str = "auto",
-                 frame_size=None, frame_format: str = "rgb24") -> None:
+                 config: StreamConfig | None = None, rank: int = 0, world_size: int = 1,
+                 options: ReadOptions | None = None, **read_options: Any) -> None:
         if not isinstance(packing, Packing):
             raise TypeError(f"packing must be an mmfeed.loaders.Packing, got {type(packing).__name__}")
         if packing.plan.mode != "pack" or not packing.plan.capacity:
@@ -129,8 +139,9 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         self.name = str(shards) if not isinstance(shards, (list, tuple)) else str(self.shards[0])
         self.packing, self.config = packing, config or StreamConfig()
         self.rank, self.world_size = int(rank), int(world_size)
-        self.backend, self.frame_size, self.frame_format = backend, frame_size, frame_format
-        DecodeOptions(backend=backend, frame_format=frame_format)  # a bad backend or format fails now
+        # built and checked now (a bad backend, frame size or format fails here), as open_dataset does
+        self.options = ReadOptions.of(options, **read_options)
+        self.options.refuse_others(WebDatasetSource.READ_OPTIONS, WebDatasetSource.FORMAT, self.name)
         # The epoch lives in shared memory, so that set_epoch in the training process reaches persistent
         # DataLoader workers, which hold copies of this dataset made when they started.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -169,10 +180,28 @@ class StreamingPackedDataset(torch.utils.data.IterableDataset):
         if self.config.steps_per_epoch is not None:
             n = self.config.steps_per_epoch
             quota = n // num_workers + (worker < n % num_workers)
-        self._stream = Stream(self, mine.tolist(), quota)
+        self._stream = Stream(self.setup(), mine.tolist(), quota, self._epoch)
         if resume is not None:
             self._stream.restore(resume)
         return self._stream.batches()
+
+    @property
+    def backend(self) -> str:
+        return self.options.backend
+
+    @property
+    def frame_size(self) -> Any:
+        return self.options.frame_size
+
+    @property
+    def frame_format(self) -> str:
+        return self.options.frame_format
+
+    def setup(self) -> StreamSetup:
+        """What each worker's stream reads and how (:class:`~mmfeed.loaders.streaming.worker.StreamSetup`)."""
+        return StreamSetup(urls=self.shards, name=self.name, packing=self.packing, options=self.options,
+                           window_items=self.config.window_items, max_delay=self.config.max_delay,
+                           identity=self.identity())
 
     def identity(self) -> dict:
         """What a saved state must agree with to resume on this dataset."""

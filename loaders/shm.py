@@ -1,5 +1,10 @@
 """Recycled shared-memory payload buffers between DataLoader workers and the training process.
 
+Two rooms use it, so it lives beside both: the planned path's collation takes buffers in a worker
+(:func:`pooled_buffer`, :mod:`mmfeed.loaders.planned.collate`) and the loop turns the pool on in its workers
+(:func:`enable_pool`) and frees buffers in the training process (:class:`ReleaseTracker`); the loop imports the
+planned path, never the reverse.
+
 A worker hands a batch to the training process in shared memory. A fresh shared-memory buffer costs more than the
 frames it carries: torch allocates its pages up front and each of them then faults in, once in the worker and once
 in the training process (measured here: 45 ms to fill a fresh 52 MB buffer, 3 ms to fill one already mapped). So

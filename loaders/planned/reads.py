@@ -1,0 +1,108 @@
+"""What one planned batch reads, as data: the hand-over from an item kind to collation.
+
+A planned dataset asks its items (:class:`Items`: episode windows and chunks,
+:class:`~mmfeed.loaders.planned.items.EpisodeItems`; records, :class:`~mmfeed.loaders.planned.records.RecordItems`)
+what the samples of one step read, and hands the answer to :func:`mmfeed.loaders.planned.collate.collate_batch`:
+
+- :class:`EpisodeReads`: the episode source, one :class:`SampleRead` per sample (its frames, ``is_pad`` flags,
+  token layout, task text) and the batch's layout and features;
+- :class:`RecordReads`: the record source (:class:`RecordSource`: a map-style dataset's records and what they
+  are priced) and the batch's record ids.
+
+Collation reads through the sources (``read_many``, ``read``), never through the items: no item kind hands
+itself to collation, and nothing collation does calls an item kind back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
+from mmfeed.packing.layout import SampleLayout, TokenLayout
+from mmfeed.packing.samples import SampleTable
+
+__all__ = ["DocumentNames", "EpisodeReads", "Items", "RecordReads", "RecordSource", "SampleRead"]
+
+
+@dataclass(frozen=True, eq=False)
+class SampleRead:
+    """What one sample reads and how it is laid out, everything collation needs of it.
+
+    sample: its id in the sample table; request: the frames of each feature it reads (its episode too);
+    pads: each feature's ``is_pad`` flags; layout: its token layout; task: its task id (-1: none) and text: the
+    token ids of that task's text; start: its first step (a window's anchor).
+    """
+
+    sample: int
+    request: EpisodeRequest
+    pads: dict[str, np.ndarray]
+    layout: SampleLayout
+    task: int
+    text: np.ndarray
+    start: int
+
+
+@dataclass(frozen=True, eq=False)
+class DocumentNames:
+    """How the documents of a batch are named in its metadata when the reader names them itself, not by the
+    sample table and the source (a stream: :mod:`mmfeed.loaders.streaming`): each sample's ``sample`` id and
+    ``episode`` number (in row order), the ``source`` name, and ``errors``, failures met before the batch was
+    collated (episodes skipped whole), listed after the batch's own. No ``dataset`` is named."""
+
+    sample: np.ndarray
+    episode: np.ndarray
+    source: str
+    errors: list[dict]
+
+
+@dataclass(frozen=True, eq=False)
+class EpisodeReads:
+    """The episode samples of one batch: ``samples`` (one :class:`SampleRead` each, in row order) read from
+    ``source``, laid out by ``layout`` over the modalities task text and ``features``; ``names``: how the
+    documents are named, when not by their sample ids and the source's episodes (:class:`DocumentNames`)."""
+
+    source: EpisodeSource
+    samples: list[SampleRead]
+    layout: TokenLayout
+    features: list[str]
+    names: DocumentNames | None = None
+
+
+@runtime_checkable
+class RecordSource(Protocol):
+    """Records as collation reads them: ``tokens`` (each record's planned length), ``read(i)`` (its per-token
+    tensors and its other entries), ``describe(i)`` (where it lies, for errors) and ``empty_record(tries)`` (the
+    tensors of a record with no entries, for a batch whose every record failed)."""
+
+    tokens: np.ndarray
+
+    def read(self, i: int) -> tuple[dict[str, Any], Any]: ...
+
+    def describe(self, i: int) -> str: ...
+
+    def empty_record(self, tries: int) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, eq=False)
+class RecordReads:
+    """The records of one batch: their ids ``samples`` (in row order) in ``records``."""
+
+    records: RecordSource
+    samples: np.ndarray
+
+
+@runtime_checkable
+class Items(Protocol):
+    """What a planned dataset plans over and reads, for every item kind (episode windows, whole-episode chunks,
+    a mixture's samples, records): ``table`` (the samples and their prices, what the epoch is planned from),
+    ``len(items)`` and ``reads(samples)`` (what those samples read, as data for collation)."""
+
+    table: SampleTable
+
+    def __len__(self) -> int: ...
+
+    def reads(self, samples: np.ndarray) -> EpisodeReads | RecordReads: ...
+
