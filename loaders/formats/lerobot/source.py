@@ -43,6 +43,7 @@ from mmfeed.codecs.demux import IMAGE_FORMATS, input_options
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.heap import release_free_heap
 from mmfeed.loaders.formats.lerobot.metadata import (check_info, file_codes, lerobot_episodes, lerobot_rows,
                                                      parquet_rows)
 from mmfeed.loaders.sources.consistency import settle
@@ -683,7 +684,8 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
 
     LeRobot flushes meta/episodes every ten episodes, so a million episodes carry footers of 100k row groups that
     pyarrow parses in seconds: the files are read in parallel threads (parquet decoding runs outside the GIL)
-    through Arrow's jemalloc pool, which gives its pages back after, and what is derived is kept once per node
+    through Arrow's jemalloc pool, which gives its pages back after, the C heap the parsed footers leave is given
+    back to the system (``malloc_trim``), and what is derived is kept once per node
     (:mod:`~mmfeed.loaders.stores.derived`, keyed by every file's size and mtime) for every later open to map."""
     paths = _episode_files(files, info)
     if not paths:
@@ -701,8 +703,11 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
     ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
     lookup = pa.array(list(tasks), type=pa.large_string())
-    with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
-        read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup), paths))
+    try:
+        with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
+            read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup), paths))
+    finally:  # the parsed footers are freed into glibc's heap, which keeps them (a GB at a million episodes)
+        release_free_heap()
     kept = [c for c in ends if all(c in columns for columns, _ in read)]  # ends kept only where every file has them
     meta = {c: np.concatenate([columns[c] for columns, _ in read]) for c in [*wanted, *kept]}
     task = np.concatenate([t for _, t in read])
