@@ -79,6 +79,13 @@ def serve(root, *, fault=None, stall_s: float = 3.0):
     server.daemon_threads, server.block_on_close = True, False  # a stalled answer does not hold up the close
     server.root, server.served, server.faults = str(root), [], []
     server.fault, server.stall_s, server.count = fault, stall_s, itertools.count()
+    with running(server):
+        yield server
+
+
+@contextmanager
+def running(server: http.server.HTTPServer):
+    """``server`` answering on a thread of its own while the block runs; stopped and closed after."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

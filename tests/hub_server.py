@@ -13,6 +13,8 @@ import threading
 import urllib.parse
 from contextlib import contextmanager
 
+from http_server import running  # tests/ is on the path of every test that serves
+
 SHA = "0123456789abcdef0123456789abcdef01234567"  # the one commit every repository is at
 
 
@@ -159,10 +161,5 @@ def serve_hub(repos: dict[str, str]):
     server.repos, server.requests, server.served = {k: str(v) for k, v in repos.items()}, [], []
     server.throttle, server.throttled, server.lock = 0, 0, threading.Lock()
     server.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with running(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()

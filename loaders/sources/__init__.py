@@ -21,11 +21,7 @@ still importable under their old names, as aliases of their new homes, with a De
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
+from mmfeed._lazy import moved_modules
 
 MOVED = {
     **{m: f"mmfeed.loaders.transport.{m}" for m in ("files", "remote", "tar", "confine", "json_limits", "errors")},
@@ -34,26 +30,4 @@ MOVED = {
     "webdataset": "mmfeed.loaders.formats.webdataset.source",
 }
 """Old module name under ``mmfeed.loaders.sources`` -> where it lives now."""
-
-
-class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``mmfeed.loaders.sources.<old>`` as the module now at ``MOVED[old]`` (the same module object, so
-    classes, pickles and ``isinstance`` agree)."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        prefix, _, leaf = fullname.rpartition(".")
-        if prefix != __name__ or leaf not in MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec):
-        new = MOVED[spec.name.rpartition(".")[2]]
-        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
-
-    def exec_module(self, module):
-        pass  # already executed under its new name
-
-
-if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
-    sys.meta_path.append(_Moved())
+moved_modules(__name__, MOVED)
