@@ -66,15 +66,16 @@ def pillow_image() -> Any:
 def decode_jpeg(data: bytes, max_frame_pixels: int | None = None) -> np.ndarray:
     """One JPEG picture as uint8 ``[H, W, 3]`` in the channel order it was encoded from: what ``cv2.imdecode``
     gives (libjpeg through Pillow, the same decoder and upsampling, so the same pixels). A header declaring more
-    than ``max_frame_pixels`` is refused before anything is decoded."""
+    than ``max_frame_pixels`` is refused before anything is decoded. (A view with the channels reversed: copy it
+    where it is kept.)"""
     Image = pillow_image()
     with Image.open(io.BytesIO(data), formats=("JPEG",)) as image:
         width, height = image.size
         if max_frame_pixels is not None and width * height > max_frame_pixels:
             raise ValueError(f"the picture declares {height}x{width} pixels, more than max_frame_pixels="
                              f"{max_frame_pixels}")
-        rgb = np.asarray(image.convert("RGB"))
-    return np.ascontiguousarray(rgb[..., ::-1])
+        rgb = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+    return rgb[..., ::-1]
 
 
 class Hdf5Source(EpisodeSource):
@@ -152,13 +153,12 @@ class Hdf5Source(EpisodeSource):
     def _first_picture(self, name: str) -> np.ndarray:
         episode = self._episodes[0]
         column = self._columns[name]
-        f = self._file(episode.file)
-        row = np.asarray(f[episode.key(column.path)][0])
+        row = np.asarray(self._dataset(episode.file, episode.key(column.path))[0])
         sizes = episode.compress_len.get(name)
         data = row[: int(sizes[0])] if sizes is not None else row
         pillow_image()
         try:
-            return decode_jpeg(data.tobytes(), self.options.max_frame_pixels)
+            return np.ascontiguousarray(decode_jpeg(data.tobytes(), self.options.max_frame_pixels))
         except (OSError, ValueError, SyntaxError) as err:  # what Pillow raises for bytes that are no JPEG
             raise ValueError(f"{self._files[episode.file]}: dataset {episode.key(column.path)!r} row 0 is not a JPEG "
                              f"picture ({err})") from err
@@ -180,7 +180,6 @@ class Hdf5Source(EpisodeSource):
         for request in requests:
             e = request.episode
             episode = self._episodes[e]
-            f = self._file(episode.file)
             got = {}
             for feature, idx in request.indices.items():
                 asked = np.asarray(idx, dtype=np.int64)
@@ -189,7 +188,7 @@ class Hdf5Source(EpisodeSource):
                 key = episode.key(column.path)
                 try:
                     with stage("read"):
-                        rows = read_rows(f[key], 0, idx)
+                        rows = read_rows(self._dataset(episode.file, key), 0, idx)
                     if column.compressed:
                         with stage("decode"):
                             rows = self._pictures(e, feature, rows, idx)
@@ -207,7 +206,12 @@ class Hdf5Source(EpisodeSource):
         sizes = episode.compress_len.get(feature)
         shape = self.features[feature].shape
         out = np.empty((len(idx), *shape), dtype=np.uint8)
-        for i, (row, step) in enumerate(zip(rows, idx)):
+        done: dict[int, int] = {}  # step -> where it was decoded (a padded window repeats its edge rows)
+        for i, (row, step) in enumerate(zip(rows, idx.tolist())):
+            if step in done:
+                out[i] = out[done[step]]
+                continue
+            done[step] = i
             data = row[: int(sizes[step])] if sizes is not None else row
             try:
                 picture = decode_jpeg(data.tobytes(), self.options.max_frame_pixels)
@@ -221,20 +225,25 @@ class Hdf5Source(EpisodeSource):
             out[i] = picture
         return out
 
-    def _file(self, k: int) -> Any:
-        """The open handle of file ``k`` in this process (handles do not cross a fork or a pickle)."""
+    def _dataset(self, k: int, key: str) -> Any:
+        """Dataset ``key`` of file ``k``, opened once in this process (handles do not cross a fork or a pickle;
+        looking a path up in a file costs more than reading a small row)."""
         pid = os.getpid()
         with self._lock:
             if getattr(self, "_pid", None) != pid:
                 self._handles, self._pid = {}, pid
-            f = self._handles.get(k)
-            if f is None:
+            opened = self._handles.get(k)
+            if opened is None:
                 if len(self._handles) >= _MAX_OPEN:
-                    for old in self._handles.values():
-                        old.close()
+                    for f, _ in self._handles.values():
+                        f.close()
                     self._handles.clear()
-                f = self._handles[k] = open_file(self._files[k])
-            return f
+                opened = self._handles[k] = (open_file(self._files[k]), {})
+            f, datasets = opened
+            ds = datasets.get(key)
+            if ds is None:
+                ds = datasets[key] = f[key]
+            return ds
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
