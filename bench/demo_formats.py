@@ -7,7 +7,7 @@ DataLoader with the same workers).
 It writes three datasets into a temporary folder first (seeded): a robomimic file (two 84x84 cameras, as
 robomimic's image datasets have), ACT/ALOHA episode files with three 240x320 JPEG cameras, and a pusht-like Zarr
 ReplayBuffer (96x96 pictures); each window is a camera frame, the state and a chunk of 16 actions. Figures:
-samples/s and the CPU seconds (all processes) per 1000 samples. Needs h5py, Pillow, zarr and cv2 (to write the
+samples/s and the CPU seconds (all processes) per 1000 samples, the median of ``--repeats`` interleaved runs. Needs h5py, Pillow, zarr and cv2 (to write the
 JPEG pictures as ALOHA does).
 """
 
@@ -157,7 +157,8 @@ def _measure(loader: Any, batches: int, warmup: int = 2) -> dict[str, float]:
     return {"samples_per_s": round(samples / wall, 1), "cpu_s_per_1000": round(1000 * used / samples, 3)}
 
 
-def run(workers: int = 2, batches: int = 40, batch_size: int = 32, folder: str | None = None) -> dict:
+def run(workers: int = 2, batches: int = 40, batch_size: int = 32, folder: str | None = None, repeats: int = 3
+        ) -> dict:
     import torch
 
     from mmfeed import DataLoader
@@ -174,7 +175,8 @@ def run(workers: int = 2, batches: int = 40, batch_size: int = 32, folder: str |
         "pusht-like ReplayBuffer (zarr 2, 96x96)": ("zarr", os.path.join(folder, "pusht.zarr"), write_replay, 10.0,
                                                     {"camera": "img", "state": "state", "action": "action"}),
     }
-    out: dict[str, Any] = {"workers": workers, "batch_size": batch_size, "batches": batches, "cpus": os.cpu_count(),
+    out: dict[str, Any] = {"workers": workers, "batch_size": batch_size, "batches": batches, "repeats": repeats,
+                           "cpus": os.cpu_count(),
                            "load_avg": os.getloadavg()[0], "figures": {}}
     for label, (kind, path, write, fps, keys) in cases.items():
         if not os.path.exists(path):
@@ -194,15 +196,20 @@ def run(workers: int = 2, batches: int = 40, batch_size: int = 32, folder: str |
         plain = PlainWindows(kind, path, keys, episodes)
         assert len(plain) == len(windows)
         generator = lambda: torch.Generator().manual_seed(0)  # noqa: E731 - the same order for every loader
-        figures = {
-            "mmfeed windows": _measure(DataLoader(windows, batch_size=batch_size, shuffle=True, num_workers=workers,
+        loaders = {
+            "mmfeed windows": lambda: (DataLoader(windows, batch_size=batch_size, shuffle=True, num_workers=workers,
                                                   generator=generator()), batches),
-            "plain loop in torch DataLoader": _measure(torch.utils.data.DataLoader(
+            "plain loop in torch DataLoader": lambda: (torch.utils.data.DataLoader(
                 plain, batch_size=batch_size, shuffle=True, num_workers=workers, generator=generator()), batches),
-            "plain loop, one process": _measure(torch.utils.data.DataLoader(
+            "plain loop, one process": lambda: (torch.utils.data.DataLoader(
                 plain, batch_size=batch_size, shuffle=True, num_workers=0, generator=generator()), batches // 2),
         }
-        out["figures"][label] = figures
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in loaders}
+        for _ in range(repeats):  # interleaved, so a busy moment of the machine falls on every loader alike
+            for name, make in loaders.items():
+                runs[name].append(_measure(*make()))
+        out["figures"][label] = {name: {k: float(np.median([r[k] for r in rs])) for k in rs[0]}
+                                 for name, rs in runs.items()}
     return out
 
 
@@ -211,11 +218,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="measurements of each figure, median reported")
     parser.add_argument("--folder", default=None, help="where the datasets are written (kept; default a new "
                         "temporary folder)")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
-    result = run(args.workers, args.batches, args.batch_size, args.folder)
+    result = run(args.workers, args.batches, args.batch_size, args.folder, args.repeats)
     text = json.dumps(result, indent=2)
     if args.json:
         with open(args.json, "w") as f:

@@ -66,16 +66,16 @@ def pillow_image() -> Any:
 def decode_jpeg(data: bytes, max_frame_pixels: int | None = None) -> np.ndarray:
     """One JPEG picture as uint8 ``[H, W, 3]`` in the channel order it was encoded from: what ``cv2.imdecode``
     gives (libjpeg through Pillow, the same decoder and upsampling, so the same pixels). A header declaring more
-    than ``max_frame_pixels`` is refused before anything is decoded. (A view with the channels reversed: copy it
-    where it is kept.)"""
+    than ``max_frame_pixels`` is refused before anything is decoded. (Read-only: Pillow packs the channels in
+    that order into bytes, which the array views.)"""
     Image = pillow_image()
     with Image.open(io.BytesIO(data), formats=("JPEG",)) as image:
         width, height = image.size
         if max_frame_pixels is not None and width * height > max_frame_pixels:
             raise ValueError(f"the picture declares {height}x{width} pixels, more than max_frame_pixels="
                              f"{max_frame_pixels}")
-        rgb = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
-    return rgb[..., ::-1]
+        rgb = image if image.mode == "RGB" else image.convert("RGB")
+        return np.frombuffer(rgb.tobytes("raw", "BGR"), dtype=np.uint8).reshape(height, width, 3)
 
 
 class Hdf5Source(EpisodeSource):

@@ -4,7 +4,9 @@ Every array of ``data/`` is a feature under its path with "." between levels (``
 ``camera0_rgb``); uint8 ``[N, H, W, 3]`` arrays are video features (frames ``[H, W, 3]``), the others arrays of
 their own dtype. Episode ``k`` is rows ``ends[k - 1]:ends[k]`` of every array (``meta/episode_ends``). The store
 records no frame rate: ``fps=`` is required. A worker reads only the rows a request needs (a slice, or the rows
-themselves where they lie far apart: zarr decodes the chunks they touch), through its own handle on the store::
+themselves where they lie far apart), through its own handle on the store. Zarr decodes a whole chunk for any of
+its rows, so a process keeps the last decoded chunks of each array (up to 64 MiB an array; arrays whose single
+chunk is larger than a quarter of that are read by slice), and samples of nearby steps decode a chunk once::
 
     >>> ds = ZarrSource("pusht_cchi_v7_replay.zarr", fps=10)                        # doctest: +SKIP
     >>> len(ds), ds.features["action"]                                             # doctest: +SKIP
@@ -25,11 +27,14 @@ import numpy as np
 
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.formats.zarr.metadata import LAYOUTS, array_columns, episode_ends, open_root
-from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.transport.errors import SampleError
 
 __all__ = ["ZarrSource"]
+
+
+_BLOCK_BYTES = 64 * 2**20  # decoded chunks a process keeps per array (zarr decodes a whole chunk for any row)
 
 
 def _rows(array: Any, start: int, idx: np.ndarray) -> np.ndarray:
@@ -42,6 +47,39 @@ def _rows(array: Any, start: int, idx: np.ndarray) -> np.ndarray:
         return np.asarray(array[start + lo:start + hi])[idx - lo]
     rows, back = np.unique(idx, return_inverse=True)
     return np.asarray(array.oindex[start + rows])[back.reshape(-1)]
+
+
+class _Blocks:
+    """The decoded chunks of one array (whole chunks along the rows), the least recently used dropped first:
+    samples of nearby steps, and every sample of a small array, decode a chunk once instead of once each."""
+
+    def __init__(self, array: Any) -> None:
+        self.rows = max(1, int(array.chunks[0]))
+        self.total = int(array.shape[0])
+        self.blocks = LRU(max(1, _BLOCK_BYTES // max(1, self.rows * _row_bytes(array))))
+
+    def read(self, array: Any, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (absolute, int64) of ``array``, through the kept chunks."""
+        which = rows // self.rows
+        first = int(which[0]) if which.size else 0
+        if which.size and (which == first).all():  # the common case: one chunk
+            return self._block(array, first)[rows - first * self.rows]
+        out = np.empty((len(rows), *array.shape[1:]), dtype=array.dtype)
+        for c in np.unique(which).tolist():
+            at = which == c
+            out[at] = self._block(array, c)[rows[at] - c * self.rows]
+        return out
+
+    def _block(self, array: Any, c: int) -> np.ndarray:
+        block = self.blocks.get(c)
+        if block is None:
+            block = np.asarray(array[c * self.rows:min((c + 1) * self.rows, self.total)])
+            self.blocks.put(c, block)
+        return block
+
+
+def _row_bytes(array: Any) -> int:
+    return int(np.prod(array.shape[1:], dtype=np.int64)) * np.dtype(array.dtype).itemsize
 
 
 class ZarrSource(EpisodeSource):
@@ -91,6 +129,10 @@ class ZarrSource(EpisodeSource):
         self.stats: dict[str, dict[str, np.ndarray]] = {}  # the store holds none: `mmfeed stats` computes them
         self._arrays: dict[str, Any] = {name: data[path] for name, path in self._paths.items()}
         self._pid = os.getpid()
+        # arrays whose chunks hold few rows each (or a small array whole) are read through decoded chunks kept in
+        # memory; an array whose chunk alone passes the budget is read by slice
+        self._blocks = {name: _Blocks(a) for name, a in self._arrays.items()
+                        if max(1, int(a.chunks[0])) * _row_bytes(a) <= _BLOCK_BYTES // 4}
 
     def describe(self, episode: int) -> str:
         return f"{self.name} episode {episode} (rows {int(self._starts[episode])}..{int(self._starts[episode] + self._lengths[episode])})"
@@ -109,7 +151,11 @@ class ZarrSource(EpisodeSource):
                 flat = asked.reshape(-1)
                 try:
                     with stage("read"):
-                        rows = _rows(arrays[feature], start, flat)
+                        blocks = self._blocks.get(feature)
+                        if blocks is not None and flat.size:
+                            rows = blocks.read(arrays[feature], start + flat)
+                        else:
+                            rows = _rows(arrays[feature], start, flat)
                 except Exception as err:  # noqa: BLE001 - a torn chunk or a codec failure, named with the key
                     span = f"{start + int(flat.min())}..{start + int(flat.max())}" if flat.size else "(none)"
                     raise SampleError(f"{self.name}: array data/{self._paths[feature]} rows {span} (episode {e}) "
