@@ -423,3 +423,45 @@ def test_a_missing_library_names_the_extra(monkeypatch, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # what an environment without it imports
     with pytest.raises(ImportError, match=rf"pip install 'mmfeed\[{extra}\]'"):
         opened("aloha_raw" if module == "h5py" else "pusht")
+
+
+# -- the commands and passes over whole datasets --------------------------------------------------------------------
+
+def test_stats_of_an_opened_source_are_the_oracle_s():
+    from mmfeed.loaders.conversion.statistics import compute_stats
+
+    for name, feature in (("robomimic", "actions"), ("pusht", "keypoint")):
+        want = oracle(name)
+        values = np.concatenate([want[f"e{e}/{feature}"] for e in range(DATASETS[name][3])]).astype(np.float64)
+        stats = compute_stats(opened(name)).stats_of(0)[feature]
+        assert np.allclose(stats["mean"], values.mean(0)) and np.allclose(stats["std"], values.std(0))
+        assert np.array_equal(stats["min"], values.min(0)) and np.array_equal(stats["max"], values.max(0))
+
+
+def test_convert_to_shards_through_a_generator_of_episodes(tmp_path):
+    from mmfeed.loaders import convert
+
+    ds = opened("aloha_raw")
+
+    def episodes():
+        for e in range(len(ds)):
+            yield {k: v for k, v in ds.episode(e).items() if k != "episode_id"}
+
+    summary = convert(episodes, tmp_path / "shards", codec="h264", progress=False)
+    shards = open_dataset(tmp_path / "shards")
+    want = oracle("aloha_raw")
+    assert summary.episodes == 3 and len(shards) == 3 and shards.features["action"].fps == 50.0
+    for e in range(3):
+        got = shards.episode(e)
+        assert np.array_equal(got["action"], want[f"e{e}/action"])
+        assert got["observations.images.cam_high"].shape == want[f"e{e}/observations.images.cam_high"].shape
+
+
+def test_mmfeed_inspect_takes_fps(capsys):
+    from mmfeed.cli import main
+
+    assert main(["inspect", path_of("libero"), "--fps", "20", "--capacity", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "Hdf5Source): 4 episodes" in out and "obs.agentview_rgb" in out and "turn on the stove" in out
+    assert main(["inspect", path_of("pusht")]) == 2
+    assert "pass fps=" in capsys.readouterr().err
