@@ -465,3 +465,15 @@ def test_mmfeed_inspect_takes_fps(capsys):
     assert "Hdf5Source): 4 episodes" in out and "obs.agentview_rgb" in out and "turn on the stove" in out
     assert main(["inspect", path_of("pusht")]) == 2
     assert "pass fps=" in capsys.readouterr().err
+
+
+def test_a_dataset_that_is_not_per_step_in_the_first_episode_is_left_out(tmp_path, caplog):
+    path = tmp_path / "demo.hdf5"
+    shutil.copy(path_of("robomimic"), path)
+    with h5py.File(path, "a") as f:
+        for k in range(11):
+            f[f"data/demo_{k}/init_state"] = np.zeros(50)  # a flat simulator state, not one row per step
+    with caplog.at_level("INFO", logger="mmfeed.loaders.formats.hdf5.metadata"):
+        ds = open_dataset(path, fps=20)
+    assert "init_state" not in ds.features and len(ds.features) == len(opened("robomimic").features)
+    assert "'data/demo_0/init_state' has 50 rows, not one per step" in caplog.text

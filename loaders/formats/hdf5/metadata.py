@@ -17,6 +17,7 @@ Two layouts:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ __all__ = ["HDF5_SUFFIXES", "LAYOUTS", "Episode", "Layout", "h5py_module", "hdf5
 
 HDF5_SUFFIXES = (".hdf5", ".h5", ".he5", ".hdf")
 LAYOUTS = ("robomimic", "aloha")
+log = logging.getLogger(__name__)
 _IMAGES = "observations/images"
 
 
@@ -126,14 +128,19 @@ def _walk(group: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def columns_of(f: Any, episode: Episode, layout: str, where: str) -> list[Column]:
-    """The per-step datasets of ``episode`` (numbers and booleans with one row per step; ``compress_len`` and
-    scalars left out), as the features every episode must have."""
+    """The per-step datasets of ``episode`` (numbers and booleans with one row per step; ``compress_len``,
+    scalars, text and datasets of another number of rows left out, the last with a log line), as the features
+    every episode must have."""
     group = f[episode.group] if episode.group else f
     out = []
     for path, ds in _walk(group):
         if layout == "aloha" and path == "compress_len":
             continue
         if ds.ndim == 0 or ds.dtype.kind not in "biuf":
+            continue
+        if ds.shape[0] != episode.length:
+            log.info("%s: dataset %r has %d rows, not one per step (%d): left out", where, episode.key(path),
+                     ds.shape[0], episode.length)
             continue
         compressed = layout == "aloha" and path.startswith(f"{_IMAGES}/") and ds.dtype == np.uint8 and ds.ndim == 2
         out.append(Column(path, str(ds.dtype), tuple(ds.shape[1:]), compressed))
