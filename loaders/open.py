@@ -24,8 +24,10 @@ __all__ = ["open_dataset"]
 def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
                  embodiments: Sequence[str] | Mapping[str, str] | None = None, rename: Any = None,
                  absent: str | None = None, **kwargs: Any) -> EpisodeSource:
-    """Open webdataset shards (a directory, brace pattern, glob, URL or index file), a LeRobot v3 directory, or a
-    list of them.
+    """Open webdataset shards (a directory, brace pattern, glob, URL or index file), a LeRobot v3 directory, HDF5
+    demonstrations (a robomimic/LIBERO file, or a folder of them or of ACT/ALOHA episode files), a Zarr
+    ReplayBuffer, or a list of them. HDF5 and Zarr files record no frame rate: give ``fps=`` (and ``layout=``,
+    ``split=`` where wanted; see :class:`~mmfeed.loaders.sources.options.ReadOptions`).
 
     A list of tar shards is one dataset; a list of datasets (directories, index files, or sources already open)
     is a mixture of them (:class:`~mmfeed.loaders.sources.concat.ConcatSource`; ``Packing(weights=...)`` weighs
