@@ -18,7 +18,7 @@ from mmfeed.loaders.stores.index import INDEX_FILENAME
 from mmfeed.loaders.transport.files import is_url
 from mmfeed.loaders.transport.remote import explained
 
-__all__ = ["open_dataset"]
+__all__ = ["open_dataset", "open_each"]
 
 
 def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
@@ -84,6 +84,16 @@ def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
     if len(datasets) == 1 and not crossed and absent == "skip":
         return datasets[0]
     return ConcatSource(datasets, names=names, pad_to=pad_to, embodiments=embodiments, absent=absent)
+
+
+def open_each(paths: Sequence[Any], **kwargs: Any) -> list[EpisodeSource]:
+    """Each of ``paths`` opened alone (no mixture: their features need not agree), each with the options of
+    ``kwargs`` its format takes; an option that none of them takes is refused, as :func:`open_dataset` does. For
+    passes over several datasets, such as ``mmfeed stats --fps 10 a.hdf5 lerobot/``."""
+    options = ReadOptions.of(**kwargs)
+    resolved = [_resolve(p) for p in paths]
+    _check_options(options, _formats_in(resolved))
+    return [_open(item, options) for item in resolved]
 
 
 def _renames(rename: Any, names: list[str], datasets: list[EpisodeSource]) -> list[dict[str, str]]:

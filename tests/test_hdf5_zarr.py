@@ -477,3 +477,16 @@ def test_a_dataset_that_is_not_per_step_in_the_first_episode_is_left_out(tmp_pat
         ds = open_dataset(path, fps=20)
     assert "init_state" not in ds.features and len(ds.features) == len(opened("robomimic").features)
     assert "'data/demo_0/init_state' has 50 rows, not one per step" in caplog.text
+
+
+def test_mmfeed_stats_takes_fps_for_the_datasets_that_need_it(lerobot_dir, capsys):
+    from mmfeed.cli import main
+
+    assert main(["stats", path_of("pusht"), str(lerobot_dir), "--fps", "10", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    want = oracle("pusht")
+    mean = np.concatenate([want[f"e{e}/action"] for e in range(5)]).astype(np.float64).mean(0)
+    assert f"{path_of('pusht')}:\n  action: count 36 mean [{mean[0]:.4g}, {mean[1]:.4g}]" in out
+    assert f"{lerobot_dir}:\n" in out and "2 dataset(s)" in out
+    assert main(["stats", str(lerobot_dir), "--fps", "10", "--no-progress"]) == 2  # no dataset takes fps
+    assert "option 'fps' applies to" in capsys.readouterr().err
