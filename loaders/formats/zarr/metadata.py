@@ -52,6 +52,10 @@ def open_root(path: str) -> Any:
         if isinstance(err, FileNotFoundError) and not os.path.exists(path) and "://" not in path:
             raise
         reason = " ".join(str(err).split()) or type(err).__name__
+        major = int(str(getattr(zarr, "__version__", "3")).split(".")[0] or 3)
+        if major < 3 and "://" not in path and os.path.isfile(os.path.join(path, "zarr.json")):
+            raise ValueError(f"{path}: the store is in zarr format 3, which zarr {zarr.__version__} cannot read; "
+                             "pip install 'zarr>=3' (Python 3.11 or later)") from err
         raise ValueError(f"{path}: not a readable Zarr store ({reason})") from err
 
 
