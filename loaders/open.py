@@ -18,7 +18,7 @@ from mmfeed.loaders.stores.index import INDEX_FILENAME
 from mmfeed.loaders.transport.files import is_url
 from mmfeed.loaders.transport.remote import explained
 
-__all__ = ["open_dataset", "open_each"]
+__all__ = ["format_of", "open_dataset", "open_each"]
 
 
 def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
@@ -84,6 +84,14 @@ def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
     if len(datasets) == 1 and not crossed and absent == "skip":
         return datasets[0]
     return ConcatSource(datasets, names=names, pad_to=pad_to, embodiments=embodiments, absent=absent)
+
+
+def format_of(path: str | os.PathLike) -> str | None:
+    """The name of the registered format (:data:`~mmfeed.loaders.formats.FORMATS`) whose detection takes ``path``,
+    or None (``open_dataset`` then reads it as webdataset shards)."""
+    spec = os.fspath(path)
+    with _reaching(spec):
+        return next((fmt.name for fmt in registered() if fmt.detect(spec) is not None), None)
 
 
 def open_each(paths: Sequence[Any], **kwargs: Any) -> list[EpisodeSource]:

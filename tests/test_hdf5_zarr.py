@@ -448,23 +448,32 @@ def test_stats_of_an_opened_source_are_the_oracle_s():
         assert np.array_equal(stats["min"], values.min(0)) and np.array_equal(stats["max"], values.max(0))
 
 
-def test_convert_to_shards_through_a_generator_of_episodes(tmp_path):
+def test_convert_to_shards_reads_with_fps_and_split(tmp_path, lerobot_dir):
     from mmfeed.loaders import convert
 
-    ds = opened("aloha_raw")
-
-    def episodes():
-        for e in range(len(ds)):
-            yield {k: v for k, v in ds.episode(e).items() if k != "episode_id"}
-
-    summary = convert(episodes, tmp_path / "shards", codec="h264", progress=False)
-    shards = open_dataset(tmp_path / "shards")
-    want = oracle("aloha_raw")
-    assert summary.episodes == 3 and len(shards) == 3 and shards.features["action"].fps == 50.0
-    for e in range(3):
+    summary = convert(path_of("robomimic"), tmp_path / "valid", fps=20, split="valid", codec="h264", progress=False)
+    shards = open_dataset(tmp_path / "valid")
+    want = oracle("robomimic")
+    assert summary.episodes == 3 and len(shards) == 3 and shards.features["actions"].fps == 20.0
+    for e, demo in enumerate((0, 4, 8)):
         got = shards.episode(e)
-        assert np.array_equal(got["action"], want[f"e{e}/action"])
-        assert got["observations.images.cam_high"].shape == want[f"e{e}/observations.images.cam_high"].shape
+        assert np.array_equal(got["actions"], want[f"e{demo}/actions"]) and got["task"] == str(want["tasks"][demo])
+        assert got["obs.agentview_rgb"].shape == want[f"e{demo}/obs.agentview_rgb"].shape
+    with pytest.raises(ValueError, match="records no frame rate.*--fps on the command line"):
+        convert(path_of("pusht"), tmp_path / "pusht", progress=False)
+    assert not (tmp_path / "pusht").exists()  # the source is opened before anything is written
+    with pytest.raises(ValueError, match=r"\['fps'\] are read options of HDF5 and Zarr.*LeRobot directory"):
+        convert(lerobot_dir, tmp_path / "arm", fps=30, progress=False)
+
+
+def test_mmfeed_convert_takes_fps_and_resizes_pictures(tmp_path):
+    from mmfeed.cli import main
+
+    assert main(["convert", path_of("pusht"), str(tmp_path / "out"), "--fps", "10", "--frame-size", "16x8",
+                 "--no-progress"]) == 0
+    shards = open_dataset(tmp_path / "out")
+    assert len(shards) == 5 and shards.features["img"].shape == (8, 16, 3)
+    assert np.array_equal(shards.episode(4)["keypoint"], oracle("pusht")["e4/keypoint"])
 
 
 def test_mmfeed_inspect_takes_fps(capsys):

@@ -128,7 +128,7 @@ class Hdf5Source(EpisodeSource):
         if options.fps is None:
             hint = f" (its env_args give control_freq {freq:g}: fps={freq:g} if that is the rate)" if freq else ""
             raise ValueError(f"{self.name}: HDF5 demonstrations record no frame rate{hint}; pass fps=, e.g. "
-                             f"open_dataset({self.name!r}, fps=...) (--fps for mmfeed inspect)")
+                             f"open_dataset({self.name!r}, fps=...) (--fps on the command line)")
         fps = float(options.fps)
         self._episodes = episodes
         self._columns = {c.name: c for c in columns}

@@ -110,7 +110,7 @@ class ZarrSource(EpisodeSource):
         self._paths = array_columns(root, ends, self.name)
         if options.fps is None:
             raise ValueError(f"{self.name}: a Zarr ReplayBuffer records no frame rate; pass fps=, e.g. "
-                             f"open_dataset({self.name!r}, fps=...) (--fps for mmfeed inspect)")
+                             f"open_dataset({self.name!r}, fps=...) (--fps on the command line)")
         fps = float(options.fps)
         data = root["data"]
         self.features = {}
