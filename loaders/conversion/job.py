@@ -437,7 +437,8 @@ DESCRIPTION = ("Convert SRC (a LeRobot v3 directory or fsspec URL, webdataset sh
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``mmfeed convert`` options, on ``parser`` (a subcommand's)."""
     parser.add_argument("src", metavar="SRC", help="LeRobot v3 directory or URL, webdataset shards (directory, "
-                                                  "pattern) or module:function (a generator of episodes)")
+                                                  "pattern), HDF5 or Zarr demonstrations (with --fps) or "
+                                                  "module:function (a generator of episodes)")
     parser.add_argument("dst", metavar="DST", help="output directory (new or empty, unless --resume/--overwrite)")
     parser.add_argument("--codec", default="h264", choices=CODEC_CHOICES,
                         help="h264 (default), av1, hevc, or copy: keep the source's video bytes when no --gop or "

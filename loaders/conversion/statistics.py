@@ -292,7 +292,8 @@ def _opened(dataset: Any) -> Any:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mmfeed stats``."""
-    p.add_argument("paths", nargs="+", metavar="PATH", help="webdataset shards or LeRobot v3 directories")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="webdataset shards, LeRobot v3 directories, HDF5 or "
+                   "Zarr demonstrations (with --fps)")
     p.add_argument("--names", help="comma-separated, one per PATH (default: the paths)")
     p.add_argument("--embodiments", help="comma-separated, one per PATH: datasets of one robot merge into its stats")
     p.add_argument("--features", help="comma-separated array features (default: every numeric array feature)")
