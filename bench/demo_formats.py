@@ -7,8 +7,8 @@ DataLoader with the same workers).
 It writes three datasets into a temporary folder first (seeded): a robomimic file (two 84x84 cameras, as
 robomimic's image datasets have), ACT/ALOHA episode files with three 240x320 JPEG cameras, and a pusht-like Zarr
 ReplayBuffer (96x96 pictures); each window is a camera frame, the state and a chunk of 16 actions. Figures:
-samples/s and the CPU seconds (all processes) per 1000 samples, the median of ``--repeats`` interleaved runs. Needs h5py, Pillow, zarr and cv2 (to write the
-JPEG pictures as ALOHA does).
+samples/s and the CPU seconds (all processes) per 1000 samples, the median of ``--repeats`` interleaved runs.
+Needs h5py, Pillow, zarr and cv2 (to write the JPEG pictures as ALOHA does).
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ def test_jpeg_cameras_decode_as_cv2_does_and_near_the_recorded_pictures():
 def test_tasks_come_from_problem_info_one_per_file_in_a_libero_folder():
     ds = opened("libero")
     assert ds.tasks == ["open the top drawer of the cabinet", "turn on the stove"]
-    assert [ds.task(e) for e in range(len(ds))] == ["open the top drawer of the cabinet"] * 2 + ["turn on the stove"] * 2
+    assert [ds.task(e) for e in range(len(ds))] == ["open the top drawer of the cabinet"] * 2 + [
+        "turn on the stove"] * 2
     assert opened("aloha_raw").task(0) == "" and opened("pusht").task(4) == ""
 
 

@@ -151,7 +151,10 @@ class Hdf5Source(EpisodeSource):
         return Feature("video" if video else "array", "uint8" if video else column.dtype, shape, fps)
 
     def _first_picture(self, name: str) -> np.ndarray:
-        episode = self._episodes[0]
+        """The first picture of the first episode that has one: its size is the feature's."""
+        episode = next((e for e in self._episodes if e.length > 0), None)
+        if episode is None:
+            raise ValueError(f"{self.name}: every episode is empty, so the size of {name!r}'s pictures is unknown")
         column = self._columns[name]
         row = np.asarray(self._dataset(episode.file, episode.key(column.path))[0])
         sizes = episode.compress_len.get(name)

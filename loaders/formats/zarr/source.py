@@ -135,7 +135,9 @@ class ZarrSource(EpisodeSource):
                         if max(1, int(a.chunks[0])) * _row_bytes(a) <= _BLOCK_BYTES // 4}
 
     def describe(self, episode: int) -> str:
-        return f"{self.name} episode {episode} (rows {int(self._starts[episode])}..{int(self._starts[episode] + self._lengths[episode])})"
+        """Where an episode lives: the store and its rows (``start:end``) in every array of ``data/``."""
+        start = int(self._starts[episode])
+        return f"{self.name} episode {episode} (rows {start}:{start + int(self._lengths[episode])})"
 
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
         """The requested rows of each request, each array read by slice (the chunks it touches)."""
