@@ -20,15 +20,17 @@ from mmfeed.loaders.stores.index import INDEX_FILENAME
 from mmfeed.loaders.transport.files import is_url
 from mmfeed.loaders.transport.remote import explained
 
-__all__ = ["open_dataset"]
+__all__ = ["format_of", "open_dataset", "open_each"]
 
 
 def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
                  embodiments: Sequence[str] | Mapping[str, str] | None = None, rename: Any = None,
                  absent: str | None = None, revision: str | None = None, download: bool = False,
                  **kwargs: Any) -> EpisodeSource:
-    """Open webdataset shards (a directory, brace pattern, glob, URL or index file), a LeRobot v3 directory, or a
-    list of them.
+    """Open webdataset shards (a directory, brace pattern, glob, URL or index file), a LeRobot v3 directory, HDF5
+    demonstrations (a robomimic/LIBERO file, or a folder of them or of ACT/ALOHA episode files), a Zarr
+    ReplayBuffer, or a list of them. HDF5 and Zarr files record no frame rate: give ``fps=`` (and ``layout=``,
+    ``split=`` where wanted; see :class:`~mmfeed.loaders.sources.options.ReadOptions`).
 
     A list of tar shards is one dataset; a list of datasets (directories, index files, or sources already open)
     is a mixture of them (:class:`~mmfeed.loaders.sources.concat.ConcatSource`; ``Packing(weights=...)`` weighs
@@ -92,6 +94,26 @@ def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
     if len(datasets) == 1 and not crossed and absent == "skip":
         return datasets[0]
     return ConcatSource(datasets, names=names, pad_to=pad_to, embodiments=embodiments, absent=absent)
+
+
+def format_of(path: str | os.PathLike) -> str | None:
+    """The name of the registered format (:data:`~mmfeed.loaders.formats.FORMATS`) whose detection takes ``path``,
+    or None (``open_dataset`` then reads it as webdataset shards)."""
+    spec = os.fspath(path)
+    with _reaching(spec):
+        return next((fmt.name for fmt in registered() if fmt.detect(spec) is not None), None)
+
+
+def open_each(paths: Sequence[Any], *, revision: str | None = None, download: bool = False,
+              **kwargs: Any) -> list[EpisodeSource]:
+    """Each of ``paths`` opened alone (no mixture: their features need not agree), each with the options of
+    ``kwargs`` its format takes; an option that none of them takes is refused, as :func:`open_dataset` does (Hub
+    ids too, with ``revision`` and ``download``). For passes over several datasets, such as
+    ``mmfeed stats --fps 10 a.hdf5 lerobot/``."""
+    options = ReadOptions.of(**kwargs)
+    resolved = [_resolve(p, {"revision": revision, "download": download}) for p in paths]
+    _check_options(options, _formats_in(resolved))
+    return [_open(item, options) for item in resolved]
 
 
 def _renames(rename: Any, names: list[str], datasets: list[EpisodeSource]) -> list[dict[str, str]]:

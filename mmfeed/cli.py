@@ -202,7 +202,8 @@ def _inspect(args: argparse.Namespace) -> int:
     from mmfeed.inspection import format_inspection, inspect_dataset, window_packing
     from mmfeed.loaders import open_dataset
 
-    source = open_dataset(args.path, backend=args.backend)
+    options = {"fps": args.fps} if args.fps is not None else {}
+    source = open_dataset(args.path, backend=args.backend, **options)
     packing = window_packing(source, capacity=args.capacity, rows_per_batch=args.rows_per_batch,
                              history=args.history, horizon=args.horizon, tokens_per_frame=args.tokens_per_frame,
                              max_length=args.max_length, stride=args.stride, algorithm=args.algorithm, seed=args.seed)
@@ -377,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=INT1, default=1, help="ranks the epoch is dealt to (default 1)")
     p.add_argument("--seed", type=INT0, default=0)
     p.add_argument("--backend", choices=VIDEO_BACKENDS, default="auto")
+    p.add_argument("--fps", type=_positive(float, 0), default=None,
+                   help="steps per second of a dataset whose files record none (HDF5 and Zarr demonstrations)")
     p.add_argument("--json", metavar="FILE", help="also write the survey and forecast as JSON")
     p.set_defaults(func=_inspect)
 

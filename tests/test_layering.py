@@ -275,7 +275,8 @@ def test_the_loop_imports_the_planned_path_never_the_reverse():
 
 
 @pytest.mark.parametrize("room_name", ["planned", "loop", "streaming", "conversion", "observe", "sources", "stores",
-                                       "transport", "formats", "formats/lerobot", "formats/webdataset"])
+                                       "transport", "formats", "formats/lerobot", "formats/webdataset",
+                                       "formats/hdf5", "formats/zarr"])
 def test_each_room_is_a_package_with_its_own_docstring(room_name):
     init = ROOT / "loaders" / room_name / "__init__.py"
     assert init.is_file() and ast.get_docstring(ast.parse(init.read_text()))

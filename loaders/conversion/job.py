@@ -48,6 +48,7 @@ from typing import Any
 
 from mmfeed._parsing import FRAME_SIZE, frame_size
 from mmfeed.loaders.conversion.engines import ConvertError, Progress, encoder_versions, run_local, run_ray
+from mmfeed.loaders.sources.options import ReadOptions
 
 __all__ = ["MANIFEST", "ConvertError", "ConvertSummary", "add_arguments", "convert", "run"]
 
@@ -72,6 +73,8 @@ class Job:
     crf: int | None
     frame_size: Any
     errors: str
+    options: tuple = ()
+    """``(name, value)`` of the read options the source is opened with (``fps``, ``layout``, ``split``)."""
 
 
 @dataclass
@@ -114,7 +117,8 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
             crf: int | None = None, frame_size: Any = None, episodes_per_shard: int | None = None,
             shard_size_mb: float | None = None, workers: int = 1, engine: str = "local",
             ray_address: str | None = None, max_retries: int = 3, resume: bool = False, overwrite: bool = False,
-            errors: str = "raise", progress: bool = True) -> ConvertSummary:
+            errors: str = "raise", progress: bool = True, fps: float | None = None, layout: str | None = None,
+            split: str | None = None) -> ConvertSummary:
     """Convert ``src`` into shards and their index in ``dst``; return a :class:`ConvertSummary`.
 
     codec: "h264", "av1", "hevc" (:data:`CODEC_CHOICES`; any other is a ValueError) or "copy" (see the
@@ -126,18 +130,22 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
         into shards. workers: processes (local) or CPUs of a local Ray.
         errors: "raise" stops at the first episode that fails, with a :class:`ConvertError` naming it and its
         source file; "skip" records it in the manifest and converts the rest. progress: a tqdm bar on stderr
-        (drawn only when stderr is a terminal).
+        (drawn only when stderr is a terminal). fps, layout, split: how HDF5 and Zarr demonstrations are read
+        (see :class:`~mmfeed.loaders.sources.options.ReadOptions`; their files record no frame rate, so ``fps`` is
+        required for them).
     """
     from mmfeed.loaders.conversion.readers import iter_generator, open_reader  # heavy: not at `mmfeed --help`
 
+    read = {k: v for k, v in (("fps", fps), ("layout", layout), ("split", split)) if v is not None}
     job, plan = _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size_mb, workers, engine,
-                       errors, max_retries)
+                       errors, max_retries, read)
     started = time.perf_counter()
     # the source first: one that cannot be read leaves DST as it was
     reader = open_reader(job) if job.kind != "generator" else None
     generated = iter_generator(src if callable(src) else job.src) if reader is None else None
     total = len(reader) if reader is not None else None
-    header = {**_FORMAT, "job": {**{k: v for k, v in asdict(job).items() if k not in ("dst", "errors")},
+    header = {**_FORMAT, "job": {**{k: v for k, v in asdict(job).items()
+                                    if k not in ("dst", "errors") and not (k == "options" and not v)},
                                  **plan, "encoder": encoder_versions()}}
     manifest = _Manifest(os.path.join(job.dst, MANIFEST), header)
     done, complete = _prepare(job, manifest, resume, overwrite)
@@ -176,7 +184,7 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
 
 
 def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size_mb, workers, engine, errors,
-           max_retries) -> tuple[Job, dict[str, Any]]:
+           max_retries, read: dict[str, Any] | None = None) -> tuple[Job, dict[str, Any]]:
     """The job and its shard plan settings, every argument validated before anything is read or written."""
     from mmfeed.codecs.encode import encoder_name
     from mmfeed.loaders.conversion.readers import source_kind
@@ -218,7 +226,14 @@ def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size
         raise ValueError(f"DST {dst} is SRC: write the conversion to another directory")
     plan = {"episodes_per_shard": None if shard_size_mb is not None else episodes_per_shard or
             DEFAULT_EPISODES_PER_SHARD, "shard_size_mb": shard_size_mb}
-    return Job(spec, kind, dst, codec, gop, crf, frame_size, errors), plan
+    read = dict(read or {})
+    if read and kind != "dataset":
+        what = {"generator": "a generator", "lerobot": "a LeRobot directory"}.get(kind, "webdataset shards")
+        raise ValueError(f"{src}: {sorted(read)} are read options of HDF5 and Zarr demonstrations, and SRC is "
+                         f"{what}; drop them")
+    if read.get("fps") is not None:
+        ReadOptions(fps=read["fps"])  # a number > 0, checked now
+    return Job(spec, kind, dst, codec, gop, crf, frame_size, errors, tuple(sorted(read.items()))), plan
 
 
 def _tasks(job: Job, generated: Iterator | None, reader: Any, plan: dict[str, Any], done: dict[int, dict]
@@ -422,7 +437,8 @@ DESCRIPTION = ("Convert SRC (a LeRobot v3 directory or fsspec URL, webdataset sh
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``mmfeed convert`` options, on ``parser`` (a subcommand's)."""
     parser.add_argument("src", metavar="SRC", help="LeRobot v3 directory or URL, webdataset shards (directory, "
-                                                  "pattern) or module:function (a generator of episodes)")
+                                                  "pattern), HDF5 or Zarr demonstrations (with --fps) or "
+                                                  "module:function (a generator of episodes)")
     parser.add_argument("dst", metavar="DST", help="output directory (new or empty, unless --resume/--overwrite)")
     parser.add_argument("--codec", default="h264", choices=CODEC_CHOICES,
                         help="h264 (default), av1, hevc, or copy: keep the source's video bytes when no --gop or "
@@ -448,6 +464,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace the shards, index and manifest in DST")
     parser.add_argument("--errors", choices=["raise", "skip"], default="raise",
                         help="raise: stop at an episode that fails (default); skip: record it in the manifest")
+    parser.add_argument("--fps", type=float, default=None, help="steps per second of HDF5 and Zarr "
+                        "demonstrations (their files record none)")
+    parser.add_argument("--layout", default=None, help="HDF5: robomimic or aloha; Zarr: replay_buffer (default: "
+                        "detected)")
+    parser.add_argument("--split", default=None, help="HDF5 (robomimic): the episodes of mask/<SPLIT> only")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when "
                         "stderr is a terminal)")
 
@@ -459,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
                       episodes_per_shard=args.episodes_per_shard, shard_size_mb=args.shard_size_mb,
                       workers=args.workers, engine=args.engine, ray_address=args.ray_address,
                       max_retries=args.max_retries, resume=args.resume, overwrite=args.overwrite, errors=args.errors,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, fps=args.fps, layout=args.layout, split=args.split)
     seconds = max(summary.seconds, 1e-9)
     print(f"converted {summary.episodes} episode(s) into {summary.shards} shard(s), {summary.bytes / 1e6:.1f} MB, in "
           f"{summary.seconds:.1f} s ({summary.episodes / seconds:.2f} episodes/s, {summary.bytes / 1e6 / seconds:.1f} "

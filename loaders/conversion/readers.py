@@ -6,6 +6,8 @@ the keyword arguments of :func:`~mmfeed.loaders.conversion.writer.episode_sample
   by ``frame_size`` inside the decoder) and encoded, or under ``codec="copy"`` the episode's packets remuxed out of
   the concatenated file (:func:`remux_episode`: the same compressed bytes, so the same decoded pixels).
 - webdataset shards (v1 or v2): arrays read, videos decoded and encoded, or under ``copy`` kept byte for byte.
+- HDF5 and Zarr demonstrations (any other format ``open_dataset`` detects), opened with the job's read options
+  (``fps``, ``layout``, ``split``): arrays read, pictures encoded.
 - ``module:function`` (or a callable): a generator of episode dicts (:func:`normalize_episode`), iterated by the
   driver; its frames are encoded by the workers.
 
@@ -38,15 +40,17 @@ _RAW_TO_MP4 = 50.0
 
 
 def source_kind(src: Any) -> str:
-    """"lerobot", "shards" or "generator" for a convert SRC (path, URL, ``module:function`` or callable)."""
+    """"lerobot", "shards", "dataset" (any other format ``open_dataset`` detects: HDF5, Zarr) or "generator" for a
+    convert SRC (path, URL, ``module:function`` or callable)."""
     if callable(src):
         return "generator"
     spec = os.fspath(src)
     if ":" in spec and "://" not in spec and not os.path.exists(spec) and not spec[1:3] == ":\\":
         return "generator"
-    from mmfeed.loaders.formats.lerobot.source import is_lerobot_dir
+    from mmfeed.loaders.open import format_of
 
-    return "lerobot" if is_lerobot_dir(spec) else "shards"
+    name = format_of(spec)
+    return "lerobot" if name == "lerobot" else "shards" if name in (None, "webdataset") else "dataset"
 
 
 def open_reader(job) -> Any:
@@ -54,7 +58,8 @@ def open_reader(job) -> Any:
     key = repr(job)
     reader = _OPEN.get(key)
     if reader is None:
-        reader = {"lerobot": LeRobotReader, "shards": ShardReader, "generator": GeneratorReader}[job.kind](job)
+        reader = {"lerobot": LeRobotReader, "shards": ShardReader, "dataset": DatasetReader,
+                  "generator": GeneratorReader}[job.kind](job)
         _OPEN.clear()
         _OPEN[key] = reader
     return reader
@@ -230,6 +235,43 @@ class ShardReader(_SourceReader):
 
     def video_bytes(self, e: int, f: str) -> float:
         return float(self.source._members[f][1][e])
+
+
+class DatasetReader(_SourceReader):
+    """Episodes of the other formats ``open_dataset`` reads (HDF5, Zarr), opened with the job's read options
+    (``fps``, ``layout``, ``split``): arrays read, pictures encoded (resized first by ``frame_size``)."""
+
+    def __init__(self, job) -> None:
+        super().__init__(job)
+        from mmfeed.loaders.open import open_each
+
+        self.source = open_each([job.src], **dict(job.options))[0]
+        self._check()
+        self.stored_shape = {f: tuple(self.source.features[f].shape) for f in self.videos}
+
+    def key(self, e: int) -> str:
+        return f"episode_{e:06d}"
+
+    def describe(self, e: int) -> str:
+        return self.source.describe(e)
+
+    def read(self, e: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        features: dict[str, Any] = self.read_arrays(e)
+        frames = self.read_frames(e, self.videos)
+        for f in self.videos:
+            size = _size_of(self.job.frame_size, f)
+            if size is not None and tuple(frames[f].shape[1:3]) != size:
+                frames[f] = _resize(frames[f], size)
+        self.seconds["read"] += time.perf_counter() - start
+        rates = self.rates(e)
+        for f in self.videos:
+            features[f] = self.encode(frames[f], rates.get(f, float(self.source.fps[e])))
+        return {"features": {f: features[f] for f in self.source.features}, "fps": float(self.source.fps[e]),
+                "rates": rates, "task": self.tasks(e), "key": self.key(e)}
+
+    def video_bytes(self, e: int, f: str) -> float:
+        return int(self.source.frames(f)[e]) * float(np.prod(self.stored_shape[f])) / _RAW_TO_MP4
 
 
 class GeneratorReader(_Reader):

@@ -292,7 +292,8 @@ def _opened(dataset: Any) -> Any:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``mmfeed stats``."""
-    p.add_argument("paths", nargs="+", metavar="PATH", help="webdataset shards or LeRobot v3 directories")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="webdataset shards, LeRobot v3 directories, HDF5 or "
+                   "Zarr demonstrations (with --fps)")
     p.add_argument("--names", help="comma-separated, one per PATH (default: the paths)")
     p.add_argument("--embodiments", help="comma-separated, one per PATH: datasets of one robot merge into its stats")
     p.add_argument("--features", help="comma-separated array features (default: every numeric array feature)")
@@ -301,6 +302,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--action", default="action", help="the action feature for --delta (default action)")
     p.add_argument("--state", default="observation.state", help="the state feature for --delta")
     p.add_argument("--horizon", type=int, default=1, help="action steps from each anchor for --delta (default 1)")
+    p.add_argument("--fps", type=float, default=None, help="steps per second of the datasets whose files record "
+                   "none (HDF5 and Zarr demonstrations)")
     p.add_argument("--workers", type=int, default=1, help="processes (local) or CPUs of a local Ray (default 1)")
     p.add_argument("--engine", choices=["local", "ray"], default="local")
     p.add_argument("--ray-address", default=None, help="a Ray cluster to join (default: a running one, else local)")
@@ -323,9 +326,14 @@ def run(args: argparse.Namespace) -> int:
 
         delta = DeltaActions(_elements(args.delta), action=args.action, state=args.state)
     names = split(args.names) if args.names else None
+    paths: list = list(args.paths)
+    if args.fps is not None:  # datasets whose files record no frame rate (HDF5, Zarr): opened here, at that rate
+        from mmfeed.loaders.open import open_each
+
+        paths = open_each(paths, fps=args.fps)  # each dataset with fps= where its format takes it
     start = time.perf_counter()
     with progress_bar(desc="stats", unit="episode", enabled=not args.no_progress) as bar:
-        result = compute_stats(args.paths, names=names,
+        result = compute_stats(paths, names=names,
                                embodiments=split(args.embodiments) if args.embodiments else None,
                                features=split(args.features) if args.features else None, delta=delta,
                                horizon=args.horizon, workers=args.workers, engine=args.engine,

@@ -36,7 +36,7 @@ from mmfeed.loaders.sources.base import EpisodeSource
 
 __all__ = ["FORMATS", "Format", "registered"]
 
-FORMATS: tuple[str, ...] = ("lerobot", "webdataset")
+FORMATS: tuple[str, ...] = ("lerobot", "hdf5", "zarr", "webdataset")
 """The formats :func:`~mmfeed.loaders.open_dataset` reads, in the order their ``detect`` is asked."""
 
 

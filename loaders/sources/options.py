@@ -71,6 +71,12 @@ class ReadOptions:
         opens (before ``features`` or a loader sizes anything by them), and a video whose stream header does when
         it is first read, before any frame of it is decoded: a tiny file can declare frames of gigabytes. Every
         format.
+    fps: the control rate of datasets whose files record none (HDF5 and Zarr demonstrations: robomimic, LIBERO,
+        ACT/ALOHA, diffusion_policy's ReplayBuffer), in steps per second; required for them. HDF5 and Zarr.
+    layout: which layout of a format to read, where it has several: HDF5 ``"robomimic"`` (also LIBERO's) or
+        ``"aloha"`` (ACT/ALOHA, one file per episode), Zarr ``"replay_buffer"``; None detects it. HDF5 and Zarr.
+    split: the episodes of one split: the name of a robomimic ``mask/<split>`` list (``"train"``, ``"valid"``, ...);
+        None reads every episode. HDF5 (robomimic layout).
     """
 
     backend: str = "auto"
@@ -85,6 +91,9 @@ class ReadOptions:
     device: str | None = None
     errors: str = "raise"
     max_frame_pixels: int | None = MAX_FRAME_PIXELS
+    fps: float | None = None
+    layout: str | None = None
+    split: str | None = None
 
     def __post_init__(self) -> None:
         if self.device is not None and self.cache is not None:
@@ -118,6 +127,13 @@ class ReadOptions:
                              f"data does when the dataset opens), got {self.errors!r}")
         if not isinstance(self.check_index, bool):
             raise ValueError(f"check_index must be True or False, got {self.check_index!r}")
+        if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, (int, float))
+                                     or not (0 < self.fps < float("inf"))):
+            raise ValueError(f"fps must be a number of steps per second > 0, got {self.fps!r}")
+        for name in ("layout", "split"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string (or None), got {value!r}")
 
     @classmethod
     def names(cls) -> list[str]:
