@@ -71,6 +71,14 @@ class ReadOptions:
         opens (before ``features`` or a loader sizes anything by them), and a video whose stream header does when
         it is first read, before any frame of it is decoded: a tiny file can declare frames of gigabytes. Every
         format.
+    split: which split of an RLDS dataset to read (``"train"``, the default, ``"val"``, ...). RLDS datasets.
+    fps: the control rate of an RLDS dataset's steps, which RLDS does not record: windows and rates in seconds
+        need it (an Open X-Embodiment dataset whose name is in the published table gets its rate without it).
+        RLDS datasets.
+    task_key: the step text feature that is each step's task (default ``"language_instruction"``; a dataset
+        without it has no tasks). RLDS datasets.
+    bgr: the dataset stores its pictures as BGR (some Open X-Embodiment datasets do): channels are swapped to RGB
+        after decoding. RLDS datasets.
     """
 
     backend: str = "auto"
@@ -85,6 +93,10 @@ class ReadOptions:
     device: str | None = None
     errors: str = "raise"
     max_frame_pixels: int | None = MAX_FRAME_PIXELS
+    split: str = "train"
+    fps: float | None = None
+    task_key: str = "language_instruction"
+    bgr: bool = False
 
     def __post_init__(self) -> None:
         if self.device is not None and self.cache is not None:
@@ -116,6 +128,16 @@ class ReadOptions:
         if self.errors not in ERROR_CHOICES:
             raise ValueError(f"errors must be 'raise' or 'skip' (what an episode whose metadata disagrees with the "
                              f"data does when the dataset opens), got {self.errors!r}")
+        if not isinstance(self.split, str) or not self.split:
+            raise ValueError(f"split must be a split's name such as 'train', got {self.split!r}")
+        if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, (int, float))
+                                     or not 0 < self.fps < float("inf")):
+            raise ValueError(f"fps must be the control rate in steps per second (a finite number > 0), got "
+                             f"{self.fps!r}")
+        if not isinstance(self.task_key, str) or not self.task_key:
+            raise ValueError(f"task_key must name a text feature of the steps, got {self.task_key!r}")
+        if not isinstance(self.bgr, bool):
+            raise ValueError(f"bgr must be True or False, got {self.bgr!r}")
         if not isinstance(self.check_index, bool):
             raise ValueError(f"check_index must be True or False, got {self.check_index!r}")
 

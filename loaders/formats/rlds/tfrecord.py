@@ -1,0 +1,166 @@
+"""TFRecord framing, read without TensorFlow: records located by one scan of a shard, each read and checked.
+
+A TFRecord file is a run of records, each framed as::
+
+    uint64 length (little-endian) | uint32 masked CRC-32C of those 8 bytes | length bytes of payload |
+    uint32 masked CRC-32C of the payload
+
+where a masked CRC is ``((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32). :func:`scan_records` walks a
+shard's headers (checking each length's CRC) and returns every record's payload offset and length;
+:func:`check_record` checks a payload's CRC once it is read. Both CRCs are checked, so a flipped byte anywhere
+in a record is an error naming the file, the record and its byte offset, never wrong data.
+
+CRC-32C is computed by a slicing-by-8 table kernel compiled with numba (cached on disk): about 1-2 GB/s on
+one core, against a few MB/s for a byte-at-a-time loop in Python.
+
+    >>> masked_crc32c(b"123456789") == _mask(0xE3069283)
+    True
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import BinaryIO
+
+import numpy as np
+from numba import njit
+
+__all__ = ["TFRecordError", "check_record", "crc32c", "framed_size", "masked_crc32c", "scan_records",
+           "split_record"]
+
+_HEADER = 12  # u64 length and its masked crc
+_FOOTER = 4  # the payload's masked crc
+_MASK_DELTA = 0xA282EAD8
+_POLY = 0x82F63B78  # CRC-32C (Castagnoli), reflected
+
+
+class TFRecordError(ValueError):
+    """A shard whose framing is broken: truncated, a length or payload whose CRC disagrees, or no records."""
+
+
+def _tables() -> np.ndarray:
+    tables = np.zeros((8, 256), np.uint32)
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ _POLY if c & 1 else c >> 1
+        tables[0, n] = c
+    for n in range(256):
+        c = int(tables[0, n])
+        for k in range(1, 8):
+            c = int(tables[0, c & 0xFF]) ^ (c >> 8)
+            tables[k, n] = c
+    return tables
+
+
+_TABLES = _tables()
+
+
+@njit(cache=True, nogil=True)
+def _crc32c_kernel(data: np.ndarray, tables: np.ndarray) -> np.uint32:
+    crc = np.uint32(0xFFFFFFFF)
+    n = data.shape[0]
+    i = 0
+    while i + 8 <= n:
+        crc ^= (np.uint32(data[i]) | (np.uint32(data[i + 1]) << np.uint32(8))
+                | (np.uint32(data[i + 2]) << np.uint32(16)) | (np.uint32(data[i + 3]) << np.uint32(24)))
+        crc = (tables[7, crc & np.uint32(0xFF)] ^ tables[6, (crc >> np.uint32(8)) & np.uint32(0xFF)]
+               ^ tables[5, (crc >> np.uint32(16)) & np.uint32(0xFF)] ^ tables[4, crc >> np.uint32(24)]
+               ^ tables[3, data[i + 4]] ^ tables[2, data[i + 5]] ^ tables[1, data[i + 6]] ^ tables[0, data[i + 7]])
+        i += 8
+    while i < n:
+        crc = tables[0, (crc ^ np.uint32(data[i])) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
+        i += 1
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
+    """The CRC-32C (Castagnoli) of ``data``."""
+    array = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
+    return int(_crc32c_kernel(array, _TABLES))
+
+
+def _mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def masked_crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
+    """The masked CRC-32C TFRecord stores beside a length and a payload."""
+    return _mask(crc32c(data))
+
+
+def check_record(payload: bytes | memoryview, stored_crc: int, where: str) -> None:
+    """Raise :class:`TFRecordError` naming ``where`` when ``payload``'s masked CRC-32C is not ``stored_crc``."""
+    actual = masked_crc32c(payload)
+    if actual != stored_crc:
+        raise TFRecordError(f"{where}: the record's data fails its CRC-32C check (stored {stored_crc:#010x}, "
+                            f"computed {actual:#010x}): the shard is corrupt; download it again")
+
+
+def split_record(framed: bytes, where: str) -> memoryview:
+    """The payload of one whole framed record (header, payload and footer as read from the shard), both CRCs
+    checked."""
+    if len(framed) < _HEADER + _FOOTER:
+        raise TFRecordError(f"{where}: the record is truncated ({len(framed)} bytes, a record takes at least "
+                            f"{_HEADER + _FOOTER})")
+    length, length_crc = struct.unpack_from("<QI", framed)
+    if masked_crc32c(framed[:8]) != length_crc:
+        raise TFRecordError(f"{where}: the record's length fails its CRC-32C check: the shard is corrupt or the "
+                            "index is stale; download the shard again")
+    if len(framed) != _HEADER + length + _FOOTER:
+        raise TFRecordError(f"{where}: the record holds {length} bytes of data but {len(framed) - _HEADER - _FOOTER} "
+                            "were read: the shard is truncated or changed since it was indexed")
+    view = memoryview(framed)
+    payload = view[_HEADER:_HEADER + length]
+    (stored,) = struct.unpack_from("<I", framed, _HEADER + length)
+    check_record(payload, stored, where)
+    return payload
+
+
+def scan_records(file: BinaryIO, size: int, where: str,
+                 each: Callable[[int, int, memoryview, str | None], None] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Every record of the open shard ``file`` (``size`` bytes): ``(offsets, lengths)`` (int64), where a record's
+    frame starts and its payload's length. Each length's CRC is checked; with ``each``, every payload is read and
+    handed to ``each(k, offset, payload, problem)``, ``problem`` saying why the payload fails its CRC (None where
+    it passes; the scan goes on, the framing being sound). A shard that ends inside a record, or a length that
+    fails its CRC (nothing after it can be found), is a :class:`TFRecordError` naming the file, the record and the
+    offset."""
+    offsets: list[int] = []
+    lengths: list[int] = []
+    position = 0
+    while position < size:
+        k = len(offsets)
+        file.seek(position)
+        header = file.read(_HEADER)
+        if len(header) < _HEADER:
+            raise TFRecordError(f"{where}: record {k} at byte {position} is truncated (the file ends inside its "
+                                f"header, {size} bytes): download the shard again")
+        length, length_crc = struct.unpack("<QI", header)
+        if masked_crc32c(header[:8]) != length_crc:
+            raise TFRecordError(f"{where}: record {k} at byte {position}: its length fails its CRC-32C check: not a "
+                                "TFRecord file, or a corrupt one; download the shard again")
+        end = position + _HEADER + length + _FOOTER
+        if end > size:
+            raise TFRecordError(f"{where}: record {k} at byte {position} is truncated: it holds {length} bytes of "
+                                f"data, the file ends {end - size} bytes short; download the shard again")
+        if each is not None:
+            rest = file.read(length + _FOOTER)
+            payload = memoryview(rest)[:length]
+            (stored,) = struct.unpack_from("<I", rest, length)
+            problem = None
+            try:
+                check_record(payload, stored, f"{where} record {k} (byte {position})")
+            except TFRecordError as err:
+                problem = str(err)
+            each(k, position, payload, problem)
+        offsets.append(position)
+        lengths.append(length)
+        position = end
+    return np.asarray(offsets, np.int64), np.asarray(lengths, np.int64)
+
+
+def framed_size(length: int) -> int:
+    """Bytes a record of ``length`` bytes of data takes in a shard, framing included."""
+    return _HEADER + int(length) + _FOOTER
