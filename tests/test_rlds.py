@@ -285,3 +285,44 @@ def test_options_other_formats_read_are_refused_and_rlds_options_checked():
         open_dataset(VERSION, tolerance_s=0.1)
     with pytest.raises(ValueError, match="fps must be the control rate"):
         open_dataset(VERSION, fps=0)
+
+
+# -- remote ---------------------------------------------------------------------------------------------------
+
+def same_episodes(remote, local):
+    assert len(remote) == len(local) and remote.lengths.tolist() == local.lengths.tolist()
+    assert remote.tasks == local.tasks and remote.features == local.features
+    for e in range(len(local)):
+        a, b = remote.episode(e), local.episode(e)
+        assert a.keys() == b.keys()
+        for key in b:
+            if key == "contacts":
+                assert all(np.array_equal(x, y) for x, y in zip(a[key], b[key]))
+            elif isinstance(b[key], np.ndarray):
+                assert np.array_equal(a[key], b[key]), (e, key)
+            else:
+                assert a[key] == b[key], (e, key)
+
+
+def test_the_corpus_over_http_reads_the_local_episodes():
+    from http_server import serve
+
+    with serve(CORPUS) as server:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        remote = open_dataset(f"{base}/mmfeed_rlds_corpus/1.0.0", split="val", fps=5)
+        assert remote.files.remote
+        same_episodes(remote, open_dataset(VERSION, split="val", fps=5))
+        served = [path for method, path, n in server.served if method == "GET" and "tfrecord" in path]
+        assert served  # the records came over HTTP, by range
+
+
+def test_the_corpus_from_a_local_s3_server_reads_the_local_episodes():
+    from s3_server import moto_s3
+
+    with moto_s3() as s3:
+        s3.create_bucket(Bucket="oxe")
+        for path in VERSION.iterdir():
+            s3.upload_file(str(path), "oxe", f"mmfeed_rlds_corpus/1.0.0/{path.name}")
+        remote = open_dataset("s3://oxe/mmfeed_rlds_corpus", fps=5)  # the dataset directory: its highest version
+        assert remote.files.root == "s3://oxe/mmfeed_rlds_corpus/1.0.0"
+        same_episodes(remote, open_dataset(VERSION, fps=5))
