@@ -198,11 +198,12 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    _check_exists(args.path, "give webdataset shards or a LeRobot v3 directory")
+    _check_exists(args.path, "give webdataset shards, a LeRobot v3 directory or an RLDS dataset")
     from mmfeed.inspection import format_inspection, inspect_dataset, window_packing
     from mmfeed.loaders import open_dataset
 
-    source = open_dataset(args.path, backend=args.backend)
+    rlds = {k: v for k, v in (("split", args.split), ("fps", args.fps)) if v is not None}  # RLDS datasets' own
+    source = open_dataset(args.path, backend=args.backend, **rlds)
     packing = window_packing(source, capacity=args.capacity, rows_per_batch=args.rows_per_batch,
                              history=args.history, horizon=args.horizon, tokens_per_frame=args.tokens_per_frame,
                              max_length=args.max_length, stride=args.stride, algorithm=args.algorithm, seed=args.seed)
@@ -362,7 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "efficiency, rows, steps and tokens at --capacity, planned exactly as "
                                    "mmfeed.DataLoader(packing=...) would, beside pad-to-longest batches.",
                        epilog=EPILOG)
-    p.add_argument("path", metavar="PATH", help="webdataset shards (directory, pattern) or a LeRobot v3 directory")
+    p.add_argument("path", metavar="PATH", help="webdataset shards (directory, pattern), a LeRobot v3 directory or "
+                                               "an RLDS dataset (its version directory or the directory above)")
+    p.add_argument("--split", default=None, help="the split of an RLDS dataset (default train)")
+    p.add_argument("--fps", type=float, default=None,
+                   help="the control rate of an RLDS dataset's steps, which RLDS does not record")
     p.add_argument("--capacity", type=INT1, default=8192, help="tokens per packed row (default 8192)")
     p.add_argument("--rows-per-batch", type=INT1, default=1, help="packed rows per batch (default 1)")
     p.add_argument("--history", type=INT1, default=4,

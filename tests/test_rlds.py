@@ -326,3 +326,18 @@ def test_the_corpus_from_a_local_s3_server_reads_the_local_episodes():
         remote = open_dataset("s3://oxe/mmfeed_rlds_corpus", fps=5)  # the dataset directory: its highest version
         assert remote.files.root == "s3://oxe/mmfeed_rlds_corpus/1.0.0"
         same_episodes(remote, open_dataset(VERSION, fps=5))
+
+
+def test_mmfeed_inspect_surveys_a_split_with_its_stats_from_the_index(tmp_path, capsys):
+    from mmfeed.cli import main
+
+    report = tmp_path / "inspect.json"
+    assert main(["inspect", str(DATASET), "--split", "val", "--fps", "10", "--horizon", "4", "--capacity", "256",
+                 "--tokens-per-frame", "16", "--json", str(report)]) == 0
+    assert "RldsSource): 4 episodes" in capsys.readouterr().out
+    info = json.loads(report.read_text())
+    want = np.concatenate([episode["steps/observation/state"] for episode in oracle("val")])
+    state = info["features"][STATE]
+    assert (state["kind"], state["dtype"], state["shape"], state["fps"]) == ("array", "float64", [8], 10.0)
+    np.testing.assert_allclose(state["stats"]["mean"], want.mean(axis=0), rtol=1e-9)
+    assert info["features"][IMAGE]["stats"] == {}
