@@ -38,7 +38,7 @@ from mmfeed.loaders.clock import stage
 from mmfeed.loaders.formats.rlds.example import ExampleError, parse_example
 from mmfeed.loaders.formats.rlds.index import record_index
 from mmfeed.loaders.formats.rlds.metadata import decode_leaf, locate, read_leaves, read_split
-from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, framed_size, split_record
+from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_size, split_record
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.consistency import Verdict, settle
 from mmfeed.loaders.sources.options import ReadOptions
@@ -104,6 +104,7 @@ class RldsSource(EpisodeSource):
         self._frames = dict.fromkeys(self.features, self._lengths)
         self.stats = index.stats
         self._records = LRU(options.cache_episodes)  # episode -> parsed record
+        crc32c(b"")  # the compiled CRC kernel loaded now, in this process: forked workers inherit it
 
     def _feature(self, leaf, rate: float) -> Feature:
         if leaf.kind == "image":
