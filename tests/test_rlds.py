@@ -341,3 +341,18 @@ def test_mmfeed_inspect_surveys_a_split_with_its_stats_from_the_index(tmp_path, 
     assert (state["kind"], state["dtype"], state["shape"], state["fps"]) == ("array", "float64", [8], 10.0)
     np.testing.assert_allclose(state["stats"]["mean"], want.mean(axis=0), rtol=1e-9)
     assert info["features"][IMAGE]["stats"] == {}
+
+
+def test_split_slices_take_the_episodes_tfds_would():
+    whole = open_dataset(VERSION, fps=10)
+    for split, want in (("train[:50%]", slice(0, 4)), ("train[2:5]", slice(2, 5)), ("train[-2:]", slice(7, 9)),
+                        ("train[10%:]", slice(1, 9))):  # TFDS rounds percent bounds to the nearest episode
+        part = open_dataset(VERSION, split=split, fps=10)
+        assert part.lengths.tolist() == whole.lengths[want].tolist(), split
+        assert np.array_equal(part.episode(0)[ACTION], whole.episode(want.start)[ACTION]), split
+    with pytest.raises(ValueError, match=r"split 'train\[:90\]%': give a split's name, or one sliced as TFDS"):
+        open_dataset(VERSION, split="train[:90]%")
+    with pytest.raises(ValueError, match="both bounds are percents or neither"):
+        open_dataset(VERSION, split="train[1:50%]")
+    with pytest.raises(ValueError, match=r"holds no episode of the 9 in split 'train'"):
+        open_dataset(VERSION, split="train[5:5]")

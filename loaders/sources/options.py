@@ -71,7 +71,8 @@ class ReadOptions:
         opens (before ``features`` or a loader sizes anything by them), and a video whose stream header does when
         it is first read, before any frame of it is decoded: a tiny file can declare frames of gigabytes. Every
         format.
-    split: which split of an RLDS dataset to read (``"train"``, the default, ``"val"``, ...). RLDS datasets.
+    split: which split of an RLDS dataset to read (``"train"``, the default, ``"val"``, ...), or a slice of one as
+        TFDS writes it (``"train[:90%]"``, ``"train[10:20]"``). RLDS datasets.
     fps: the control rate of an RLDS dataset's steps, which RLDS does not record: windows and rates in seconds
         need it (an Open X-Embodiment dataset whose name is in the published table gets its rate without it).
         RLDS datasets.

@@ -191,8 +191,9 @@ def _leaf(path: list[str], level: str, node: Mapping, where: str, ragged: bool) 
         if len(shape) != 3 or shape[2] != 3 or min(shape) <= 0 or image.get("dtype", "uint8") != "uint8":
             raise ValueError(f"{at}: an image of shape {list(shape)} and dtype {shorten(image.get('dtype'))}; mmfeed "
                              "reads uint8 colour pictures of known size ([H, W, 3])")
-        if ragged:
-            raise ValueError(f"{at}: a sequence of pictures within a step; mmfeed reads one picture a step")
+        if ragged or level != "step":
+            raise ValueError(f"{at}: {'a sequence of pictures within a step' if ragged else 'a picture per episode'}"
+                             "; mmfeed reads one picture a step")
         return Leaf(name, key, level, "image", "uint8", shape)
     if "text" in node:
         return Leaf(name, key, level, "ragged" if ragged else "text", "object", ())

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,6 +70,9 @@ class RldsSource(EpisodeSource):
         options = ReadOptions.of(options, **kwargs)
         options.refuse_others(self.READ_OPTIONS, self.FORMAT, os.fspath(path))
         self.options = options
+        if options.bgr and options.frame_format != "rgb24":
+            raise ValueError(f"{os.fspath(path)}: bgr=True swaps the channels of RGB frames; it cannot be combined "
+                             f"with frame_format={options.frame_format!r} (drop one of them)")
         files = locate(os.fspath(path))
         if files is None:
             raise FileNotFoundError(f"{os.fspath(path)}: not an RLDS dataset (no dataset_info.json and features.json "
@@ -75,7 +80,8 @@ class RldsSource(EpisodeSource):
         self.files = files
         self.root = files.root
         self.split = options.split
-        self.dataset_name, self._shards, counts = read_split(files, self.split)
+        base, cut = split_slice(options.split)
+        self.dataset_name, self._shards, counts = read_split(files, base)
         self.name = f"{self.root}[{self.split}]"
         self._leaves = read_leaves(files)
         cameras = [leaf.name for leaf in self._leaves if leaf.kind == "image"]
@@ -83,10 +89,14 @@ class RldsSource(EpisodeSource):
             if leaf.kind == "image":
                 options.check_frame_pixels(files.where("features.json"), leaf.name, *leaf.shape[:2])
         self._sizes = options.frame_sizes(cameras, [leaf.name for leaf in self._leaves], self.root)
-        index = record_index(files, self.split, self._shards, counts, self._leaves, options.task_key)
-        kept, self.skipped = settle(_verdict(index.reasons), options.errors, self.name)
+        index = record_index(files, base, self._shards, counts, self._leaves, options.task_key)
+        chosen = np.arange(len(index.steps))[cut.slice(len(index.steps))]
+        if not len(chosen):
+            raise ValueError(f"{self.name}: the split slice {options.split!r} holds no episode of the "
+                             f"{len(index.steps)} in split {base!r}")
+        kept, self.skipped = settle(_verdict([index.reasons[k] for k in chosen.tolist()]), options.errors, self.name)
         starts = np.concatenate([[0], np.cumsum(index.steps)])
-        keep = np.flatnonzero(kept) if kept is not None else np.arange(len(index.steps))
+        keep = chosen[kept] if kept is not None else chosen
         self._shard_of = index.shard_of[keep].astype(np.int64)
         self._offset = index.offset[keep]
         self._length = index.length[keep]
@@ -230,6 +240,50 @@ class RldsSource(EpisodeSource):
             except ValueError as err:
                 raise SampleError(f"{where}: picture {i} of the request: {err}") from err
         return out
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """A split's slice: bounds as episode counts or percents (None: open)."""
+
+    start: float | None = None
+    stop: float | None = None
+    percent: bool = False
+
+    def slice(self, n: int) -> slice:
+        def bound(value: float | None) -> int | None:
+            if value is None:
+                return None
+            return int(round(value * n / 100)) if self.percent else int(value)
+
+        return slice(bound(self.start), bound(self.stop))
+
+
+_SLICE = re.compile(r"^([^\[\]]+)(?:\[(-?\d+)?(%)?:(-?\d+)?(%)?\])?$")
+
+
+def split_slice(split: str) -> tuple[str, _Cut]:
+    """``(split name, slice)`` of a TFDS split string: ``"train"``, ``"train[:90%]"``, ``"train[10:20]"``,
+    ``"val[-5:]"`` (both bounds counts or both percents, rounded to the nearest episode as TFDS does).
+
+    >>> split_slice("train[:90%]")[1].slice(10), split_slice("val[2:-1]")[1].slice(10)
+    (slice(None, 9, None), slice(2, -1, None))
+    """
+    match = _SLICE.match(split)
+    if match is None:
+        raise ValueError(f"split {split!r}: give a split's name, or one sliced as TFDS does: 'train[:90%]', "
+                         "'train[10:20]'")
+    name, start, first_pct, stop, second_pct = match.groups()
+    if "[" not in split:
+        return name, _Cut()
+    if (first_pct and start is None) or (second_pct and stop is None):
+        raise ValueError(f"split {split!r}: a '%' follows a number")
+    percent = bool(first_pct or second_pct)
+    if percent and ((start is not None and not first_pct) or (stop is not None and not second_pct)):
+        raise ValueError(f"split {split!r}: both bounds are percents or neither is")
+    if percent and any(v is not None and abs(int(v)) > 100 for v in (start, stop)):
+        raise ValueError(f"split {split!r}: a percent is between -100 and 100")
+    return name, _Cut(None if start is None else int(start), None if stop is None else int(stop), percent)
 
 
 def _verdict(reasons: list[str]) -> Verdict:
