@@ -356,3 +356,37 @@ def test_split_slices_take_the_episodes_tfds_would():
         open_dataset(VERSION, split="train[1:50%]")
     with pytest.raises(ValueError, match=r"holds no episode of the 9 in split 'train'"):
         open_dataset(VERSION, split="train[5:5]")
+
+
+def test_a_damaged_record_is_an_example_error_or_decodes_never_another_exception():
+    from mmfeed.loaders.formats.rlds.example import ExampleError
+
+    data = (VERSION / "mmfeed_rlds_corpus-val.tfrecord-00000-of-00003").read_bytes()
+    record = data[12:12 + struct.unpack_from("<Q", data)[0]]
+    rng = np.random.default_rng(0)
+    outcomes = set()
+    for _ in range(1500):
+        damaged = bytearray(record)
+        how = int(rng.integers(3))
+        if how == 0:  # bytes changed
+            for at in rng.integers(len(damaged), size=int(rng.integers(1, 4))):
+                damaged[at] = int(rng.integers(256))
+        elif how == 1:  # cut short
+            damaged = damaged[:int(rng.integers(len(damaged)))]
+        else:  # bytes inserted
+            at = int(rng.integers(len(damaged)))
+            damaged[at:at] = rng.integers(0, 256, int(rng.integers(1, 10)), dtype=np.uint8).tobytes()
+        try:
+            parse_example(bytes(damaged))
+            outcomes.add("decoded")
+        except ExampleError:
+            outcomes.add("refused")
+    assert outcomes == {"decoded", "refused"}
+
+
+def test_bgr_swaps_the_channels_of_every_picture():
+    rgb, bgr = open_dataset(VERSION).episode(2), open_dataset(VERSION, bgr=True).episode(2)
+    for camera in (IMAGE, WRIST):
+        assert np.array_equal(bgr[camera], rgb[camera][..., ::-1])
+    with pytest.raises(ValueError, match="bgr=True swaps the channels of RGB frames"):
+        open_dataset(VERSION, bgr=True, frame_format="yuv420")
