@@ -20,6 +20,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,80 +112,39 @@ def record_index(files: DatasetFiles, split: str, shards: Sequence[str], counts:
 
 
 def build(files: DatasetFiles, shards: Sequence[str], counts: Sequence[int], leaves: Sequence[Leaf],
-          task_key: str) -> RecordIndex:
-    """Scan every shard (see the module docstring). A shard that is missing, truncated or has a record whose
-    framing is broken keeps, for each episode ``dataset_info.json`` promises and that cannot be read, a reason;
-    whether that refuses the dataset or skips the episodes is the reader's ``errors`` option."""
+          task_key: str, threads: int | None = None) -> RecordIndex:
+    """Scan every shard (see the module docstring), ``threads`` shards at a time (default up to 8: reads and the
+    CRC kernel release the GIL, so remote shards overlap their requests), merged in shard order. A shard that is
+    missing, truncated or has a record whose framing is broken keeps, for each episode ``dataset_info.json``
+    promises and that cannot be read, a reason; whether that refuses the dataset or skips the episodes is the
+    reader's ``errors`` option."""
     task_leaf = next((leaf for leaf in leaves if leaf.level == "step" and leaf.name == task_key
                       and leaf.kind == "text"), None)
     numeric = [leaf for leaf in leaves if leaf.level == "step" and leaf.kind == "tensor"]
-    shard_of: list[int] = []
-    offset: list[int] = []
-    length: list[int] = []
-    steps: list[int] = []
-    reasons: list[str] = []
-    task_parts: list[np.ndarray] = []
+    threads = min(8, len(shards)) if threads is None else max(1, min(int(threads), len(shards)))
+
+    def scan(s: int) -> _Scanned:
+        return _scan_shard(files, shards[s], int(counts[s]), leaves, task_leaf, numeric)
+
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="mmfeed-rlds-index") as pool:
+            scanned = list(pool.map(scan, range(len(shards))))
+    else:
+        scanned = [scan(s) for s in range(len(shards))]
     tasks: dict[str, int] = {}
+    shard_of, offset, length, steps, reasons, task_parts = [], [], [], [], [], []
     partials: dict[str, list] = {leaf.name: [] for leaf in numeric}
-
-    def add(s: int, at: int, size: int, n: int, reason: str, task_ids: np.ndarray) -> None:
-        shard_of.append(s)
-        offset.append(at)
-        length.append(size)
-        steps.append(n)
-        reasons.append(reason)
-        task_parts.append(task_ids)
-
-    for s, relative in enumerate(shards):
-        where = files.where(relative)
-
-        def each(k: int, position: int, payload: memoryview, problem: str | None, where: str = where) -> None:
-            at = f"{where} record {k}"
-            if problem is not None:
-                pending.append((position, len(payload), 0, problem, np.zeros(0, np.int32)))
-                return
-            try:
-                parsed = parse_example(payload)
-                n = check_record(leaves, parsed, at)
-            except ExampleError as err:
-                pending.append((position, len(payload), 0, f"{at}: not a tf.train.Example ({err})",
-                                np.zeros(0, np.int32)))
-                return
-            except ValueError as err:
-                pending.append((position, len(payload), 0, str(err), np.zeros(0, np.int32)))
-                return
-            ids = np.zeros(n, np.int32)
-            if task_leaf is not None:
-                texts = decode_leaf(task_leaf, parsed, n, at)
-                ids = np.array([tasks.setdefault(t, len(tasks)) for t in texts.tolist()], np.int32)
-            for leaf in numeric:
-                partials[leaf.name].append(stats_mod.partial(
-                    decode_leaf(leaf, parsed, n, at).reshape(n, -1).astype(np.float64)))
-            pending.append((position, len(payload), n, "", ids))
-
-        pending: list[tuple] = []
-        try:
-            size = files.size(relative)
-        except FileNotFoundError:
-            size = None
-        failure = ""
-        if size is None:
-            failure = f"{where}: the shard is missing (dataset_info.json lists it)"
-        else:
-            try:
-                with files.open(relative) as f:
-                    scan_records(f, size, where, each)
-            except TFRecordError as err:  # the scan stopped at a broken frame: the records before it stay
-                failure = str(err)
-        for position, payload_length, n, reason, ids in pending:
-            add(s, -1 if reason else position, payload_length, n, reason, ids)
-        found = len(pending)
-        for _ in range(found, max(int(counts[s]), found + (1 if failure else 0))):
-            add(s, -1, 0, 0, failure or f"{where}: holds {found} records, dataset_info.json promises {counts[s]}",
-                np.zeros(0, np.int32))
-        if not failure and found > counts[s]:
-            log.warning("%s holds %d records, dataset_info.json promises %d: reading all of them", where, found,
-                        counts[s])
+    for s, part in enumerate(scanned):
+        for position, payload_length, n, reason, texts in part.records:
+            shard_of.append(s)
+            offset.append(-1 if reason else position)
+            length.append(payload_length)
+            steps.append(n)
+            reasons.append(reason)
+            task_parts.append(np.array([tasks.setdefault(t, len(tasks)) for t in texts], np.int32) if texts
+                              else np.zeros(n, np.int32))
+        for name, parts in part.partials.items():
+            partials[name].extend(parts)
     stats = {}
     shapes = {leaf.name: leaf.shape for leaf in numeric}
     for name, parts in partials.items():
@@ -194,3 +154,58 @@ def build(files: DatasetFiles, shards: Sequence[str], counts: Sequence[int], lea
                        np.asarray(steps, np.int64), reasons,
                        np.concatenate(task_parts) if task_parts else np.zeros(0, np.int32), list(tasks), stats)
 
+
+@dataclass
+class _Scanned:
+    """One shard's records ``(offset, payload length, steps, reason, task texts)`` and its stats partials."""
+
+    records: list[tuple]
+    partials: dict[str, list]
+
+
+def _scan_shard(files: DatasetFiles, relative: str, count: int, leaves: Sequence[Leaf], task_leaf: Leaf | None,
+                numeric: Sequence[Leaf]) -> _Scanned:
+    where = files.where(relative)
+    records: list[tuple] = []
+    partials: dict[str, list] = {leaf.name: [] for leaf in numeric}
+
+    def each(k: int, position: int, payload: memoryview, problem: str | None) -> None:
+        at = f"{where} record {k}"
+        if problem is not None:
+            records.append((position, len(payload), 0, problem, []))
+            return
+        try:
+            parsed = parse_example(payload)
+            n = check_record(leaves, parsed, at)
+        except ExampleError as err:
+            records.append((position, len(payload), 0, f"{at}: not a tf.train.Example ({err})", []))
+            return
+        except ValueError as err:
+            records.append((position, len(payload), 0, str(err), []))
+            return
+        texts = decode_leaf(task_leaf, parsed, n, at).tolist() if task_leaf is not None else []
+        for leaf in numeric:
+            partials[leaf.name].append(stats_mod.partial(
+                decode_leaf(leaf, parsed, n, at).reshape(n, -1).astype(np.float64)))
+        records.append((position, len(payload), n, "", texts))
+
+    try:
+        size = files.size(relative)
+    except FileNotFoundError:
+        size = None
+    failure = ""
+    if size is None:
+        failure = f"{where}: the shard is missing (dataset_info.json lists it)"
+    else:
+        try:
+            with files.open(relative) as f:
+                scan_records(f, size, where, each)
+        except TFRecordError as err:  # the scan stopped at a broken frame: the records before it stay
+            failure = str(err)
+    found = len(records)
+    for _ in range(found, max(count, found + (1 if failure else 0))):
+        records.append((-1, 0, 0, failure or f"{where}: holds {found} records, dataset_info.json promises {count}",
+                        []))
+    if not failure and found > count:
+        log.warning("%s holds %d records, dataset_info.json promises %d: reading all of them", where, found, count)
+    return _Scanned(records, partials)
