@@ -178,6 +178,11 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
+    if len(args.shards) == 1 and args.output is None:
+        from mmfeed.loaders.formats.rlds import detect as is_rlds
+
+        if is_rlds(args.shards[0]) is not None:
+            return _index_rlds(args.shards[0])
     for spec in args.shards:
         _check_exists(spec, "give a directory of .tar shards, a brace pattern, a glob or shard files")
         if os.path.isfile(os.path.join(spec, "meta", "info.json")):
@@ -194,6 +199,19 @@ def _index(args: argparse.Namespace) -> int:
     steps = int(source.lengths.sum())
     print(f"wrote {path}: {len(source)} episodes, {steps} steps, {len(shards)} shard(s)")
     print("\n".join(format_features(describe_features(source))))
+    return 0
+
+
+def _index_rlds(path: str) -> int:
+    """Build the index of every split of an RLDS dataset (kept in the cache, as its first open would)."""
+    from mmfeed.loaders.formats.rlds import RldsSource
+    from mmfeed.loaders.formats.rlds.metadata import locate, split_names
+
+    for split in split_names(locate(path)):
+        source = RldsSource(path, split=split)
+        skipped = f", {len(source.skipped)} skipped" if source.skipped else ""
+        print(f"indexed {source.name}: {len(source)} episodes, {int(source.lengths.sum())} steps, "
+              f"{len(source.shards)} shard(s){skipped}")
     return 0
 
 
@@ -334,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a terminal)")
     p.set_defaults(func=_synth)
 
-    p = sub.add_parser("index", help="write the parquet index (features and stats) beside webdataset shards",
+    p = sub.add_parser("index", help="write the parquet index (features and stats) beside webdataset shards, or "
+                                     "build an RLDS dataset's record index",
                        description="Index webdataset shards into mmfeed-index.parquet beside the first shard: every "
                                    "feature of every episode under its own name (<key>.<feature>.npy or .mp4; "
                                    "kind, dtype, step shape, rate, frame count, where its bytes lie) and the stats of "
@@ -342,9 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(meta.json lists the features) cost tar headers and meta.json alone; shards "
                                    "written by hand (meta.json with fps, length and task only) have their arrays "
                                    "read for the stats and their videos probed (no frame decoded). Prints the "
-                                   "features and stats found.", epilog=EPILOG)
+                                   "features and stats found. Given an RLDS dataset (its version directory or the "
+                                   "directory above), builds the record index of each of its splits in the cache "
+                                   "($MMFEED_CACHE/index/rlds), as its first open would, its shards scanned in "
+                                   "parallel.", epilog=EPILOG)
     p.add_argument("shards", nargs="+", metavar="SHARDS",
-                   help="a directory of .tar shards, a brace pattern or glob, or shard files")
+                   help="a directory of .tar shards, a brace pattern or glob, or shard files; or an RLDS dataset")
     p.add_argument("-o", "--output", metavar="PATH", help="index file (default <shard dir>/mmfeed-index.parquet)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when stderr is "
                    "a terminal)")

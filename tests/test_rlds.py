@@ -390,3 +390,15 @@ def test_bgr_swaps_the_channels_of_every_picture():
         assert np.array_equal(bgr[camera], rgb[camera][..., ::-1])
     with pytest.raises(ValueError, match="bgr=True swaps the channels of RGB frames"):
         open_dataset(VERSION, bgr=True, frame_format="yuv420")
+
+
+def test_mmfeed_index_builds_every_splits_record_index_ahead(tmp_path, monkeypatch, capsys):
+    from mmfeed.cli import main
+
+    monkeypatch.setenv("MMFEED_CACHE", str(tmp_path / "cache"))
+    assert main(["index", str(DATASET)]) == 0
+    out = capsys.readouterr().out
+    assert "[train]: 9 episodes, 37 steps, 3 shard(s)" in out and "[val]: 4 episodes" in out
+    assert len(list((tmp_path / "cache" / "index" / "rlds").glob("*.npz"))) == 2
+    open_dataset(VERSION, split="val")  # found there: nothing new written
+    assert len(list((tmp_path / "cache" / "index" / "rlds").glob("*.npz"))) == 2

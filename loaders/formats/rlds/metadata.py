@@ -32,7 +32,8 @@ from mmfeed.loaders.formats.rlds.example import BYTES, FLOAT, INT64, Values
 from mmfeed.loaders.transport.confine import shorten
 from mmfeed.loaders.transport.files import DatasetFiles
 
-__all__ = ["Leaf", "check_record", "decode_leaf", "episode_length", "is_rlds_dir", "locate", "read_leaves", "read_split"]
+__all__ = ["Leaf", "check_record", "decode_leaf", "episode_length", "is_rlds_dir", "locate", "read_leaves", "read_split",
+           "split_names"]
 
 INFO, FEATURES = "dataset_info.json", "features.json"
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
@@ -91,6 +92,13 @@ def locate(path: str) -> DatasetFiles | None:
         if inner.exists(FEATURES):
             return inner
     return None
+
+
+def split_names(files: DatasetFiles) -> list[str]:
+    """The splits ``dataset_info.json`` lists, in its order."""
+    info = files.read_json(INFO)
+    splits = info.get("splits") if isinstance(info, Mapping) else None
+    return [s["name"] for s in splits or [] if isinstance(s, Mapping) and isinstance(s.get("name"), str)]
 
 
 def read_split(files: DatasetFiles, split: str) -> tuple[str, list[str], list[int]]:

@@ -128,6 +128,11 @@ class RldsSource(EpisodeSource):
             return Feature("text", "object", (), rate)
         return Feature("array", leaf.dtype, leaf.shape, rate)
 
+    @property
+    def shards(self) -> list[str]:
+        """The split's shards, paths relative to the version directory, in order."""
+        return list(self._shards)
+
     # -- rates: RLDS records none ----------------------------------------------------------------------------
     def _need_fps(self) -> None:
         if self._known_fps is None:
