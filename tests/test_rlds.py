@@ -119,8 +119,15 @@ def test_the_index_is_kept_in_the_cache_and_keyed_by_the_shards(tmp_path, cache_
 
 
 def test_crc32c_and_the_example_decoder_agree_with_the_formats_definitions():
+    from mmfeed.loaders.formats.rlds import tfrecord
+
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
     assert crc32c(b"") == 0
+    data = np.random.default_rng(1).integers(0, 256, 300, dtype=np.uint8)
+    kernels = [tfrecord._crc32c_kernel] + ([tfrecord._crc32c_hardware] if tfrecord._has_crc32_instruction() else [])
+    for start in range(9):  # every alignment, every tail length
+        for stop in (start, start + 1, start + 7, start + 8, start + 9, 300):
+            assert len({int(k(data[start:stop], tfrecord._TABLES)) for k in kernels}) == 1, (start, stop)
     data = VERSION.joinpath(SHARD.format(0)).read_bytes()
     length, length_crc = struct.unpack_from("<QI", data)
     assert masked_crc32c(data[:8]) == length_crc

@@ -10,8 +10,9 @@ shard's headers (checking each length's CRC) and returns every record's payload 
 :func:`check_record` checks a payload's CRC once it is read. Both CRCs are checked, so a flipped byte anywhere
 in a record is an error naming the file, the record and its byte offset, never wrong data.
 
-CRC-32C is computed by a slicing-by-8 table kernel compiled with numba (cached on disk): about 1.2 GB/s on
-one core here, against a few MB/s for a byte-at-a-time loop in Python.
+CRC-32C is computed by numba-compiled kernels (cached on disk): on x86-64 CPUs with SSE 4.2 by the CPU's own
+``crc32`` instruction, which computes exactly this CRC (several GB/s on one core), elsewhere by a slicing-by-8
+table kernel (about 1.2 GB/s here), against a few MB/s for a byte-at-a-time loop in Python.
 
     >>> masked_crc32c(b"123456789") == _mask(0xE3069283)
     True
@@ -19,12 +20,16 @@ one core here, against a few MB/s for a byte-at-a-time loop in Python.
 
 from __future__ import annotations
 
+import platform
 import struct
 from collections.abc import Callable
 from typing import BinaryIO
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__ = ["TFRecordError", "check_record", "crc32c", "framed_size", "masked_crc32c", "scan_records",
            "split_record"]
@@ -77,10 +82,50 @@ def _crc32c_kernel(data: np.ndarray, t: np.ndarray) -> int:
     return crc ^ 0xFFFFFFFF
 
 
+@intrinsic
+def _crc32_u64(typingctx, crc, value):  # noqa: ARG001 (numba's intrinsic signature)
+    """SSE 4.2's ``crc32`` of 8 bytes (CRC-32C, reflected, no pre or post inversion)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 2),
+                                            "llvm.x86.sse42.crc32.64.64")
+        return builder.call(fn, args)
+
+    return types.uint64(types.uint64, types.uint64), codegen
+
+
+@njit(cache=True, nogil=True)
+def _crc32c_hardware(data: np.ndarray, t: np.ndarray) -> int:
+    """8 bytes an instruction, the last ``len % 8`` bytes through the table."""
+    n = data.shape[0]
+    words = n // 8
+    w = data[:words * 8].view(np.uint64)
+    crc = np.uint64(0xFFFFFFFF)
+    for i in range(words):
+        crc = _crc32_u64(crc, w[i])
+    c = np.int64(crc)
+    for i in range(words * 8, n):
+        c = t[(c ^ np.int64(data[i])) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def _has_crc32_instruction() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import llvmlite.binding as llvm
+
+        return bool(llvm.get_host_cpu_features().get("sse4.2"))
+    except Exception:  # noqa: BLE001 (no feature list: the portable kernel)
+        return False
+
+
+_KERNEL = _crc32c_hardware if _has_crc32_instruction() else _crc32c_kernel
+
+
 def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
     """The CRC-32C (Castagnoli) of ``data``."""
     array = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
-    return int(_crc32c_kernel(array, _TABLES))
+    return int(_KERNEL(array, _TABLES))
 
 
 def _mask(crc: int) -> int:
