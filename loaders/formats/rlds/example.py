@@ -187,14 +187,19 @@ def _feature(buf: bytes, view: np.ndarray, mv: memoryview, start: int, stop: int
     return kind if kind is not None else Values(BYTES, [])  # an empty Feature: no kind set
 
 
-def parse_example(record: bytes | bytearray | memoryview) -> dict[str, Values]:
-    """The keys of one serialized ``tf.train.Example`` and their lists; :class:`ExampleError` when it is not one."""
-    buf = bytes(record)
+def parse_example(record: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
+                  ) -> dict[str, Values]:
+    """The keys of one serialized ``tf.train.Example`` (``record[start:end]``, read in place: a framed record's
+    payload needs no copy) and their lists; :class:`ExampleError` when it is not one."""
+    buf = record if isinstance(record, bytes) else bytes(record)
+    end = len(buf) if end is None else end
+    if not 0 <= start <= end <= len(buf):
+        raise ExampleError(f"bytes {start}..{end} of a record of {len(buf)}")
     view = np.frombuffer(buf, np.uint8)
     mv = memoryview(buf)
     out: dict[str, Values] = {}
     try:
-        for number, wire, a, b in _fields(buf, 0, len(buf)):
+        for number, wire, a, b in _fields(buf, start, end):
             if number != 1 or wire != 2:
                 continue
             for n, w, c, d in _fields(buf, a, b):

@@ -167,25 +167,29 @@ class RldsSource(EpisodeSource):
 
     def record_bytes(self, episode: int) -> bytes:
         """The payload of an episode's record (a serialized ``tf.train.Example``), both CRCs checked."""
+        framed = self._framed(episode)
+        return framed[12:len(framed) - 4]
+
+    def _framed(self, episode: int) -> bytes:
+        """The whole framed record of ``episode`` (one read), both CRCs checked."""
         e = self._check_episode(episode)
         relative = self._shards[self._shard_of[e]]
-        at = int(self._offset[e])
-        size = framed_size(int(self._length[e]))
         with stage("read"):
             with self.files.open(relative) as f:
-                f.seek(at)
-                framed = f.read(size)
+                f.seek(int(self._offset[e]))
+                framed = f.read(framed_size(int(self._length[e])))
         try:
-            return bytes(split_record(framed, self.describe(e)))
+            split_record(framed, self.describe(e))
         except TFRecordError as err:
             raise SampleError(str(err)) from err
+        return framed
 
     def _parsed(self, episode: int) -> dict:
         parsed = self._records.get(episode)
         if parsed is None:
-            payload = self.record_bytes(episode)
+            framed = self._framed(episode)
             try:
-                parsed = parse_example(payload)
+                parsed = parse_example(framed, 12, len(framed) - 4)  # the payload, read in place
             except ExampleError as err:
                 raise SampleError(f"{self.describe(episode)}: not a tf.train.Example ({err})") from err
             self._records.put(episode, parsed)
