@@ -409,3 +409,15 @@ def test_mmfeed_index_builds_every_splits_record_index_ahead(tmp_path, monkeypat
     assert len(list((tmp_path / "cache" / "index" / "rlds").glob("*.npz"))) == 2
     open_dataset(VERSION, split="val")  # found there: nothing new written
     assert len(list((tmp_path / "cache" / "index" / "rlds").glob("*.npz"))) == 2
+
+
+def test_a_tensor_declared_huge_is_refused_before_anything_of_its_size_is_allocated(copy):
+    path = copy / "features.json"
+    tree = json.loads(path.read_text())
+    observation = tree["featuresDict"]["features"]["steps"]["sequence"]["feature"]["featuresDict"]["features"][
+        "observation"]["featuresDict"]["features"]
+    observation["depth"]["tensor"]["shape"]["dimensions"] = ["100000", "100000", "1000"]  # 40 TB a step
+    path.write_text(json.dumps(tree))
+    with pytest.raises(ValueError, match=r"key 'steps/observation/depth': a value of 80 bytes, float32 \[100000, "
+                                         r"100000, 1000\] takes 40000000000000"):
+        open_dataset(copy, split="val").episode(0)

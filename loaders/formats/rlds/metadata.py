@@ -323,18 +323,21 @@ def decode_leaf(leaf: Leaf, parsed: Mapping[str, Values], steps: int, where: str
         if leaf.kind == "text":
             text = np.array([bytes(v).decode("utf-8", "replace") for v in chosen], dtype=object)
             return text if leaf.level == "step" else text[0]
-        decoded = np.empty((len(chosen), *leaf.shape), np.dtype(leaf.dtype))
+        dtype = np.dtype(leaf.dtype).newbyteorder("<")
+        nbytes = leaf.size * dtype.itemsize  # a Python int: a declared shape is never allocated before it is seen
+        parts = []
         for i, blob in enumerate(chosen):
             raw = bytes(blob)
-            if leaf.encoding == "zlib":
+            if leaf.encoding == "zlib":  # inflated no further than the declared size (a small blob may inflate to GBs)
                 try:
-                    raw = zlib.decompressobj().decompress(raw, decoded[i].nbytes + 1)
+                    raw = zlib.decompressobj().decompress(raw, nbytes + 1)
                 except zlib.error as err:
                     raise ValueError(f"{where}: key {leaf.key!r}: step {i} is not zlib data ({err})") from None
-            if len(raw) != decoded[i].nbytes:
+            if len(raw) != nbytes:
                 raise ValueError(f"{where}: key {leaf.key!r}: a value of {len(raw)} bytes, {leaf.dtype} "
-                                 f"{list(leaf.shape)} takes {decoded[i].nbytes}")
-            decoded[i] = np.frombuffer(raw, np.dtype(leaf.dtype).newbyteorder("<")).reshape(leaf.shape)
+                                 f"{list(leaf.shape)} takes {nbytes}")
+            parts.append(np.frombuffer(raw, dtype).reshape(leaf.shape))
+        decoded = (np.stack(parts) if parts else np.zeros((0, *leaf.shape), dtype)).astype(leaf.dtype, copy=False)
         return decoded if leaf.level == "step" else decoded[0]
     array = values.values if len(values) else np.zeros(0, np.float32 if leaf.stored == FLOAT else np.int64)
     if len(array) != count * leaf.size:
