@@ -134,7 +134,8 @@ def test_crc32c_and_the_example_decoder_agree_with_the_formats_definitions():
     payload = data[12:12 + length]
     assert masked_crc32c(payload) == struct.unpack_from("<I", data, 12 + length)[0]
     parsed = parse_example(payload)
-    assert parsed["steps/is_first"].values[0] == 1 and parsed["steps/observation/image"].values[0][:3] == b"\xff\xd8\xff"
+    assert parsed["steps/is_first"].values[0] == 1
+    assert parsed["steps/observation/image"].values[0][:3] == b"\xff\xd8\xff"
 
 
 def test_windows_need_fps_and_say_so():
@@ -288,7 +289,8 @@ def test_features_json_that_does_not_match_the_records_names_the_file_record_and
 
 
 def test_options_other_formats_read_are_refused_and_rlds_options_checked():
-    with pytest.raises(ValueError, match=r"option 'tolerance_s' applies to LeRobot v3 only.*is RLDS\); drop tolerance_s="):
+    with pytest.raises(ValueError, match=r"option 'tolerance_s' applies to LeRobot v3 only.*is RLDS\); "
+                                         "drop tolerance_s="):
         open_dataset(VERSION, tolerance_s=0.1)
     with pytest.raises(ValueError, match="fps must be the control rate"):
         open_dataset(VERSION, fps=0)

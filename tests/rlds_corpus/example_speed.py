@@ -14,7 +14,6 @@ reader needs), and mmfeed's ``parse_example`` (numpy arrays and memoryviews of t
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
 import sys
 import time

@@ -13,7 +13,6 @@ tfrecord shards of two splits, as an RLDS dataset is built: one record per episo
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import sys

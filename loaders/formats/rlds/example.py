@@ -5,7 +5,8 @@ The message is small and fixed (``tensorflow/core/example/{example,feature}.prot
     Example  { Features features = 1; }
     Features { map<string, Feature> feature = 1; }        // entries: { string key = 1; Feature value = 2; }
     Feature  { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3; } }
-    BytesList { repeated bytes value = 1; }  FloatList { repeated float value = 1; }  Int64List { repeated int64 value = 1; }
+    BytesList { repeated bytes value = 1; }  FloatList { repeated float value = 1; }
+    Int64List { repeated int64 value = 1; }
 
 :func:`parse_example` walks the map entries in Python (an RLDS record has a few dozen keys) and decodes each
 list with numpy: packed floats are one ``frombuffer``, unpacked ones (tag byte then 4 bytes each) a strided view,

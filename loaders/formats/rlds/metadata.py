@@ -32,8 +32,8 @@ from mmfeed.loaders.formats.rlds.example import BYTES, FLOAT, INT64, Values
 from mmfeed.loaders.transport.confine import shorten
 from mmfeed.loaders.transport.files import DatasetFiles
 
-__all__ = ["Leaf", "check_record", "decode_leaf", "episode_length", "is_rlds_dir", "locate", "read_leaves", "read_split",
-           "split_names"]
+__all__ = ["Leaf", "check_record", "decode_leaf", "episode_length", "is_rlds_dir", "locate", "read_leaves",
+           "read_split", "split_names"]
 
 INFO, FEATURES = "dataset_info.json", "features.json"
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
