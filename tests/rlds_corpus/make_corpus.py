@@ -9,6 +9,8 @@ tfrecord shards of two splits, as an RLDS dataset is built: one record per episo
 ``tfds.features.Dataset``) and ``tests/rlds_corpus/oracle-<split>.npz``: every episode as
 ``builder.as_dataset(split, shuffle_files=False)`` decodes it, flattened to ``<episode>/<feature path>`` arrays
 (pictures decoded by TensorFlow). The reader's tests compare against these files without TensorFlow.
+Regenerated shards decode to the same oracle but need not be the same bytes (TensorFlow serializes an Example's
+feature map in no fixed order).
 """
 
 from __future__ import annotations
