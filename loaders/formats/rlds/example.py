@@ -22,8 +22,6 @@ fields are skipped as protobuf does, and a key given twice keeps its last value 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 __all__ = ["ExampleError", "Values", "parse_example"]
@@ -35,16 +33,30 @@ class ExampleError(ValueError):
     """A record that is no well-formed ``tf.train.Example``."""
 
 
-@dataclass
 class Values:
     """One key's list: ``kind`` ("bytes", "float" or "int64") and ``values`` (a list of memoryviews, or a numpy
-    float32 or int64 array)."""
+    float32 or int64 array). A bytes list is split into its values when they are first asked for (a record holds a
+    picture per step of every camera; a sample wants a few of them): :class:`ExampleError` then, where it is
+    malformed."""
 
-    kind: str
-    values: list | np.ndarray
+    __slots__ = ("kind", "_values", "_region")
+
+    def __init__(self, kind: str, values: list | np.ndarray | None = None, region: tuple | None = None) -> None:
+        self.kind, self._values, self._region = kind, values, region
+
+    @property
+    def values(self) -> list | np.ndarray:
+        if self._values is None:
+            buf, mv, start, stop = self._region
+            self._values = [mv[x:y] for n, w, x, y in _fields(buf, start, stop) if n == 1 and w == 2]
+            self._region = None
+        return self._values
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def __repr__(self) -> str:
+        return f"Values({self.kind!r}, {len(self)} values)"
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -180,7 +192,7 @@ def _feature(buf: bytes, view: np.ndarray, mv: memoryview, start: int, stop: int
         if wire != 2 or number not in (1, 2, 3):
             continue
         if number == 1:
-            kind = Values(BYTES, [mv[x:y] for n, w, x, y in _fields(buf, a, b) if n == 1 and w == 2])
+            kind = Values(BYTES, region=(buf, mv, a, b))
         elif number == 2:
             kind = Values(FLOAT, _floats(buf, view, a, b))
         else:
