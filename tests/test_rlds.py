@@ -424,3 +424,15 @@ def test_a_tensor_declared_huge_is_refused_before_anything_of_its_size_is_alloca
     with pytest.raises(ValueError, match=r"key 'steps/observation/depth': a value of 80 bytes, float32 \[100000, "
                                          r"100000, 1000\] takes 40000000000000"):
         open_dataset(copy, split="val").episode(0)
+
+
+def test_yuv420_frames_are_limited_range_bt601_planes_of_the_pictures():
+    ds = open_dataset(VERSION, split="val", frame_format="yuv420")
+    assert ds.features[WRIST].shape == (24, 16) and ds.features[IMAGE].shape == (48, 40)
+    for e, tfds_episode in enumerate(oracle("val")):
+        got = ds.episode(e)
+        for camera, key in ((WRIST, "steps/observation/wrist_image"), (IMAGE, "steps/observation/image")):
+            rgb = tfds_episode[key].astype(np.float64)
+            luma = 16 + (65.481 * rgb[..., 0] + 128.553 * rgb[..., 1] + 24.966 * rgb[..., 2]) / 255
+            diff = np.abs(got[camera][:, :rgb.shape[1]] - luma)  # the Y plane: not subsampled
+            assert diff.mean() < (1.0 if camera == WRIST else 2.0), (e, camera, diff.mean())

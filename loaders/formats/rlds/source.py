@@ -348,7 +348,8 @@ def _decode_av(data: bytes, size: tuple[int, int] | None, declared: tuple[int, i
             _check_size(stream.codec_context.height, stream.codec_context.width, declared, max_pixels)
             frame = next(frames_of(container, stream))
             h, w = size or declared
-            fmt = ("bgr24" if bgr else "rgb24") if frame_format == "rgb24" else "yuv420p"
-            return frame.reformat(width=w, height=h, format=fmt).to_ndarray()
+            if frame_format != "rgb24":  # limited range, as video's I420 planes (an image decoder says full range)
+                return frame.reformat(width=w, height=h, format="yuv420p", dst_color_range="MPEG").to_ndarray()
+            return frame.reformat(width=w, height=h, format="bgr24" if bgr else "rgb24").to_ndarray()
     except (av.error.FFmpegError, StopIteration) as err:
         raise ValueError(f"cannot be decoded ({err})") from None
