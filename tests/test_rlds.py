@@ -244,6 +244,7 @@ def test_a_flipped_byte_fails_its_crc_naming_the_file_and_record(copy):
     clean = open_dataset(VERSION)  # the episodes kept are the others, in order
     assert ds.lengths.tolist() == np.delete(clean.lengths, 1).tolist()
     assert np.array_equal(ds.episode(1)[ACTION], clean.episode(2)[ACTION])
+    assert ds.describe(1) == f"{shard} record 2 (byte {offsets[2]})"  # its place in the shard, the skipped one counted
 
 
 def test_a_byte_flipped_after_indexing_fails_the_sample_naming_the_record(copy):
@@ -254,7 +255,7 @@ def test_a_byte_flipped_after_indexing_fails_the_sample_naming_the_record(copy):
     data[int(offsets[0]) + 20] ^= 0x01
     shard.write_bytes(bytes(data))
     e = int(np.flatnonzero(ds._shard_of == 2)[0])
-    with pytest.raises(SampleError, match=rf"{shard.name} record at byte {offsets[0]}: the record's data fails"):
+    with pytest.raises(SampleError, match=rf"{shard.name} record 0 \(byte {offsets[0]}\): the record's data fails"):
         ds.episode(e)
 
 

@@ -98,6 +98,8 @@ class RldsSource(EpisodeSource):
         starts = np.concatenate([[0], np.cumsum(index.steps)])
         keep = chosen[kept] if kept is not None else chosen
         self._shard_of = index.shard_of[keep].astype(np.int64)
+        first = np.searchsorted(index.shard_of, index.shard_of)  # each shard's first record (shard_of ascends)
+        self._record = (np.arange(len(index.shard_of)) - first)[keep]  # the record's number in its shard
         self._offset = index.offset[keep]
         self._length = index.length[keep]
         self._lengths = index.steps[keep].astype(np.int64)
@@ -159,7 +161,8 @@ class RldsSource(EpisodeSource):
 
     def describe(self, episode: int) -> str:
         """The shard and record of an episode, for error messages."""
-        return f"{self.files.where(self._shards[self._shard_of[episode]])} record at byte {int(self._offset[episode])}"
+        return (f"{self.files.where(self._shards[self._shard_of[episode]])} record {int(self._record[episode])} "
+                f"(byte {int(self._offset[episode])})")
 
     def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
         f = self.features.get(feature)
