@@ -437,3 +437,20 @@ def test_yuv420_frames_are_limited_range_bt601_planes_of_the_pictures():
             luma = 16 + (65.481 * rgb[..., 0] + 128.553 * rgb[..., 1] + 24.966 * rgb[..., 2]) / 255
             diff = np.abs(got[camera][:, :rgb.shape[1]] - luma)  # the Y plane: not subsampled
             assert diff.mean() < (1.0 if camera == WRIST else 2.0), (e, camera, diff.mean())
+
+
+def test_camera_dropout_drops_rlds_cameras_as_it_drops_videos():
+    from mmfeed.loaders.planned.transforms import CameraDropout
+
+    ds = open_dataset(VERSION, fps=10)
+    window = WindowSpec.from_delta_timestamps({IMAGE: [0.0], WRIST: [0.0], STATE: [0.0]})
+    packing = Packing(layout=TokenLayout(tokens_per_frame={IMAGE: 2, WRIST: 2}), window=window,
+                      plan=PlanConfig(capacity=48, rows_per_batch=2), seed=3, transform=CameraDropout(0.5))
+    dropped = []
+    for batch in DataLoader(ds, packing=packing):
+        for camera in (IMAGE, WRIST):
+            pad = batch.data[f"{camera}_is_pad"]
+            assert not batch.data[camera][pad].any() and batch.data[camera][~pad].any()
+        dropped.append(torch.stack([batch.data[f"{c}_is_pad"] for c in (IMAGE, WRIST)], 1))
+    dropped = torch.cat(dropped)
+    assert dropped.any() and not dropped.all(1).any()  # some cameras dropped, never both of a window
