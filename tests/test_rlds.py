@@ -454,3 +454,16 @@ def test_camera_dropout_drops_rlds_cameras_as_it_drops_videos():
         dropped.append(torch.stack([batch.data[f"{c}_is_pad"] for c in (IMAGE, WRIST)], 1))
     dropped = torch.cat(dropped)
     assert dropped.any() and not dropped.all(1).any()  # some cameras dropped, never both of a window
+
+
+def test_mmfeed_stats_of_the_corpus_are_the_oracles(tmp_path):
+    from mmfeed.cli import main
+
+    report = tmp_path / "stats.json"
+    assert main(["stats", str(VERSION), "--features", f"{STATE},{ACTION}", "--no-progress", "--json",
+                 str(report)]) == 0
+    [dataset] = json.loads(report.read_text())["datasets"]
+    assert dataset["name"].endswith("[train]")
+    want = np.concatenate([episode["steps/observation/state"] for episode in oracle("train")])
+    np.testing.assert_allclose(dataset["stats"][STATE]["mean"], want.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(dataset["stats"][STATE]["max"], want.max(axis=0), rtol=1e-12)
