@@ -467,3 +467,9 @@ def test_mmfeed_stats_of_the_corpus_are_the_oracles(tmp_path):
     want = np.concatenate([episode["steps/observation/state"] for episode in oracle("train")])
     np.testing.assert_allclose(dataset["stats"][STATE]["mean"], want.mean(axis=0), rtol=1e-9)
     np.testing.assert_allclose(dataset["stats"][STATE]["max"], want.max(axis=0), rtol=1e-12)
+
+
+def test_task_key_names_a_step_text_feature():
+    with pytest.raises(ValueError, match=r"task_key='instruction' names no text feature of the steps; they are "
+                                         r"\['language_instruction'\]"):
+        open_dataset(VERSION, task_key="instruction")

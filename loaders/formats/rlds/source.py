@@ -89,6 +89,10 @@ class RldsSource(EpisodeSource):
             if leaf.kind == "image":
                 options.check_frame_pixels(files.where("features.json"), leaf.name, *leaf.shape[:2])
         self._sizes = options.frame_sizes(cameras, [leaf.name for leaf in self._leaves], self.root)
+        texts = [leaf.name for leaf in self._leaves if leaf.level == "step" and leaf.kind == "text"]
+        if "task_key" in options.given() and options.task_key not in texts:
+            raise ValueError(f"{self.root}: task_key={options.task_key!r} names no text feature of the steps; they "
+                             f"are {texts}")
         index = record_index(files, base, self._shards, counts, self._leaves, options.task_key)
         chosen = np.arange(len(index.steps))[cut.slice(len(index.steps))]
         if not len(chosen):
@@ -103,10 +107,10 @@ class RldsSource(EpisodeSource):
         self._offset = index.offset[keep]
         self._length = index.length[keep]
         self._lengths = index.steps[keep].astype(np.int64)
-        self._task_runs = [index.task_flat[starts[e]:starts[e + 1]] for e in keep.tolist()]
+        self._task_flat = index.task_flat.astype(np.int32, copy=False)  # every step's task, episodes back to back
+        self._task_start = starts[keep].astype(np.int64)
         self.tasks = list(index.tasks) or [""]
-        self._episode_tasks = np.array([int(t[0]) if len(t) and (t == t[0]).all() else (-1 if len(t) else 0)
-                                        for t in self._task_runs], np.int64)
+        self._episode_tasks = _episode_tasks(self._task_flat, starts[:-1], index.steps)[keep]
         self._known_fps = options.fps
         self._fps = np.full(len(keep), np.nan if options.fps is None else float(options.fps), np.float64)
         rate = float("nan") if options.fps is None else float(options.fps)
@@ -156,8 +160,11 @@ class RldsSource(EpisodeSource):
     def step_tasks(self, episode: int) -> np.ndarray:
         """The task id of every step of ``episode``, int64 ``[T]`` (``task_key``'s text, from the index)."""
         e = self._check_episode(episode)
-        runs = self._task_runs[e]
-        return runs.astype(np.int64) if len(runs) else np.zeros(int(self._lengths[e]), np.int64)
+        n = int(self._lengths[e])
+        if not self._task_flat.size:  # no task_key text in the dataset: one empty task
+            return np.zeros(n, np.int64)
+        start = int(self._task_start[e])
+        return self._task_flat[start:start + n].astype(np.int64)
 
     def describe(self, episode: int) -> str:
         """The shard and record of an episode, for error messages."""
@@ -296,6 +303,19 @@ def split_slice(split: str) -> tuple[str, _Cut]:
     if percent and any(v is not None and abs(int(v)) > 100 for v in (start, stop)):
         raise ValueError(f"split {split!r}: a percent is between -100 and 100")
     return name, _Cut(None if start is None else int(start), None if stop is None else int(stop), percent)
+
+
+def _episode_tasks(flat: np.ndarray, starts: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """int64 ``[E]``: each episode's task where all its steps share one, -1 where it changes, 0 for an episode of
+    no steps or a dataset without tasks (vectorized: the min and max of each episode's run of task ids)."""
+    out = np.zeros(len(steps), np.int64)
+    full = steps > 0
+    if not flat.size or not full.any():
+        return out
+    at = starts[full]
+    low, high = np.minimum.reduceat(flat, at), np.maximum.reduceat(flat, at)
+    out[full] = np.where(low == high, low, -1)
+    return out
 
 
 def _verdict(reasons: list[str]) -> Verdict:
