@@ -243,7 +243,8 @@ def _check_options(options: ReadOptions, datasets: list[tuple[type[EpisodeSource
             continue
         takers = [fmt.source.FORMAT for fmt in registered() if option in fmt.source.READ_OPTIONS]
         given = "; ".join(f"{_shown(p)} is {cls.FORMAT}" for cls, p in datasets)
-        raise ValueError(f"open_dataset: option {option!r} applies to {' and '.join(takers)} only, and no dataset "
+        named = ", ".join(takers[:-1]) + " and " + takers[-1] if len(takers) > 1 else "".join(takers)
+        raise ValueError(f"open_dataset: option {option!r} applies to {named} only, and no dataset "
                          f"given is one ({given}); drop {option}=")
 
 

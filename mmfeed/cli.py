@@ -178,6 +178,11 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
+    if len(args.shards) == 1 and args.output is None:
+        from mmfeed.loaders.formats.rlds import detect as is_rlds
+
+        if is_rlds(args.shards[0]) is not None:
+            return _index_rlds(args.shards[0])
     for spec in args.shards:
         _check_exists(spec, "give a directory of .tar shards, a brace pattern, a glob or shard files")
         if os.path.isfile(os.path.join(spec, "meta", "info.json")):
@@ -197,12 +202,25 @@ def _index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_rlds(path: str) -> int:
+    """Build the index of every split of an RLDS dataset (kept in the cache, as its first open would)."""
+    from mmfeed.loaders.formats.rlds import RldsSource
+    from mmfeed.loaders.formats.rlds.metadata import locate, split_names
+
+    for split in split_names(locate(path)):
+        source = RldsSource(path, split=split)
+        skipped = f", {len(source.skipped)} skipped" if source.skipped else ""
+        print(f"indexed {source.name}: {len(source)} episodes, {int(source.lengths.sum())} steps, "
+              f"{len(source.shards)} shard(s){skipped}")
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    _check_exists(args.path, "give webdataset shards or a LeRobot v3 directory")
+    _check_exists(args.path, "give webdataset shards, a LeRobot v3 directory or an RLDS dataset")
     from mmfeed.inspection import format_inspection, inspect_dataset, window_packing
     from mmfeed.loaders import open_dataset
 
-    options = {"fps": args.fps} if args.fps is not None else {}
+    options = {k: v for k, v in (("split", args.split), ("fps", args.fps)) if v is not None}  # formats that take them
     source = open_dataset(args.path, backend=args.backend, **options)
     packing = window_packing(source, capacity=args.capacity, rows_per_batch=args.rows_per_batch,
                              history=args.history, horizon=args.horizon, tokens_per_frame=args.tokens_per_frame,
@@ -334,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a terminal)")
     p.set_defaults(func=_synth)
 
-    p = sub.add_parser("index", help="write the parquet index (features and stats) beside webdataset shards",
+    p = sub.add_parser("index", help="write the parquet index (features and stats) beside webdataset shards, or "
+                                     "build an RLDS dataset's record index",
                        description="Index webdataset shards into mmfeed-index.parquet beside the first shard: every "
                                    "feature of every episode under its own name (<key>.<feature>.npy or .mp4; "
                                    "kind, dtype, step shape, rate, frame count, where its bytes lie) and the stats of "
@@ -342,9 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(meta.json lists the features) cost tar headers and meta.json alone; shards "
                                    "written by hand (meta.json with fps, length and task only) have their arrays "
                                    "read for the stats and their videos probed (no frame decoded). Prints the "
-                                   "features and stats found.", epilog=EPILOG)
+                                   "features and stats found. Given an RLDS dataset (its version directory or the "
+                                   "directory above), builds the record index of each of its splits in the cache "
+                                   "($MMFEED_CACHE/index/rlds), as its first open would, its shards scanned in "
+                                   "parallel.", epilog=EPILOG)
     p.add_argument("shards", nargs="+", metavar="SHARDS",
-                   help="a directory of .tar shards, a brace pattern or glob, or shard files")
+                   help="a directory of .tar shards, a brace pattern or glob, or shard files; or an RLDS dataset")
     p.add_argument("-o", "--output", metavar="PATH", help="index file (default <shard dir>/mmfeed-index.parquet)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when stderr is "
                    "a terminal)")
@@ -363,7 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "efficiency, rows, steps and tokens at --capacity, planned exactly as "
                                    "mmfeed.DataLoader(packing=...) would, beside pad-to-longest batches.",
                        epilog=EPILOG)
-    p.add_argument("path", metavar="PATH", help="webdataset shards (directory, pattern) or a LeRobot v3 directory")
+    p.add_argument("path", metavar="PATH", help="webdataset shards (directory, pattern), a LeRobot v3 directory, "
+                                               "an RLDS dataset (its version directory or the directory above), "
+                                               "HDF5 or Zarr demonstrations")
+    p.add_argument("--split", default=None,
+                   help="the split to read: an RLDS dataset's (default train), a robomimic file's mask (default all)")
+    p.add_argument("--fps", type=_positive(float, 0), default=None,
+                   help="steps per second of a dataset whose files record none (RLDS, HDF5 and Zarr)")
     p.add_argument("--capacity", type=INT1, default=8192, help="tokens per packed row (default 8192)")
     p.add_argument("--rows-per-batch", type=INT1, default=1, help="packed rows per batch (default 1)")
     p.add_argument("--history", type=INT1, default=4,
@@ -378,8 +406,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=INT1, default=1, help="ranks the epoch is dealt to (default 1)")
     p.add_argument("--seed", type=INT0, default=0)
     p.add_argument("--backend", choices=VIDEO_BACKENDS, default="auto")
-    p.add_argument("--fps", type=_positive(float, 0), default=None,
-                   help="steps per second of a dataset whose files record none (HDF5 and Zarr demonstrations)")
     p.add_argument("--json", metavar="FILE", help="also write the survey and forecast as JSON")
     p.set_defaults(func=_inspect)
 

@@ -169,7 +169,7 @@ def test_fps_is_required_and_the_message_says_to_pass_it(name):
     assert "\n" not in str(err.value) and path_of(name) in str(err.value)
     if name == "robomimic":  # the control frequency robosuite ran at, as a hint
         assert "control_freq 20" in str(err.value)
-    with pytest.raises(ValueError, match="fps must be a number"):
+    with pytest.raises(ValueError, match="fps must be the control rate in steps per second"):
         open_dataset(path_of(name), fps=0)
 
 
@@ -295,9 +295,9 @@ def test_a_mixture_with_a_lerobot_directory_pads_packs_and_resumes(lerobot_dir):
 
 
 def test_options_of_these_formats_are_refused_where_none_takes_them(lerobot_dir):
-    with pytest.raises(ValueError, match="option 'fps' applies to HDF5 demonstrations and Zarr ReplayBuffer only"):
+    with pytest.raises(ValueError, match="option 'fps' applies to RLDS, HDF5 demonstrations and Zarr ReplayBuffer only"):
         open_dataset(lerobot_dir, fps=30)
-    with pytest.raises(ValueError, match="option 'split' applies to HDF5 demonstrations only"):
+    with pytest.raises(ValueError, match="option 'split' applies to RLDS and HDF5 demonstrations only"):
         open_dataset(path_of("pusht"), fps=10, split="train")
 
 

@@ -1,6 +1,7 @@
 """mmfeed.loaders.formats: one room per dataset format.
 
-Each format is a folder here: ``lerobot/`` (LeRobot v3 directories) and ``webdataset/`` (indexed tar shards). A
+Each format is a folder here: ``lerobot/`` (LeRobot v3 directories), ``rlds/`` (RLDS datasets as TFDS writes
+them: Open X-Embodiment, DROID, Bridge) and ``webdataset/`` (indexed tar shards). A
 folder holds the format's metadata reader and checks (``metadata.py``), its episode reader (``source.py``, an
 :class:`~mmfeed.loaders.sources.base.EpisodeSource`) and, in its ``__init__.py``, its registration: one
 :class:`Format` named ``FORMAT``. Every format reads bytes through :mod:`mmfeed.loaders.transport` (local files,
@@ -36,7 +37,7 @@ from mmfeed.loaders.sources.base import EpisodeSource
 
 __all__ = ["FORMATS", "Format", "registered"]
 
-FORMATS: tuple[str, ...] = ("lerobot", "hdf5", "zarr", "webdataset")
+FORMATS: tuple[str, ...] = ("lerobot", "rlds", "hdf5", "zarr", "webdataset")
 """The formats :func:`~mmfeed.loaders.open_dataset` reads, in the order their ``detect`` is asked."""
 
 

@@ -71,12 +71,18 @@ class ReadOptions:
         opens (before ``features`` or a loader sizes anything by them), and a video whose stream header does when
         it is first read, before any frame of it is decoded: a tiny file can declare frames of gigabytes. Every
         format.
-    fps: the control rate of datasets whose files record none (HDF5 and Zarr demonstrations: robomimic, LIBERO,
-        ACT/ALOHA, diffusion_policy's ReplayBuffer), in steps per second; required for them. HDF5 and Zarr.
+    fps: the control rate of datasets whose files record none, in steps per second: HDF5 and Zarr demonstrations
+        (robomimic, LIBERO, ACT/ALOHA, diffusion_policy's ReplayBuffer: required) and RLDS datasets (windows and
+        rates in seconds need it). HDF5, Zarr and RLDS.
     layout: which layout of a format to read, where it has several: HDF5 ``"robomimic"`` (also LIBERO's) or
         ``"aloha"`` (ACT/ALOHA, one file per episode), Zarr ``"replay_buffer"``; None detects it. HDF5 and Zarr.
-    split: the episodes of one split: the name of a robomimic ``mask/<split>`` list (``"train"``, ``"valid"``, ...);
-        None reads every episode. HDF5 (robomimic layout).
+    split: the episodes of one split: an RLDS split (``"train"``, the default there, ``"val"``, ...) or a slice of
+        one as TFDS writes it (``"train[:90%]"``, ``"train[10:20]"``); the name of a robomimic ``mask/<split>``
+        list (``"train"``, ``"valid"``, ...; None reads every episode). RLDS and HDF5 (robomimic layout).
+    task_key: the step text feature that is each step's task (default ``"language_instruction"``; a dataset
+        without it has no tasks). RLDS datasets.
+    bgr: the dataset stores its pictures as BGR (some Open X-Embodiment datasets do): channels are swapped to RGB
+        after decoding. RLDS datasets.
     """
 
     backend: str = "auto"
@@ -94,6 +100,8 @@ class ReadOptions:
     fps: float | None = None
     layout: str | None = None
     split: str | None = None
+    task_key: str = "language_instruction"
+    bgr: bool = False
 
     def __post_init__(self) -> None:
         if self.device is not None and self.cache is not None:
@@ -125,11 +133,16 @@ class ReadOptions:
         if self.errors not in ERROR_CHOICES:
             raise ValueError(f"errors must be 'raise' or 'skip' (what an episode whose metadata disagrees with the "
                              f"data does when the dataset opens), got {self.errors!r}")
+        if not isinstance(self.task_key, str) or not self.task_key:
+            raise ValueError(f"task_key must name a text feature of the steps, got {self.task_key!r}")
+        if not isinstance(self.bgr, bool):
+            raise ValueError(f"bgr must be True or False, got {self.bgr!r}")
         if not isinstance(self.check_index, bool):
             raise ValueError(f"check_index must be True or False, got {self.check_index!r}")
         if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, (int, float))
                                      or not (0 < self.fps < float("inf"))):
-            raise ValueError(f"fps must be a number of steps per second > 0, got {self.fps!r}")
+            raise ValueError(f"fps must be the control rate in steps per second (a finite number > 0), got "
+                             f"{self.fps!r}")
         for name in ("layout", "split"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

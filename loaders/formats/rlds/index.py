@@ -1,0 +1,211 @@
+"""The sidecar index of one split of an RLDS dataset: where every record lies, and what planning needs of it.
+
+One scan per shard reads every record once (both CRCs checked, the record checked against features.json:
+:func:`~mmfeed.loaders.formats.rlds.metadata.check_record`) and keeps, per episode, its shard, the byte offset
+and payload length of its record, its number of steps, the task of every step (``task_key``'s text, as ids into
+one list of texts) and, for a record that cannot be read, why; and, per numeric step feature, its statistics.
+After that an episode is one range read of its record.
+
+The index is an ``.npz`` file in ``$MMFEED_CACHE/index/rlds`` (default ``~/.cache/mmfeed/index/rlds``), named
+by a hash of the version directory, the split, ``task_key``, features.json's and every shard's size and mtime:
+a shard that changes gets a new key, so a stale index is never read. It is written to a temporary name and
+renamed (ranks race safely); where the cache cannot be written, the index stays in memory and a warning says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mmfeed.loaders.formats.rlds.example import ExampleError, parse_example
+from mmfeed.loaders.formats.rlds.metadata import FEATURES, Leaf, check_record, decode_leaf
+from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, scan_records
+from mmfeed.loaders.stores import stats as stats_mod
+from mmfeed.loaders.stores.index_arrays import index_cache_dir
+from mmfeed.loaders.transport.files import DatasetFiles
+from mmfeed.loaders.transport.tar import stat_file
+
+__all__ = ["RecordIndex", "record_index"]
+
+log = logging.getLogger(__name__)
+
+INDEX_VERSION = 1
+
+
+@dataclass
+class RecordIndex:
+    """Per episode (in file order): ``shard_of``, ``offset`` (of the record's frame; -1 where it cannot be read),
+    ``length`` (payload bytes), ``steps``, ``reasons`` (why a record cannot be read, "" where it can); per step
+    of every episode back to back, ``task_flat`` (ids into ``tasks``); ``stats`` of the numeric step features."""
+
+    shard_of: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    steps: np.ndarray
+    reasons: list[str]
+    task_flat: np.ndarray
+    tasks: list[str]
+    stats: dict[str, dict[str, np.ndarray]]
+
+    def save(self, path: Path) -> None:
+        meta = {"reasons": self.reasons, "tasks": self.tasks, "stats": stats_mod.to_json(self.stats)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, shard_of=self.shard_of, offset=self.offset, length=self.length, steps=self.steps,
+                         task_flat=self.task_flat, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+            os.replace(temporary, path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+
+    @classmethod
+    def load(cls, path: Path) -> RecordIndex:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(z["meta"].tobytes())
+            return cls(z["shard_of"], z["offset"], z["length"], z["steps"], list(meta["reasons"]), z["task_flat"],
+                       list(meta["tasks"]), stats_mod.from_json(meta["stats"]))
+
+
+def _stamp(files: DatasetFiles, relative: str) -> list | None:
+    try:
+        return list(stat_file(files.where(relative)))
+    except FileNotFoundError:
+        return None
+
+
+def cache_path(files: DatasetFiles, split: str, shards: Sequence[str], task_key: str) -> Path:
+    """Where the index of this split, with these shards as they are now, is kept."""
+    key = json.dumps([INDEX_VERSION, files.root, split, task_key, _stamp(files, FEATURES),
+                      [[s, _stamp(files, s)] for s in shards]])
+    return index_cache_dir() / "rlds" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+
+
+def record_index(files: DatasetFiles, split: str, shards: Sequence[str], counts: Sequence[int],
+                 leaves: Sequence[Leaf], task_key: str) -> RecordIndex:
+    """The index of one split: read from the cache when there, else built by scanning every shard and kept."""
+    path = cache_path(files, split, shards, task_key)
+    if path.is_file():
+        try:
+            return RecordIndex.load(path)
+        except (OSError, ValueError, KeyError) as err:
+            log.warning("%s: unreadable RLDS index (%s); building it again", path, err)
+    log.info("%s split %r: indexing %d shard(s) (once; kept in %s)", files.root, split, len(shards), path.parent)
+    index = build(files, shards, counts, leaves, task_key)
+    try:
+        index.save(path)
+    except OSError as err:
+        log.warning("cannot keep the RLDS index in %s (%s): it is rebuilt each time the dataset opens; set "
+                    "MMFEED_CACHE to a writable directory", path.parent, err)
+    return index
+
+
+def build(files: DatasetFiles, shards: Sequence[str], counts: Sequence[int], leaves: Sequence[Leaf],
+          task_key: str, threads: int | None = None) -> RecordIndex:
+    """Scan every shard (see the module docstring), ``threads`` shards at a time (default up to 8: reads and the
+    CRC kernel release the GIL, so remote shards overlap their requests), merged in shard order. A shard that is
+    missing, truncated or has a record whose framing is broken keeps, for each episode ``dataset_info.json``
+    promises and that cannot be read, a reason; whether that refuses the dataset or skips the episodes is the
+    reader's ``errors`` option."""
+    task_leaf = next((leaf for leaf in leaves if leaf.level == "step" and leaf.name == task_key
+                      and leaf.kind == "text"), None)
+    numeric = [leaf for leaf in leaves if leaf.level == "step" and leaf.kind == "tensor"]
+    threads = min(8, len(shards)) if threads is None else max(1, min(int(threads), len(shards)))
+
+    def scan(s: int) -> _Scanned:
+        return _scan_shard(files, shards[s], int(counts[s]), leaves, task_leaf, numeric)
+
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="mmfeed-rlds-index") as pool:
+            scanned = list(pool.map(scan, range(len(shards))))
+    else:
+        scanned = [scan(s) for s in range(len(shards))]
+    tasks: dict[str, int] = {}
+    shard_of, offset, length, steps, reasons, task_parts = [], [], [], [], [], []
+    partials: dict[str, list] = {leaf.name: [] for leaf in numeric}
+    for s, part in enumerate(scanned):
+        for position, payload_length, n, reason, texts in part.records:
+            shard_of.append(s)
+            offset.append(-1 if reason else position)
+            length.append(payload_length)
+            steps.append(n)
+            reasons.append(reason)
+            task_parts.append(np.array([tasks.setdefault(t, len(tasks)) for t in texts], np.int32) if texts
+                              else np.zeros(n, np.int32))
+        for name, parts in part.partials.items():
+            partials[name].extend(parts)
+    stats = {}
+    shapes = {leaf.name: leaf.shape for leaf in numeric}
+    for name, parts in partials.items():
+        if parts:
+            stats[name] = stats_mod.step_shaped({name: stats_mod.finish(stats_mod.merge(parts))}, shapes)[name]
+    return RecordIndex(np.asarray(shard_of, np.int32), np.asarray(offset, np.int64), np.asarray(length, np.int64),
+                       np.asarray(steps, np.int64), reasons,
+                       np.concatenate(task_parts) if task_parts else np.zeros(0, np.int32), list(tasks), stats)
+
+
+@dataclass
+class _Scanned:
+    """One shard's records ``(offset, payload length, steps, reason, task texts)`` and its stats partials."""
+
+    records: list[tuple]
+    partials: dict[str, list]
+
+
+def _scan_shard(files: DatasetFiles, relative: str, count: int, leaves: Sequence[Leaf], task_leaf: Leaf | None,
+                numeric: Sequence[Leaf]) -> _Scanned:
+    where = files.where(relative)
+    records: list[tuple] = []
+    partials: dict[str, list] = {leaf.name: [] for leaf in numeric}
+
+    def each(k: int, position: int, payload: memoryview, problem: str | None) -> None:
+        at = f"{where} record {k}"
+        if problem is not None:
+            records.append((position, len(payload), 0, problem, []))
+            return
+        try:
+            parsed = parse_example(payload)
+            n = check_record(leaves, parsed, at)
+        except ExampleError as err:
+            records.append((position, len(payload), 0, f"{at}: not a tf.train.Example ({err})", []))
+            return
+        except ValueError as err:
+            records.append((position, len(payload), 0, str(err), []))
+            return
+        texts = decode_leaf(task_leaf, parsed, n, at).tolist() if task_leaf is not None else []
+        for leaf in numeric:
+            partials[leaf.name].append(stats_mod.partial(
+                decode_leaf(leaf, parsed, n, at).reshape(n, -1).astype(np.float64)))
+        records.append((position, len(payload), n, "", texts))
+
+    try:
+        size = files.size(relative)
+    except FileNotFoundError:
+        size = None
+    failure = ""
+    if size is None:
+        failure = f"{where}: the shard is missing (dataset_info.json lists it)"
+    else:
+        try:
+            with files.open(relative) as f:
+                scan_records(f, size, where, each)
+        except TFRecordError as err:  # the scan stopped at a broken frame: the records before it stay
+            failure = str(err)
+    found = len(records)
+    for _ in range(found, max(count, found + (1 if failure else 0))):
+        records.append((-1, 0, 0, failure or f"{where}: holds {found} records, dataset_info.json promises {count}",
+                        []))
+    if not failure and found > count:
+        log.warning("%s holds %d records, dataset_info.json promises %d: reading all of them", where, found, count)
+    return _Scanned(records, partials)

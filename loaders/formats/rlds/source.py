@@ -1,0 +1,378 @@
+"""RLDS datasets (Open X-Embodiment, DROID, Bridge: what TFDS writes) as an :class:`EpisodeSource`, without
+TensorFlow.
+
+One record of a split is one episode. Opening reads ``dataset_info.json`` and ``features.json``
+(:mod:`.metadata`) and the sidecar index (:mod:`.index`: built by one scan of every shard the first time, then
+kept in the cache); a worker reads an episode's record with one range read (both CRCs checked:
+:mod:`.tfrecord`), decodes it with mmfeed's own ``tf.train.Example`` decoder (:mod:`.example`) and delivers
+the steps a request asks for::
+
+    >>> ds = open_dataset("gs-mirror/bridge/1.0.0", fps=5)                              # doctest: +SKIP
+    >>> ds.features["observation.image"], ds.task(0, 3)                                 # doctest: +SKIP
+
+Features are the step features under their path below ``steps`` with "." between levels
+(``observation.image``, ``action``, ``is_first``), each in features.json's dtype (float64 where it says so, though
+the records hold float32; bools as bool), and the episode's own features above the steps
+(``episode_metadata.file_path``) delivered with every step. Pictures (``Image``: JPEG or PNG, told by their magic
+bytes, not by what features.json declares) are video features: uint8 ``[H, W, 3]`` frames decoded in the
+workers, resized by ``frame_size`` (JPEGs shrink inside the decoder, by DCT scaling, where the size allows),
+channels swapped with ``bgr=True``. Text is a numpy object array of str; ``task_key``'s text (default
+``language_instruction``) is each step's task. Sequences of unknown length within a step (ragged) are no feature
+(a batch cannot stack them) but are in :meth:`RldsSource.episode`, an object array of one array per step.
+
+RLDS records no control rate: ``fps=`` gives it, and windows (whose spans are in seconds) need it. Without it the
+dataset opens, reads whole episodes and steps, and anything that asks for a rate fails saying to pass ``fps=``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmfeed.codecs.colour import frame_step_shape
+from mmfeed.loaders.clock import stage
+from mmfeed.loaders.formats.rlds.example import ExampleError, parse_example
+from mmfeed.loaders.formats.rlds.index import record_index
+from mmfeed.loaders.formats.rlds.metadata import decode_leaf, locate, read_leaves, read_split
+from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_size, split_record
+from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.consistency import Verdict, settle
+from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.transport.errors import SampleError
+
+__all__ = ["RldsSource"]
+
+_JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
+
+
+class RldsSource(EpisodeSource):
+    """The episodes of one split of an RLDS dataset, in file order (shard by shard, record by record: TFDS's
+    order with ``shuffle_files=False``).
+
+    path: the version directory (``.../bridge/1.0.0``, holding ``dataset_info.json``) or the dataset directory
+        above it (its highest version), local or an fsspec URL.
+    options: how it is read (:class:`~mmfeed.loaders.sources.options.ReadOptions`: split, fps, task_key, bgr,
+        frame_size, frame_format, cache_episodes, errors, max_frame_pixels), or its fields as keyword arguments.
+    """
+
+    FORMAT = "RLDS"
+    READ_OPTIONS = ("split", "fps", "task_key", "bgr", "frame_size", "frame_format", "cache_episodes", "errors",
+                    "max_frame_pixels")
+    """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
+
+    def __init__(self, path: str | os.PathLike, options: ReadOptions | None = None, **kwargs: Any) -> None:
+        options = ReadOptions.of(options, **kwargs)
+        options.refuse_others(self.READ_OPTIONS, self.FORMAT, os.fspath(path))
+        self.options = options
+        if options.bgr and options.frame_format != "rgb24":
+            raise ValueError(f"{os.fspath(path)}: bgr=True swaps the channels of RGB frames; it cannot be combined "
+                             f"with frame_format={options.frame_format!r} (drop one of them)")
+        files = locate(os.fspath(path))
+        if files is None:
+            raise FileNotFoundError(f"{os.fspath(path)}: not an RLDS dataset (no dataset_info.json and features.json "
+                                    "there, nor in a version folder X.Y.Z below it)")
+        self.files = files
+        self.root = files.root
+        self.split = options.split or "train"
+        base, cut = split_slice(self.split)
+        self.dataset_name, self._shards, counts = read_split(files, base)
+        self.name = f"{self.root}[{self.split}]"
+        self._leaves = read_leaves(files)
+        cameras = [leaf.name for leaf in self._leaves if leaf.kind == "image"]
+        for leaf in self._leaves:
+            if leaf.kind == "image":
+                options.check_frame_pixels(files.where("features.json"), leaf.name, *leaf.shape[:2])
+        self._sizes = options.frame_sizes(cameras, [leaf.name for leaf in self._leaves], self.root)
+        texts = [leaf.name for leaf in self._leaves if leaf.level == "step" and leaf.kind == "text"]
+        if "task_key" in options.given() and options.task_key not in texts:
+            raise ValueError(f"{self.root}: task_key={options.task_key!r} names no text feature of the steps; they "
+                             f"are {texts}")
+        index = record_index(files, base, self._shards, counts, self._leaves, options.task_key)
+        chosen = np.arange(len(index.steps))[cut.slice(len(index.steps))]
+        if not len(chosen):
+            raise ValueError(f"{self.name}: the split slice {self.split!r} holds no episode of the "
+                             f"{len(index.steps)} in split {base!r}")
+        kept, self.skipped = settle(_verdict([index.reasons[k] for k in chosen.tolist()]), options.errors, self.name)
+        starts = np.concatenate([[0], np.cumsum(index.steps)])
+        keep = chosen[kept] if kept is not None else chosen
+        self._shard_of = index.shard_of[keep].astype(np.int64)
+        first = np.searchsorted(index.shard_of, index.shard_of)  # each shard's first record (shard_of ascends)
+        self._record = (np.arange(len(index.shard_of)) - first)[keep]  # the record's number in its shard
+        self._offset = index.offset[keep]
+        self._length = index.length[keep]
+        self._lengths = index.steps[keep].astype(np.int64)
+        self._task_flat = index.task_flat.astype(np.int32, copy=False)  # every step's task, episodes back to back
+        self._task_start = starts[keep].astype(np.int64)
+        self.tasks = list(index.tasks) or [""]
+        self._episode_tasks = _episode_tasks(self._task_flat, starts[:-1], index.steps)[keep]
+        self._known_fps = options.fps
+        self._fps = np.full(len(keep), np.nan if options.fps is None else float(options.fps), np.float64)
+        rate = float("nan") if options.fps is None else float(options.fps)
+        self._steps = {leaf.name: leaf for leaf in self._leaves if leaf.kind != "ragged"}
+        self._ragged = [leaf for leaf in self._leaves if leaf.kind == "ragged"]
+        self.features = {name: self._feature(leaf, rate) for name, leaf in self._steps.items()}
+        self._frames = dict.fromkeys(self.features, self._lengths)
+        self.stats = index.stats
+        self._records = LRU(options.cache_episodes)  # episode -> parsed record
+        crc32c(b"")  # the compiled CRC kernel loaded now, in this process: forked workers inherit it
+
+    def _feature(self, leaf, rate: float) -> Feature:
+        if leaf.kind == "image":
+            h, w = self._sizes.get(leaf.name) or leaf.shape[:2]
+            try:
+                shape = frame_step_shape(h, w, self.options.frame_format)
+            except ValueError as err:
+                raise ValueError(f"{self.root} feature {leaf.name!r}: {err}; give an even frame_size") from err
+            return Feature("video", "uint8", shape, rate, frame_format=self.options.frame_format)
+        if leaf.kind == "text":
+            return Feature("text", "object", (), rate)
+        return Feature("array", leaf.dtype, leaf.shape, rate)
+
+    @property
+    def shards(self) -> list[str]:
+        """The split's shards, paths relative to the version directory, in order."""
+        return list(self._shards)
+
+    # -- rates: RLDS records none ----------------------------------------------------------------------------
+    def _need_fps(self) -> None:
+        if self._known_fps is None:
+            raise ValueError(f"{self.name}: RLDS records no control rate; pass fps= (steps per second, e.g. "
+                             "open_dataset(path, fps=10)) to read windows or anything timed")
+
+    @property
+    def fps(self) -> np.ndarray:
+        """Control-clock rate of each episode (``fps=``); a ValueError saying to pass it where it was not."""
+        self._need_fps()
+        return self._fps
+
+    def rates(self, feature: str) -> np.ndarray:
+        self._check_feature(feature)
+        self._need_fps()
+        return self._fps
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def step_tasks(self, episode: int) -> np.ndarray:
+        """The task id of every step of ``episode``, int64 ``[T]`` (``task_key``'s text, from the index)."""
+        e = self._check_episode(episode)
+        n = int(self._lengths[e])
+        if not self._task_flat.size:  # no task_key text in the dataset: one empty task
+            return np.zeros(n, np.int64)
+        start = int(self._task_start[e])
+        return self._task_flat[start:start + n].astype(np.int64)
+
+    def describe(self, episode: int) -> str:
+        """The shard and record of an episode, for error messages."""
+        return (f"{self.files.where(self._shards[self._shard_of[episode]])} record {int(self._record[episode])} "
+                f"(byte {int(self._offset[episode])})")
+
+    def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
+        f = self.features.get(feature)
+        return f.frame_size if f is not None else None
+
+    def record_bytes(self, episode: int) -> bytes:
+        """The payload of an episode's record (a serialized ``tf.train.Example``), both CRCs checked."""
+        framed = self._framed(episode)
+        return framed[12:len(framed) - 4]
+
+    def _framed(self, episode: int) -> bytes:
+        """The whole framed record of ``episode`` (one read), both CRCs checked."""
+        e = self._check_episode(episode)
+        relative = self._shards[self._shard_of[e]]
+        with stage("read"):
+            with self.files.open(relative) as f:
+                f.seek(int(self._offset[e]))
+                framed = f.read(framed_size(int(self._length[e])))
+        try:
+            split_record(framed, self.describe(e))
+        except TFRecordError as err:
+            raise SampleError(str(err)) from err
+        return framed
+
+    def _parsed(self, episode: int) -> dict:
+        parsed = self._records.get(episode)
+        if parsed is None:
+            framed = self._framed(episode)
+            try:
+                parsed = parse_example(framed, 12, len(framed) - 4)  # the payload, read in place
+            except ExampleError as err:
+                raise SampleError(f"{self.describe(episode)}: not a tf.train.Example ({err})") from err
+            self._records.put(episode, parsed)
+        return parsed
+
+    def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
+        """The requested steps of each request: each episode's record read once (kept for the next requests of
+        the episode), the requested steps' values decoded, their pictures decoded in this process."""
+        self._check_requests(requests)
+        out: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        for r, request in enumerate(requests):
+            e = request.episode
+            parsed = self._parsed(e)
+            steps = int(self._lengths[e])
+            where = self.describe(e)
+            for feature, idx in request.indices.items():
+                idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+                leaf = self._steps[feature]
+                into = request.out.get(feature) if request.out else None
+                try:
+                    value = decode_leaf(leaf, parsed, steps, where, picks=idx)
+                except ValueError as err:
+                    raise SampleError(str(err)) from err
+                if leaf.kind == "image":
+                    with stage("decode"):
+                        value = self._pictures(e, feature, value, into)
+                elif leaf.level == "episode":
+                    value = np.repeat(np.asarray(value)[None], len(idx), axis=0) if leaf.kind != "text" else \
+                        np.array([value] * len(idx), dtype=object)
+                if into is not None and leaf.kind != "image":
+                    into[...] = value
+                    value = into
+                out[r][feature] = value
+        return out
+
+    def episode(self, index: int) -> dict:
+        """The whole episode (every feature, pictures decoded), ``task``, ``fps`` (None without ``fps=``) and each
+        ragged feature as an object array of one array per step."""
+        index = self._check_episode(index)
+        request = EpisodeRequest(index, {f: np.arange(self._lengths[index], dtype=np.int64) for f in self.features})
+        data = self.read_many([request])[0]
+        parsed = self._parsed(index)
+        for leaf in self._ragged:
+            data[leaf.name] = decode_leaf(leaf, parsed, int(self._lengths[index]), self.describe(index))
+        return {**data, "task": self.task(index), "fps": None if self._known_fps is None else self._known_fps}
+
+    def _pictures(self, episode: int, feature: str, blobs: list, into: np.ndarray | None) -> np.ndarray:
+        f = self.features[feature]
+        out = into if into is not None else np.empty((len(blobs), *f.shape), np.uint8)
+        size = self._sizes.get(feature)
+        declared = self._steps[feature].shape[:2]
+        for i, blob in enumerate(blobs):
+            where = f"{self.describe(episode)} feature {feature!r}"
+            try:
+                out[i] = decode_picture(bytes(blob), size, declared, f.frame_format, self.options.bgr,
+                                        self.options.max_frame_pixels)
+            except ValueError as err:
+                raise SampleError(f"{where}: picture {i} of the request: {err}") from err
+        return out
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """A split's slice: bounds as episode counts or percents (None: open)."""
+
+    start: float | None = None
+    stop: float | None = None
+    percent: bool = False
+
+    def slice(self, n: int) -> slice:
+        def bound(value: float | None) -> int | None:
+            if value is None:
+                return None
+            return int(round(value * n / 100)) if self.percent else int(value)
+
+        return slice(bound(self.start), bound(self.stop))
+
+
+_SLICE = re.compile(r"^([^\[\]]+)(?:\[(-?\d+)?(%)?:(-?\d+)?(%)?\])?$")
+
+
+def split_slice(split: str) -> tuple[str, _Cut]:
+    """``(split name, slice)`` of a TFDS split string: ``"train"``, ``"train[:90%]"``, ``"train[10:20]"``,
+    ``"val[-5:]"`` (both bounds counts or both percents, rounded to the nearest episode as TFDS does).
+
+    >>> split_slice("train[:90%]")[1].slice(10), split_slice("val[2:-1]")[1].slice(10)
+    (slice(None, 9, None), slice(2, -1, None))
+    """
+    match = _SLICE.match(split)
+    if match is None:
+        raise ValueError(f"split {split!r}: give a split's name, or one sliced as TFDS does: 'train[:90%]', "
+                         "'train[10:20]'")
+    name, start, first_pct, stop, second_pct = match.groups()
+    if "[" not in split:
+        return name, _Cut()
+    if (first_pct and start is None) or (second_pct and stop is None):
+        raise ValueError(f"split {split!r}: a '%' follows a number")
+    percent = bool(first_pct or second_pct)
+    if percent and ((start is not None and not first_pct) or (stop is not None and not second_pct)):
+        raise ValueError(f"split {split!r}: both bounds are percents or neither is")
+    if percent and any(v is not None and abs(int(v)) > 100 for v in (start, stop)):
+        raise ValueError(f"split {split!r}: a percent is between -100 and 100")
+    return name, _Cut(None if start is None else int(start), None if stop is None else int(stop), percent)
+
+
+def _episode_tasks(flat: np.ndarray, starts: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """int64 ``[E]``: each episode's task where all its steps share one, -1 where it changes, 0 for an episode of
+    no steps or a dataset without tasks (vectorized: the min and max of each episode's run of task ids)."""
+    out = np.zeros(len(steps), np.int64)
+    full = steps > 0
+    if not flat.size or not full.any():
+        return out
+    at = starts[full]
+    low, high = np.minimum.reduceat(flat, at), np.maximum.reduceat(flat, at)
+    out[full] = np.where(low == high, low, -1)
+    return out
+
+
+def _verdict(reasons: list[str]) -> Verdict:
+    bad = np.array([bool(r) for r in reasons], dtype=bool)
+    return Verdict(bad, lambda k: reasons[k], lambda k: (k, reasons[k].split(": ", 1)[0]))
+
+
+def decode_picture(data: bytes, size: tuple[int, int] | None, declared: tuple[int, int], frame_format: str,
+                   bgr: bool, max_pixels: int | None) -> np.ndarray:
+    """One JPEG or PNG (told by its magic bytes) as uint8 ``[H, W, 3]`` (``yuv420``: ``[H * 3 // 2, W]``), at
+    ``size`` or as stored; the stored size must be ``declared``. Pillow decodes where it is installed (JPEGs
+    shrink by DCT scaling inside the decoder), PyAV otherwise."""
+    if not (data.startswith(_JPEG) or data.startswith(_PNG)):
+        raise ValueError(f"neither JPEG nor PNG (starts {data[:8].hex()})")
+    try:
+        from PIL import Image
+    except ImportError:
+        Image = None
+    if Image is None or frame_format != "rgb24":
+        return _decode_av(data, size, declared, frame_format, bgr, max_pixels)
+    try:
+        with Image.open(io.BytesIO(data), formats=("JPEG", "PNG")) as image:
+            w, h = image.size
+            _check_size(h, w, declared, max_pixels)
+            if size is not None and image.format == "JPEG" and (size[0] < h or size[1] < w):
+                image.draft("RGB", (size[1], size[0]))  # DCT scaling: at least the size asked
+            picture = image.convert("RGB")
+            if size is not None and (picture.size[1], picture.size[0]) != tuple(size):
+                picture = picture.resize((size[1], size[0]), Image.BILINEAR)
+            array = np.asarray(picture)
+    except (OSError, Image.DecompressionBombError, SyntaxError) as err:
+        raise ValueError(f"cannot be decoded ({err})") from None
+    return array[..., ::-1] if bgr else array
+
+
+def _check_size(h: int, w: int, declared: tuple[int, int], max_pixels: int | None) -> None:
+    if max_pixels is not None and h * w > max_pixels:
+        raise ValueError(f"a picture of {h}x{w}, more than max_frame_pixels={max_pixels}")
+    if (h, w) != tuple(declared):
+        raise ValueError(f"a picture of {h}x{w}, features.json declares {declared[0]}x{declared[1]}")
+
+
+def _decode_av(data: bytes, size: tuple[int, int] | None, declared: tuple[int, int], frame_format: str, bgr: bool,
+               max_pixels: int | None) -> np.ndarray:
+    import av
+
+    from mmfeed.codecs.demux import IMAGE_FORMATS, frames_of, input_options, pixel_limit
+
+    try:
+        with av.open(io.BytesIO(data), options=pixel_limit(max_pixels),
+                     container_options=input_options(IMAGE_FORMATS, path=False)) as container:
+            stream = container.streams.video[0]
+            _check_size(stream.codec_context.height, stream.codec_context.width, declared, max_pixels)
+            frame = next(frames_of(container, stream))
+            h, w = size or declared
+            if frame_format != "rgb24":  # limited range, as video's I420 planes (an image decoder says full range)
+                return frame.reformat(width=w, height=h, format="yuv420p", dst_color_range="MPEG").to_ndarray()
+            return frame.reformat(width=w, height=h, format="bgr24" if bgr else "rgb24").to_ndarray()
+    except (av.error.FFmpegError, StopIteration) as err:
+        raise ValueError(f"cannot be decoded ({err})") from None

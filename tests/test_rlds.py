@@ -1,0 +1,475 @@
+"""RLDS datasets read without TensorFlow, checked against TFDS itself.
+
+The corpus (``tests/rlds_corpus/``) was written by TFDS's own builder and its oracle is TFDS's own decoding of
+every episode (``tests/rlds_corpus/make_corpus.py`` regenerates both in a TensorFlow venv): every step feature of
+every episode of both splits must equal it, pictures within JPEG rounding (TensorFlow decodes with libjpeg's fast
+integer DCT) and PNGs exactly. Then the rest of mmfeed on it (windows, packing, a mixture with a LeRobot
+directory, resume) and broken input (truncated, corrupt, missing shards, features.json against the records).
+"""
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mmfeed import DataLoader
+from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders.formats.rlds.example import parse_example
+from mmfeed.loaders.formats.rlds.tfrecord import crc32c, masked_crc32c, scan_records
+from mmfeed.loaders.transport.errors import SampleError
+from mmfeed.testing import make_episodes, write_lerobot
+
+CORPUS = Path(__file__).parent / "rlds_corpus"
+DATASET = CORPUS / "mmfeed_rlds_corpus"
+VERSION = DATASET / "1.0.0"
+IMAGE, WRIST, STATE, ACTION = "observation.image", "observation.wrist_image", "observation.state", "action"
+SHARD = "mmfeed_rlds_corpus-train.tfrecord-{:05d}-of-00003"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mmfeed-cache")
+
+
+@pytest.fixture(autouse=True)
+def cache(cache_dir, monkeypatch):
+    monkeypatch.setenv("MMFEED_CACHE", str(cache_dir))
+
+
+def oracle(split):
+    """TFDS's decoded episodes: ``[{key below the episode: array}]`` in TFDS's order."""
+    with np.load(CORPUS / f"oracle-{split}.npz") as z:
+        episodes: dict[int, dict] = {}
+        for key in z.files:
+            e, rest = key.split("/", 1)
+            episodes.setdefault(int(e), {})[rest] = z[key]
+    return [episodes[e] for e in range(len(episodes))]
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_every_step_feature_of_every_episode_equals_tfds(split):
+    ds = open_dataset(VERSION, split=split)
+    want = oracle(split)
+    assert len(ds) == len(want)
+    for e, tfds_episode in enumerate(want):
+        got = ds.episode(e)
+        steps = len(tfds_episode["steps/is_first"])
+        assert int(ds.lengths[e]) == steps
+        checked = set()
+        for key, value in tfds_episode.items():
+            if key.startswith("steps/contacts/"):
+                continue
+            name = key.removeprefix("steps/").replace("/", ".")
+            mine = got[name]
+            checked.add(name)
+            if key.startswith("episode_metadata/"):  # the episode's own value, with every step
+                assert len(mine) == steps and all(m == value for m in mine.tolist()), (e, key)
+                assert mine.dtype == (object if value.dtype.kind == "U" else value.dtype), (e, key)
+            elif name == IMAGE:  # JPEG: TensorFlow's fast integer DCT against Pillow's accurate one
+                assert mine.shape == value.shape and mine.dtype == np.uint8
+                diff = np.abs(mine.astype(np.int16) - value.astype(np.int16))
+                assert diff.max() <= 12 and diff.mean() < 1.5, (e, diff.max(), diff.mean())
+            elif value.dtype.kind == "U":
+                assert mine.dtype == object and mine.tolist() == value.tolist(), (e, key)
+            else:  # PNG exactly; every array in features.json's dtype (float64 where it says so)
+                assert mine.dtype == value.dtype and np.array_equal(mine, value), (e, key)
+        assert checked == set(ds.features)
+        rows = np.split(tfds_episode["steps/contacts/flat"], np.cumsum(tfds_episode["steps/contacts/lengths"])[:-1])
+        assert len(got["contacts"]) == steps
+        assert all(m.dtype == np.int32 and np.array_equal(m, r) for m, r in zip(got["contacts"], rows))
+        assert [ds.task(e, t) for t in range(steps)] == tfds_episode["steps/language_instruction"].tolist()
+
+
+def test_the_corpus_has_what_it_is_meant_to_test():
+    ds = open_dataset(VERSION)
+    assert 1 in ds.lengths.tolist()  # a 1-step episode
+    assert (ds.episode_tasks == -1).any()  # an episode whose task changes
+    assert len(ds.files.glob("*train.tfrecord*")) == 3
+
+
+def test_the_dataset_directory_opens_its_highest_version_and_splits_are_named(tmp_path):
+    root = tmp_path / "mmfeed_rlds_corpus"
+    shutil.copytree(VERSION, root / "1.0.0")
+    shutil.copytree(VERSION, root / "0.9.0")  # a lower version, broken: never opened
+    (root / "0.9.0" / "features.json").write_text("{}")
+    ds = open_dataset(root)
+    assert ds.files.root.endswith("1.0.0") and len(ds) == 9 and ds.split == "train"
+    assert len(open_dataset(root, split="val")) == 4
+    with pytest.raises(ValueError, match=r"no split 'test'; the dataset has \['train', 'val'\]"):
+        open_dataset(VERSION, split="test")
+
+
+def test_the_index_is_kept_in_the_cache_and_keyed_by_the_shards(tmp_path, cache_dir):
+    copy = tmp_path / "ds"
+    shutil.copytree(VERSION, copy)
+    before = set((cache_dir / "index" / "rlds").glob("*.npz")) if (cache_dir / "index" / "rlds").exists() else set()
+    open_dataset(copy)
+    made = set((cache_dir / "index" / "rlds").glob("*.npz")) - before
+    assert len(made) == 1
+    open_dataset(copy)  # read from the cache: no new file
+    assert set((cache_dir / "index" / "rlds").glob("*.npz")) - before == made
+    shard = copy / SHARD.format(1)
+    shard.write_bytes(shard.read_bytes())  # same bytes, a new mtime: a new key
+    open_dataset(copy)
+    assert len(set((cache_dir / "index" / "rlds").glob("*.npz")) - before) == 2
+
+
+def test_crc32c_and_the_example_decoder_agree_with_the_formats_definitions():
+    from mmfeed.loaders.formats.rlds import tfrecord
+
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert crc32c(b"") == 0
+    data = np.random.default_rng(1).integers(0, 256, 300, dtype=np.uint8)
+    kernels = [tfrecord._crc32c_kernel] + ([tfrecord._crc32c_hardware] if tfrecord._has_crc32_instruction() else [])
+    for start in range(9):  # every alignment, every tail length
+        for stop in (start, start + 1, start + 7, start + 8, start + 9, 300):
+            assert len({int(k(data[start:stop], tfrecord._TABLES)) for k in kernels}) == 1, (start, stop)
+    data = VERSION.joinpath(SHARD.format(0)).read_bytes()
+    length, length_crc = struct.unpack_from("<QI", data)
+    assert masked_crc32c(data[:8]) == length_crc
+    payload = data[12:12 + length]
+    assert masked_crc32c(payload) == struct.unpack_from("<I", data, 12 + length)[0]
+    parsed = parse_example(payload)
+    assert parsed["steps/is_first"].values[0] == 1
+    assert parsed["steps/observation/image"].values[0][:3] == b"\xff\xd8\xff"
+
+
+def test_windows_need_fps_and_say_so():
+    ds = open_dataset(VERSION)
+    assert ds.episode(0)["fps"] is None  # whole episodes read without it
+    spec = WindowSpec.from_delta_timestamps({STATE: [0.0]})
+    with pytest.raises(ValueError, match=r"RLDS records no control rate; pass fps="):
+        ds.windows(spec)[0]
+
+
+SPEC = WindowSpec.from_delta_timestamps({IMAGE: [-0.1, 0.0], WRIST: [0.0], STATE: [0.0],
+                                         ACTION: [0.0, 0.1, 0.2, 0.3]})
+
+
+def test_windows_and_packed_batches_hold_the_episodes_steps():
+    ds = open_dataset(VERSION, fps=10, frame_size={IMAGE: (16, 20)})
+    assert ds.features[IMAGE].shape == (16, 20, 3)
+    view = ds.windows(SPEC)
+    assert len(view) == int(ds.lengths.sum())
+    sample = view[4]
+    e, t = sample["episode_index"], sample["frame_index"]
+    whole = ds.episode(e)
+    assert torch.equal(sample[STATE][0], torch.as_tensor(whole[STATE][t]))
+    assert sample[IMAGE].shape == (2, 16, 20, 3) and sample["task"] == ds.task(e, t)
+    packing = Packing(layout=TokenLayout(tokens_per_frame={IMAGE: 4, WRIST: 2}), window=SPEC,
+                      plan=PlanConfig(capacity=64, rows_per_batch=2), seed=1)
+    loader = DataLoader(ds, packing=packing, num_workers=2)
+    seen = []
+    for batch in loader:
+        assert batch.data[IMAGE].dtype == torch.uint8 and batch.data[IMAGE].shape[1:] == (16, 20, 3)
+        n = len(batch.metadata["sample"])
+        assert batch.data[STATE].shape == (n, 8) and batch.data[STATE].dtype == torch.float64
+        for k in range(n):
+            want = view[int(batch.metadata["sample"][k])]
+            assert torch.equal(batch.data[ACTION][4 * k:4 * k + 4], want[ACTION])
+            assert torch.equal(batch.data[STATE][k:k + 1], want[STATE])
+        seen += batch.metadata["sample"].tolist()
+    assert sorted(seen + loader.dataset.plan(0).dropped.tolist()) == list(range(len(view)))
+
+
+def batch_key(batch) -> tuple:
+    return (tuple(batch.metadata["sample"].tolist()),
+            tuple((k, tuple(v.flatten().tolist())) for k, v in sorted(batch.data.items()) if v.dtype != torch.bool))
+
+
+def test_a_mixture_with_a_lerobot_directory_packs_and_resumes(tmp_path):
+    lerobot = write_lerobot(tmp_path / "lerobot", make_episodes(3, seed=2, cameras=("front",), height=32, width=40,
+                                                                fps=10, min_length=4, max_length=7, state_dim=8,
+                                                                action_dim=7))
+    mix = open_dataset({"rlds": VERSION, "lerobot": lerobot}, fps=10,
+                       rename={"rlds": {IMAGE: "observation.images.front", STATE: "observation.joints"}})
+    spec = WindowSpec.from_delta_timestamps({"observation.images.front": [0.0], ACTION: [0.0, 0.1]})
+    packing = Packing(layout=TokenLayout(tokens_per_frame={"observation.images.front": 4}), window=spec,
+                      plan=PlanConfig(capacity=40, rows_per_batch=2), seed=3)
+    whole = [batch_key(b) for b in DataLoader(mix, packing=packing)]
+    datasets = set()
+    for batch in DataLoader(mix, packing=packing):
+        datasets |= set(batch.metadata["dataset"].tolist())
+    assert datasets == {0, 1} and len(whole) >= 4
+    first = DataLoader(mix, packing=packing)
+    it = iter(first)
+    head = [batch_key(next(it)) for _ in range(2)]
+    state = first.state_dict()
+    resumed = DataLoader(mix, packing=packing)
+    resumed.load_state_dict(state)
+    assert head + [batch_key(b) for b in resumed] == whole
+
+
+# -- broken input ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def copy(tmp_path):
+    target = tmp_path / "mmfeed_rlds_corpus" / "1.0.0"
+    shutil.copytree(VERSION, target)
+    return target
+
+
+def records(path):
+    with open(path, "rb") as f:
+        return scan_records(f, path.stat().st_size, str(path))
+
+
+def test_a_truncated_shard_names_the_file_and_record_and_skip_counts_it(copy):
+    shard = copy / SHARD.format(1)
+    offsets, lengths = records(shard)
+    shard.write_bytes(shard.read_bytes()[:int(offsets[2]) + 30])
+    with pytest.raises(ValueError, match=rf"{shard.name}: record 2 at byte {offsets[2]} is truncated") as err:
+        open_dataset(copy)
+    assert "\n" not in str(err.value)
+    ds = open_dataset(copy, errors="skip")
+    assert len(ds) == 8 and len(ds.skipped) == 1 and shard.name in ds.skipped[0]["reason"]
+
+
+def test_a_flipped_byte_fails_its_crc_naming_the_file_and_record(copy):
+    shard = copy / SHARD.format(0)
+    offsets, lengths = records(shard)
+    data = bytearray(shard.read_bytes())
+    data[int(offsets[1]) + 12 + int(lengths[1]) // 2] ^= 0x20
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"{shard.name} record 1 \(byte {offsets[1]}\): the record's data fails "
+                                         "its CRC-32C check") as err:
+        open_dataset(copy)
+    assert "\n" not in str(err.value)
+    ds = open_dataset(copy, errors="skip")
+    assert len(ds) == 8 and "CRC-32C" in ds.skipped[0]["reason"]
+    clean = open_dataset(VERSION)  # the episodes kept are the others, in order
+    assert ds.lengths.tolist() == np.delete(clean.lengths, 1).tolist()
+    assert np.array_equal(ds.episode(1)[ACTION], clean.episode(2)[ACTION])
+    assert ds.describe(1) == f"{shard} record 2 (byte {offsets[2]})"  # its place in the shard, the skipped one counted
+
+
+def test_a_byte_flipped_after_indexing_fails_the_sample_naming_the_record(copy):
+    ds = open_dataset(copy)
+    shard = copy / SHARD.format(2)
+    offsets, lengths = records(shard)
+    data = bytearray(shard.read_bytes())
+    data[int(offsets[0]) + 20] ^= 0x01
+    shard.write_bytes(bytes(data))
+    e = int(np.flatnonzero(ds._shard_of == 2)[0])
+    with pytest.raises(SampleError, match=rf"{shard.name} record 0 \(byte {offsets[0]}\): the record's data fails"):
+        ds.episode(e)
+
+
+def test_a_missing_shard_names_the_file(copy):
+    (copy / SHARD.format(2)).unlink()
+    with pytest.raises(ValueError, match=rf"{SHARD.format(2)}: the shard is missing") as err:
+        open_dataset(copy)
+    assert "\n" not in str(err.value)
+    ds = open_dataset(copy, errors="skip")
+    assert len(ds) == 6 and len(ds.skipped) == 3
+
+
+def test_features_json_that_does_not_match_the_records_names_the_file_record_and_key(copy):
+    path = copy / "features.json"
+    tree = json.loads(path.read_text())
+    steps = tree["featuresDict"]["features"]["steps"]["sequence"]["feature"]["featuresDict"]["features"]
+    steps["action"]["tensor"]["shape"]["dimensions"] = ["6"]  # the records hold 7 per step
+    path.write_text(json.dumps(tree))
+    with pytest.raises(ValueError, match=rf"{SHARD.format(0)} record 0: key 'steps/action' holds \d+ values, "
+                                         r"\d+ steps of float32 \[6\] take") as err:
+        open_dataset(copy)
+    assert "\n" not in str(err.value)
+    steps["action"]["tensor"]["shape"]["dimensions"] = ["7"]
+    steps["gripper_width"] = {"pythonClassName": "tensorflow_datasets.core.features.tensor_feature.Tensor",
+                              "tensor": {"dtype": "float32", "encoding": "none", "shape": {}}}
+    path.write_text(json.dumps(tree))
+    with pytest.raises(ValueError, match=r"record 0: no key 'steps/gripper_width' in the record, which "
+                                         "features.json declares"):
+        open_dataset(copy)
+    with pytest.raises(ValueError, match="every episode's metadata disagrees"):
+        open_dataset(copy, errors="skip")
+
+
+def test_options_other_formats_read_are_refused_and_rlds_options_checked():
+    with pytest.raises(ValueError, match=r"option 'tolerance_s' applies to LeRobot v3 only.*is RLDS\); "
+                                         "drop tolerance_s="):
+        open_dataset(VERSION, tolerance_s=0.1)
+    with pytest.raises(ValueError, match="fps must be the control rate"):
+        open_dataset(VERSION, fps=0)
+
+
+# -- remote ---------------------------------------------------------------------------------------------------
+
+def same_episodes(remote, local):
+    assert len(remote) == len(local) and remote.lengths.tolist() == local.lengths.tolist()
+    assert remote.tasks == local.tasks and remote.features == local.features
+    for e in range(len(local)):
+        a, b = remote.episode(e), local.episode(e)
+        assert a.keys() == b.keys()
+        for key in b:
+            if key == "contacts":
+                assert all(np.array_equal(x, y) for x, y in zip(a[key], b[key]))
+            elif isinstance(b[key], np.ndarray):
+                assert np.array_equal(a[key], b[key]), (e, key)
+            else:
+                assert a[key] == b[key], (e, key)
+
+
+def test_the_corpus_over_http_reads_the_local_episodes():
+    from http_server import serve
+
+    with serve(CORPUS) as server:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        remote = open_dataset(f"{base}/mmfeed_rlds_corpus/1.0.0", split="val", fps=5)
+        assert remote.files.remote
+        same_episodes(remote, open_dataset(VERSION, split="val", fps=5))
+        served = [path for method, path, n in server.served if method == "GET" and "tfrecord" in path]
+        assert served  # the records came over HTTP, by range
+
+
+def test_the_corpus_from_a_local_s3_server_reads_the_local_episodes():
+    from s3_server import moto_s3
+
+    with moto_s3() as s3:
+        s3.create_bucket(Bucket="oxe")
+        for path in VERSION.iterdir():
+            s3.upload_file(str(path), "oxe", f"mmfeed_rlds_corpus/1.0.0/{path.name}")
+        remote = open_dataset("s3://oxe/mmfeed_rlds_corpus", fps=5)  # the dataset directory: its highest version
+        assert remote.files.root == "s3://oxe/mmfeed_rlds_corpus/1.0.0"
+        same_episodes(remote, open_dataset(VERSION, fps=5))
+
+
+def test_mmfeed_inspect_surveys_a_split_with_its_stats_from_the_index(tmp_path, capsys):
+    from mmfeed.cli import main
+
+    report = tmp_path / "inspect.json"
+    assert main(["inspect", str(DATASET), "--split", "val", "--fps", "10", "--horizon", "4", "--capacity", "256",
+                 "--tokens-per-frame", "16", "--json", str(report)]) == 0
+    assert "RldsSource): 4 episodes" in capsys.readouterr().out
+    info = json.loads(report.read_text())
+    want = np.concatenate([episode["steps/observation/state"] for episode in oracle("val")])
+    state = info["features"][STATE]
+    assert (state["kind"], state["dtype"], state["shape"], state["fps"]) == ("array", "float64", [8], 10.0)
+    np.testing.assert_allclose(state["stats"]["mean"], want.mean(axis=0), rtol=1e-9)
+    assert info["features"][IMAGE]["stats"] == {}
+
+
+def test_split_slices_take_the_episodes_tfds_would():
+    whole = open_dataset(VERSION, fps=10)
+    for split, want in (("train[:50%]", slice(0, 4)), ("train[2:5]", slice(2, 5)), ("train[-2:]", slice(7, 9)),
+                        ("train[10%:]", slice(1, 9))):  # TFDS rounds percent bounds to the nearest episode
+        part = open_dataset(VERSION, split=split, fps=10)
+        assert part.lengths.tolist() == whole.lengths[want].tolist(), split
+        assert np.array_equal(part.episode(0)[ACTION], whole.episode(want.start)[ACTION]), split
+    with pytest.raises(ValueError, match=r"split 'train\[:90\]%': give a split's name, or one sliced as TFDS"):
+        open_dataset(VERSION, split="train[:90]%")
+    with pytest.raises(ValueError, match="both bounds are percents or neither"):
+        open_dataset(VERSION, split="train[1:50%]")
+    with pytest.raises(ValueError, match=r"holds no episode of the 9 in split 'train'"):
+        open_dataset(VERSION, split="train[5:5]")
+
+
+def test_a_damaged_record_is_an_example_error_or_decodes_never_another_exception():
+    from mmfeed.loaders.formats.rlds.example import ExampleError
+
+    data = (VERSION / "mmfeed_rlds_corpus-val.tfrecord-00000-of-00003").read_bytes()
+    record = data[12:12 + struct.unpack_from("<Q", data)[0]]
+    rng = np.random.default_rng(0)
+    outcomes = set()
+    for _ in range(1500):
+        damaged = bytearray(record)
+        how = int(rng.integers(3))
+        if how == 0:  # bytes changed
+            for at in rng.integers(len(damaged), size=int(rng.integers(1, 4))):
+                damaged[at] = int(rng.integers(256))
+        elif how == 1:  # cut short
+            damaged = damaged[:int(rng.integers(len(damaged)))]
+        else:  # bytes inserted
+            at = int(rng.integers(len(damaged)))
+            damaged[at:at] = rng.integers(0, 256, int(rng.integers(1, 10)), dtype=np.uint8).tobytes()
+        try:
+            for values in parse_example(bytes(damaged)).values():
+                len(values.values)  # bytes lists split when asked
+            outcomes.add("decoded")
+        except ExampleError:
+            outcomes.add("refused")
+    assert outcomes == {"decoded", "refused"}
+
+
+def test_bgr_swaps_the_channels_of_every_picture():
+    rgb, bgr = open_dataset(VERSION).episode(2), open_dataset(VERSION, bgr=True).episode(2)
+    for camera in (IMAGE, WRIST):
+        assert np.array_equal(bgr[camera], rgb[camera][..., ::-1])
+    with pytest.raises(ValueError, match="bgr=True swaps the channels of RGB frames"):
+        open_dataset(VERSION, bgr=True, frame_format="yuv420")
+
+
+def test_mmfeed_index_builds_every_splits_record_index_ahead(tmp_path, monkeypatch, capsys):
+    from mmfeed.cli import main
+
+    monkeypatch.setenv("MMFEED_CACHE", str(tmp_path / "cache"))
+    assert main(["index", str(DATASET)]) == 0
+    out = capsys.readouterr().out
+    assert "[train]: 9 episodes, 37 steps, 3 shard(s)" in out and "[val]: 4 episodes" in out
+    assert len(list((tmp_path / "cache" / "index" / "rlds").glob("*.npz"))) == 2
+    open_dataset(VERSION, split="val")  # found there: nothing new written
+    assert len(list((tmp_path / "cache" / "index" / "rlds").glob("*.npz"))) == 2
+
+
+def test_a_tensor_declared_huge_is_refused_before_anything_of_its_size_is_allocated(copy):
+    path = copy / "features.json"
+    tree = json.loads(path.read_text())
+    observation = tree["featuresDict"]["features"]["steps"]["sequence"]["feature"]["featuresDict"]["features"][
+        "observation"]["featuresDict"]["features"]
+    observation["depth"]["tensor"]["shape"]["dimensions"] = ["100000", "100000", "1000"]  # 40 TB a step
+    path.write_text(json.dumps(tree))
+    with pytest.raises(ValueError, match=r"key 'steps/observation/depth': a value of 80 bytes, float32 \[100000, "
+                                         r"100000, 1000\] takes 40000000000000"):
+        open_dataset(copy, split="val").episode(0)
+
+
+def test_yuv420_frames_are_limited_range_bt601_planes_of_the_pictures():
+    ds = open_dataset(VERSION, split="val", frame_format="yuv420")
+    assert ds.features[WRIST].shape == (24, 16) and ds.features[IMAGE].shape == (48, 40)
+    for e, tfds_episode in enumerate(oracle("val")):
+        got = ds.episode(e)
+        for camera, key in ((WRIST, "steps/observation/wrist_image"), (IMAGE, "steps/observation/image")):
+            rgb = tfds_episode[key].astype(np.float64)
+            luma = 16 + (65.481 * rgb[..., 0] + 128.553 * rgb[..., 1] + 24.966 * rgb[..., 2]) / 255
+            diff = np.abs(got[camera][:, :rgb.shape[1]] - luma)  # the Y plane: not subsampled
+            assert diff.mean() < (1.0 if camera == WRIST else 2.0), (e, camera, diff.mean())
+
+
+def test_camera_dropout_drops_rlds_cameras_as_it_drops_videos():
+    from mmfeed.loaders.planned.transforms import CameraDropout
+
+    ds = open_dataset(VERSION, fps=10)
+    window = WindowSpec.from_delta_timestamps({IMAGE: [0.0], WRIST: [0.0], STATE: [0.0]})
+    packing = Packing(layout=TokenLayout(tokens_per_frame={IMAGE: 2, WRIST: 2}), window=window,
+                      plan=PlanConfig(capacity=48, rows_per_batch=2), seed=3, transform=CameraDropout(0.5))
+    dropped = []
+    for batch in DataLoader(ds, packing=packing):
+        for camera in (IMAGE, WRIST):
+            pad = batch.data[f"{camera}_is_pad"]
+            assert not batch.data[camera][pad].any() and batch.data[camera][~pad].any()
+        dropped.append(torch.stack([batch.data[f"{c}_is_pad"] for c in (IMAGE, WRIST)], 1))
+    dropped = torch.cat(dropped)
+    assert dropped.any() and not dropped.all(1).any()  # some cameras dropped, never both of a window
+
+
+def test_mmfeed_stats_of_the_corpus_are_the_oracles(tmp_path):
+    from mmfeed.cli import main
+
+    report = tmp_path / "stats.json"
+    assert main(["stats", str(VERSION), "--features", f"{STATE},{ACTION}", "--no-progress", "--json",
+                 str(report)]) == 0
+    [dataset] = json.loads(report.read_text())["datasets"]
+    assert dataset["name"].endswith("[train]")
+    want = np.concatenate([episode["steps/observation/state"] for episode in oracle("train")])
+    np.testing.assert_allclose(dataset["stats"][STATE]["mean"], want.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(dataset["stats"][STATE]["max"], want.max(axis=0), rtol=1e-12)
+
+
+def test_task_key_names_a_step_text_feature():
+    with pytest.raises(ValueError, match=r"task_key='instruction' names no text feature of the steps; they are "
+                                         r"\['language_instruction'\]"):
+        open_dataset(VERSION, task_key="instruction")
