@@ -30,8 +30,9 @@ can hold (repeating its last value), so every batch of the epoch has the same te
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,8 +41,10 @@ import torch
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
-from mmfeed.loaders.planned.reads import DocumentNames, EpisodeReads, RecordReads, RecordSource, SampleRead
+from mmfeed.loaders.planned.reads import (DocumentNames, EpisodeReads, RecordReads, RecordSource, SampleRead,
+                                          episode_sample, record_sample)
 from mmfeed.loaders.planned.steps import (
+    Places,
     batch_layout,
     fail_nonfinite,
     find_nonfinite,
@@ -104,21 +107,18 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     if transform is None:
         requests, direct = _decode_in_place(source, requests, plans)
 
-    def place(k: int) -> dict:
-        return _episode_place(source, reads[k].sample, requests[k].episode)
-
+    places = Places([r.sample for r in reads], source.describe, [r.episode for r in requests])
     # read under the error policy
-    read, failures = read_under_policy(len(requests), lambda: source.read_many(requests),
-                                       lambda k: source.read_many([requests[k]])[0], place, errors)
+    read, failures = read_under_policy(requests, source.read_many, None, places, errors)
     _fill_direct(requests, read, direct)
     # check
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
     found = find_nonfinite(read, pads, floats, policy.nonfinite == "mask")
-    fail_nonfinite([(k, _episode_located(source, requests[k], key, bad)) for k, key, bad in found], read, place,
+    fail_nonfinite([(k, _episode_located(source, requests[k], key, bad)) for k, key, bad in found], read, places,
                    errors, failures)
     # transform
     if transform is not None:
-        inputs = (None if data is None else _episode_sample(source, r, data) for r, data in zip(reads, read))
+        inputs = map(partial(episode_sample, source), reads, read)  # made as the transform asks, one at a time
         read = transform_each(inputs, read, [r.sample for r in reads], transform, epoch, seed, "frames", pads)
     if failures:
         rows, keep = without_failures(rows, samples, failures)
@@ -156,22 +156,19 @@ def collate_records(records: RecordSource, rows: Sequence[np.ndarray], capacity:
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = samples_of(rows)
 
-    def place(k: int) -> dict:
-        return {"sample": int(samples[k]), "source": records.describe(int(samples[k]))}
-
+    places = Places(samples, records.describe)
     # read under the error policy: each record's tensors and its other entries
-    pairs, failures = read_under_policy(len(samples), None, lambda k: records.read(int(samples[k])), place, errors)
+    pairs, failures = read_under_policy(samples.tolist(), None, records.read, places, errors)
     read = [None if p is None else p[0] for p in pairs]
     extras = [None if p is None else p[1] for p in pairs]
     pads = [_record_pads(data, policy) for data in read]
     # check
     found = find_nonfinite(read, pads, None, policy.nonfinite == "mask")
     fail_nonfinite([(k, _record_located(records, int(samples[k]), key, bad)) for k, key, bad in found], read,
-                   place, errors, failures)
+                   places, errors, failures)
     # transform
     if transform is not None:
-        inputs = (None if data is None else _record_sample(records, int(s), data, extra)
-                  for s, data, extra in zip(samples, read, extras))
+        inputs = map(partial(record_sample, records), samples.tolist(), read, extras)  # one at a time
         read = transform_each(inputs, read, samples, transform, epoch, seed, "tokens")
     if failures:
         rows, keep = without_failures(rows, samples, failures)
@@ -197,31 +194,9 @@ def collate_records(records: RecordSource, rows: Sequence[np.ndarray], capacity:
 
 
 # -- episode samples: where a failure lies, what a transform gets, the payload and metadata ---------------------
-def _episode_place(source: EpisodeSource, sample: int, episode: int) -> dict:
-    """The failure record's place of an episode sample: its id, episode and where the episode lives."""
-    episode = int(episode)
-    return {"sample": int(sample), "episode": episode, "source": source.describe(episode)}
-
-
 def _episode_located(source: EpisodeSource, request: EpisodeRequest, key: str, bad: np.ndarray) -> str:
     frames = np.asarray(request.indices[key])[bad].tolist()
     return f"{source.describe(request.episode)} feature {key!r}: NaN or inf at frames {frames}"
-
-
-def _episode_sample(source: EpisodeSource, read: SampleRead, data: dict) -> dict:
-    """What a transform gets of an episode sample: each feature's frames as tensors, its ``_is_pad`` flags,
-    ``task``, ``episode_index``, ``frame_index``; in a mixture ``dataset`` (and ``embodiment``) and each padded
-    feature's ``_dim_mask``."""
-    episode = int(read.request.episode)
-    sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
-    sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in read.pads.items()})
-    for f in data:
-        mask = source.dim_mask(episode, f)
-        if mask is not None:
-            sample[f"{f}_dim_mask"] = torch.from_numpy(mask.copy())
-    sample.update(task=source.tasks[read.task] if read.task >= 0 else "", episode_index=episode,
-                  frame_index=read.start, **source.origin(episode))
-    return sample
 
 
 def _payload_plans(reads: Sequence[SampleRead], layout: TokenLayout, modalities: list[str]) -> list[tuple]:
@@ -389,16 +364,6 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
 # -- records: where a failure lies, what a transform gets, the payload ----------------------------------------------
 def _record_located(records: RecordSource, index: int, key: str, bad: np.ndarray) -> str:
     return f"{records.describe(index)} key {key!r}: NaN or inf at positions {np.flatnonzero(bad).tolist()}"
-
-
-def _record_sample(records: RecordSource, index: int, data: dict, extra: Any) -> dict:
-    """What a transform gets of a record: its tensors (copies: a transform may work in place without touching the
-    dataset), its other entries and ``index``, its position in the dataset."""
-    extra = extra if isinstance(extra, Mapping) else {}
-    if "index" in data or "index" in extra:
-        raise ValueError(f"{records.describe(index)} has an entry 'index', the name under which a transform gets "
-                         "the record's position; rename that entry")
-    return {**{key: value.clone() for key, value in data.items()}, **extra, "index": index}
 
 
 def _record_pads(data: dict | None, policy: ErrorPolicy) -> dict[str, np.ndarray]:

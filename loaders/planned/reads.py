@@ -15,16 +15,19 @@ itself to collation, and nothing collation does calls an item kind back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.samples import SampleTable
 
-__all__ = ["DocumentNames", "EpisodeReads", "Items", "RecordReads", "RecordSource", "SampleRead"]
+__all__ = ["DocumentNames", "EpisodeReads", "Items", "RecordReads", "RecordSource", "SampleRead", "episode_sample",
+           "record_sample"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,3 +109,33 @@ class Items(Protocol):
 
     def reads(self, samples: np.ndarray) -> EpisodeReads | RecordReads: ...
 
+
+# -- what a transform gets of a sample: made from what was read, one sample at a time -----------------------------
+def episode_sample(source: EpisodeSource, read: SampleRead, data: dict | None) -> dict | None:
+    """What a transform gets of an episode sample (None where reading it failed): each feature's frames as
+    tensors, its ``_is_pad`` flags, ``task``, ``episode_index``, ``frame_index``; in a mixture ``dataset`` (and
+    ``embodiment``) and each padded feature's ``_dim_mask``."""
+    if data is None:
+        return None
+    episode = int(read.request.episode)
+    sample = {f: torch.from_numpy(np.ascontiguousarray(v)) if v.dtype != object else v for f, v in data.items()}
+    sample.update({f"{f}_is_pad": torch.from_numpy(p) for f, p in read.pads.items()})
+    for f in data:
+        mask = source.dim_mask(episode, f)
+        if mask is not None:
+            sample[f"{f}_dim_mask"] = torch.from_numpy(mask.copy())
+    sample.update(task=source.tasks[read.task] if read.task >= 0 else "", episode_index=episode,
+                  frame_index=read.start, **source.origin(episode))
+    return sample
+
+
+def record_sample(records: RecordSource, index: int, data: dict | None, extra: Any) -> dict | None:
+    """What a transform gets of a record (None where reading it failed): its tensors (copies: a transform may work
+    in place without touching the dataset), its other entries and ``index``, its position in the dataset."""
+    if data is None:
+        return None
+    extra = extra if isinstance(extra, Mapping) else {}
+    if "index" in data or "index" in extra:
+        raise ValueError(f"{records.describe(index)} has an entry 'index', the name under which a transform gets "
+                         "the record's position; rename that entry")
+    return {**{key: value.clone() for key, value in data.items()}, **extra, "index": index}

@@ -12,6 +12,7 @@ places, the transform's inputs); none calls back into the collation that runs it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from mmfeed.loaders.transport.errors import SampleError
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.metadata import Layout, make_layout
 
-__all__ = ["batch_layout", "fail_nonfinite", "find_nonfinite", "pad_static", "packed", "read_under_policy",
+__all__ = ["Places", "batch_layout", "fail_nonfinite", "find_nonfinite", "pad_static", "packed", "read_under_policy",
            "sample_generator", "samples_of", "transform_each", "without_failures"]
 
 
@@ -37,36 +38,54 @@ def samples_of(rows: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(rows).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
 
 
-def read_under_policy(count: int, read_all: Callable[[], list] | None, read_one: Callable[[int], Any],
-                      place: Callable[[int], dict], errors: ErrorCounter | None) -> tuple[list, list[dict]]:
-    """Read a batch's ``count`` samples (``read_all()``; None: one by one) under the error policy. Under skip/warn
-    a failing batch is read again sample by sample (``read_one(k)``) and each failing sample comes back as None
-    with a record ``{**place(k), "reason": ...}`` (where it lies, why it failed), counted by ``errors``; under
-    raise (or without a counter) the first error propagates as it is. MemoryError and KeyboardInterrupt always
-    do."""
-    if read_all is not None:
+@dataclass(frozen=True)
+class Places:
+    """Where each sample of a batch lies, for its failure record: ``places(k)`` is ``{"sample", "source"}`` (and
+    ``"episode"`` for episode samples), ``source`` being what ``describe`` (the source's) calls the episode, or the
+    record, that sample ``k`` reads."""
+
+    samples: Sequence[int]
+    describe: Callable[[int], str]
+    episodes: Sequence[int] | None = None
+
+    def __call__(self, k: int) -> dict:
+        if self.episodes is None:
+            return {"sample": int(self.samples[k]), "source": self.describe(int(self.samples[k]))}
+        episode = int(self.episodes[k])
+        return {"sample": int(self.samples[k]), "episode": episode, "source": self.describe(episode)}
+
+
+def read_under_policy(items: Sequence[Any], read_many: Callable[[Sequence[Any]], list] | None,
+                      read_one: Callable[[Any], Any] | None, places: Places,
+                      errors: ErrorCounter | None) -> tuple[list, list[dict]]:
+    """Read a batch's ``items`` (``read_many(items)``, at once; None: one by one with ``read_one(item)``) under the
+    error policy. Under skip/warn a failing batch is read again item by item (``read_many([item])``) and each
+    failing sample comes back as None with a record ``{**places(k), "reason": ...}`` (where it lies, why it
+    failed), counted by ``errors``; under raise (or without a counter) the first error propagates as it is.
+    MemoryError and KeyboardInterrupt always do."""
+    if read_many is not None:
         try:
-            read = read_all()
+            read = read_many(items)
         except MemoryError:
             raise
         except Exception:
             if errors is None or errors.policy.on_error == "raise":
                 raise
         else:
-            if errors is not None and count:
+            if errors is not None and len(items):
                 errors.succeeded()
             return read, []
     read, failures = [], []
-    for k in range(count):
+    for k, item in enumerate(items):
         try:
-            read.append(read_one(k))
+            read.append(read_one(item) if read_many is None else read_many([item])[0])
         except MemoryError:
             raise
         except Exception as err:
             if errors is None or errors.policy.on_error == "raise":
                 raise
             read.append(None)
-            failures.append({**place(k), "reason": f"{type(err).__name__}: {err}"})
+            failures.append({**places(k), "reason": f"{type(err).__name__}: {err}"})
             errors.failed(failures[-1])
         else:
             if errors is not None:
@@ -100,7 +119,7 @@ def find_nonfinite(read: list, pads: list, keys: Sequence[str] | None, mask: boo
     return found
 
 
-def fail_nonfinite(found: list[tuple[int, str]], read: list, place: Callable[[int], dict],
+def fail_nonfinite(found: list[tuple[int, str]], read: list, places: Places,
                    errors: ErrorCounter | None, failures: list) -> None:
     """Samples with non-finite values (``(k, where the value lies)``, from :func:`find_nonfinite`) under the error
     policy: raise SampleError on the first, or leave each out (None in ``read``) with its failure record."""
@@ -108,7 +127,7 @@ def fail_nonfinite(found: list[tuple[int, str]], read: list, place: Callable[[in
         if errors is None or errors.policy.on_error == "raise":
             raise SampleError(reason + "; fix the data or use ErrorPolicy(nonfinite='mask')")
         read[k] = None
-        failures.append({**place(k), "reason": f"SampleError: {reason}"})
+        failures.append({**places(k), "reason": f"SampleError: {reason}"})
         errors.failed(failures[-1])
 
 
