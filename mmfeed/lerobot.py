@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from mmfeed.loaders import open_dataset
+from mmfeed.loaders.formats.lerobot import v21
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.requests import window_requests
 from mmfeed.loaders.transport.files import DatasetFiles, is_url
@@ -111,7 +112,7 @@ class LeRobotDatasetMetadata:
         self.root = _root_of(source)
         files = DatasetFiles(source.root)
         self.info = _info(source)
-        self.stats = _stats(files)
+        self.stats = _stats(files, self.info)
         self.episodes = _episodes(source, files)
         self._tasks = None
         self._files = files
@@ -373,9 +374,12 @@ def _info(source: EpisodeSource) -> dict:
     return info
 
 
-def _stats(files: DatasetFiles) -> dict | None:
-    """``meta/stats.json`` as LeRobot loads it: every leaf ``np.array(value)``; None without the file."""
+def _stats(files: DatasetFiles, info: Mapping) -> dict | None:
+    """``meta/stats.json`` as LeRobot loads it: every leaf ``np.array(value)`` (v2.1: its episodes' statistics
+    aggregated as LeRobot aggregates them); None without either."""
     if not files.exists("meta/stats.json"):
+        if v21.is_v2(info) and files.exists("meta/episodes_stats.jsonl"):
+            return v21.aggregate_stats(v21.episode_stats(files))
         return None
 
     def cast(value: Any) -> Any:
@@ -391,9 +395,14 @@ def _episodes(source: EpisodeSource, files: DatasetFiles) -> EpisodeTable:
     another layout gives what its reader knows in the same columns."""
     import pyarrow as pa
 
-    table = getattr(source, "episode_table", None)
-    if callable(table):
-        return EpisodeTable(table())
+    info = getattr(source, "info", {})
+    if v21.is_v2(info):  # meta/episodes.jsonl, with the row ranges a v3 dataset keeps beside
+        rows = sorted(v21.read_jsonl(files, "meta/episodes.jsonl"), key=lambda r: r["episode_index"])
+        lengths = np.array([r["length"] for r in rows], dtype=np.int64)
+        ends = np.cumsum(lengths)
+        return EpisodeTable(pa.table({
+            "episode_index": [r["episode_index"] for r in rows], "tasks": [r.get("tasks", []) for r in rows],
+            "length": lengths, "dataset_from_index": ends - lengths, "dataset_to_index": ends}))
     paths = sorted(files.glob("meta/episodes/chunk-*/file-*.parquet") or [])
     parts = []
     for relative in paths:
@@ -409,9 +418,11 @@ def _tasks_frame(source: EpisodeSource, files: DatasetFiles) -> Any:
         import pandas  # noqa: F401
     except ImportError as err:
         raise ImportError("LeRobotDataset.meta.tasks is a pandas DataFrame, as LeRobot's; pip install pandas") from err
-    frame = getattr(source, "tasks_frame", None)
-    if callable(frame):
-        return frame()
+    if v21.is_v2(getattr(source, "info", {})):  # meta/tasks.jsonl, as a v3 dataset's tasks.parquet reads
+        import pandas as pd
+
+        texts = v21.read_tasks(files)
+        return pd.DataFrame({"task_index": np.arange(len(texts), dtype=np.int64)}, index=pd.Index(texts))
     return files.parquet("meta/tasks.parquet").read().to_pandas()
 
 

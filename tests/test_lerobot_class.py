@@ -24,6 +24,9 @@ CORPUS = Path(__file__).parent / "lerobot_corpus"
 ORACLE = json.loads((CORPUS / "items.json").read_text())
 NAMES = sorted(ORACLE["datasets"])
 SETTINGS = ("plain", "delta", "episodes")
+V21_RAW = CORPUS / "v21_raw"
+"""The v2.1 directory LeRobot 0.3.3 wrote, before LeRobot 0.4.4 converted it into ``v21``: read directly, it gives
+``v21``'s items."""
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +125,31 @@ def test_a_torch_dataloader_batches_like_lerobots(name):
         else:
             assert str(batch[key].dtype).removeprefix("torch.") == spec["dtype"], key
             assert list(batch[key].shape) == spec["shape"], key
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_v21_directory_read_directly_gives_the_items_of_its_v30_conversion(setting, arrays):
+    """LeRobot 0.4.4 refuses v2.1 and asks for a conversion; mmfeed's class reads the unconverted directory and
+    gives the items LeRobot gave of the converted one (every key), its meta the same tasks, episodes and stats."""
+    recorded = ORACLE["datasets"]["v21"][setting]
+    ds = dataset("v21", setting, root=V21_RAW)
+    assert ds.meta.info["codebase_version"] == "v2.1"
+    assert len(ds) == recorded["len"] and ds.num_episodes == recorded["num_episodes"]
+    for i, expected in recorded["items"].items():
+        compare_item("v21", setting, int(i), ds[int(i)], expected, arrays)
+    if setting == "plain":
+        want = ORACLE["datasets"]["v21"]["meta"]
+        meta = ds.meta
+        assert list(meta.tasks.index) == want["tasks"]["index"]
+        assert meta.tasks["task_index"].tolist() == want["tasks"]["columns"]["task_index"]
+        for column in ("episode_index", "tasks", "length", "dataset_from_index", "dataset_to_index"):
+            assert normal(meta.episodes[column]) == want["episodes"][column], column
+        for attribute in ("camera_keys", "video_keys", "image_keys", "total_episodes", "total_frames", "fps"):
+            assert getattr(meta, attribute) == want[attribute if attribute != "fps" else "fps"], attribute
+        for feature, stats in want["stats"].items():  # v2.1's episodes_stats.jsonl aggregated as LeRobot's converter
+            for name in ("min", "max", "mean", "std", "count"):
+                np.testing.assert_allclose(meta.stats[feature][name], stats[name]["ndarray"], rtol=1e-6,
+                                           err_msg=f"{feature} {name}")
 
 
 def test_episode_selection_image_transforms_and_bad_input():

@@ -1,6 +1,6 @@
 """mmfeed.loaders.formats: one room per dataset format.
 
-Each format is a folder here: ``lerobot/`` (LeRobot v3 directories) and ``webdataset/`` (indexed tar shards). A
+Each format is a folder here: ``lerobot/`` (LeRobot v3 and v2.x directories) and ``webdataset/`` (indexed tar shards). A
 folder holds the format's metadata reader and checks (``metadata.py``), its episode reader (``source.py``, an
 :class:`~mmfeed.loaders.sources.base.EpisodeSource`) and, in its ``__init__.py``, its registration: one
 :class:`Format` named ``FORMAT``. Every format reads bytes through :mod:`mmfeed.loaders.transport` (local files,

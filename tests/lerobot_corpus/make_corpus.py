@@ -16,6 +16,8 @@ never produces; beside each, ``<name>.oracle.npz`` and ``<name>.oracle.json`` ho
   scalar, boolean, integer and float64 features.
 - ``v21``: a dataset written by LeRobot 0.3.3 in the v2.1 layout (a file per episode, jsonl metadata), converted
   to v3.0 by LeRobot 0.4.4's own converter (``lerobot.datasets.v30.convert_dataset_v21_to_v30``).
+- ``v21_raw``: the same dataset (the same seeded values, frame for frame) as LeRobot 0.3.3 wrote it, unconverted,
+  which mmfeed reads directly; it has no oracle of its own (LeRobot 0.4 refuses v2.1): its samples are ``v21``'s.
 
 Frames carry their global frame index drawn into the pixels (:func:`mmfeed.testing.frame_pattern`), so a frame
 can be checked exactly whatever two decoders' colour rounding; the oracle keeps that index of every delivered
@@ -243,8 +245,19 @@ def main() -> None:
     if args.write_only:
         write(args.only[0], Path(args.write_only))
         return
-    names = args.only or list(layouts())
+    names = args.only or [*layouts(), "v21_raw"]
     for name in names:
+        if name == "v21_raw":  # v21 as LeRobot 0.3.3 writes it, kept unconverted; v21's oracle is its oracle
+            if not args.v21_python:
+                parser.error("--v21-python (a venv with lerobot 0.3.3) is needed for the v21_raw dataset")
+            with tempfile.TemporaryDirectory(prefix="mmfeed-corpus-") as tmp:
+                root = Path(tmp) / "local" / "v21"
+                subprocess.run([args.v21_python, __file__, "--only", "v21", "--write-only", str(root)], check=True,
+                               env={**os.environ, "PYTHONNOUSERSITE": "1"})
+                shutil.rmtree(root / "images", ignore_errors=True)  # empty: no image features
+                shutil.rmtree(HERE / name, ignore_errors=True)
+                shutil.copytree(root, HERE / name)
+            continue
         with tempfile.TemporaryDirectory(prefix="mmfeed-corpus-") as tmp:
             root = Path(tmp) / "local" / name
             if name == "v21":

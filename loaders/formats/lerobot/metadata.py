@@ -53,7 +53,7 @@ def check_info(info: Any, where: str) -> None:
     if "codebase_version" in info and not isinstance(info["codebase_version"], str):
         raise ValueError(f"{where}: field 'codebase_version' must be a string such as 'v3.0', got "
                          f"{shown(info['codebase_version'])}")
-    if not info.get("codebase_version", "").startswith("v3"):
+    if not info.get("codebase_version", "").startswith(("v3", "v2")):
         return  # the reader refuses other versions by name
     if "fps" in info and not is_rate(info["fps"]):
         raise ValueError(f"{where}: field 'fps' must be a finite number > 0 (frames per second), got "

@@ -19,6 +19,10 @@ Kinds follow the declared dtypes: ``video`` and ``image`` (PNG or JPEG bytes in 
 array of that dtype. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
 read as shape ``()``. With ``frame_format="yuv420"`` frames come as I420 planes ``[H * 3 // 2, W]`` instead
 (:mod:`mmfeed.codecs.colour`).
+
+LeRobot v2.x directories (v2.0, v2.1: a data file and a video per episode, JSON-lines metadata, what LeRobot 0.3
+writes and many Hub datasets still are) read the same, without conversion: their ``meta/episodes.jsonl`` becomes
+the same episode columns (:mod:`~mmfeed.loaders.formats.lerobot.v21`), each episode its own data file and video.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.formats.lerobot.metadata import (check_info, file_codes, lerobot_episodes, lerobot_rows,
                                                      parquet_rows)
+from mmfeed.loaders.formats.lerobot.v21 import (PATH_FIELDS, aggregate_stats, episode_stats, is_v2,
+                                                read_episodes as read_v2_episodes, read_tasks as read_v2_tasks)
 from mmfeed.loaders.sources.consistency import settle
 from mmfeed.loaders.transport.confine import PathTemplate, UnsafePathError, shorten
 from mmfeed.loaders.transport.errors import SampleError, reason_of
@@ -73,7 +79,7 @@ def is_lerobot_dir(path: str | os.PathLike) -> bool:
 
 
 class LeRobotSource(EpisodeSource):
-    """The episodes of a LeRobot v3 directory, every feature at the dataset's fps.
+    """The episodes of a LeRobot v3 (or v2.x) directory, every feature at the dataset's fps.
 
     root: the dataset directory (holding ``meta/``, ``data/`` and, with videos, ``videos/``), local or an fsspec
         URL.
@@ -97,9 +103,14 @@ class LeRobotSource(EpisodeSource):
         where = self.files.where("meta/info.json")
         check_info(self.info, where)  # every field the reader uses has its JSON type, before it is used
         version = str(self.info.get("codebase_version", ""))
-        if not version.startswith("v3"):
+        if not version.startswith(("v3", "v2")):
             raise ValueError(f"{self.root}: meta/info.json has codebase_version {shorten(version)}; mmfeed reads "
-                             "LeRobot v3.x")
+                             "LeRobot v3.x and v2.x")
+        self.version = version
+        v2 = is_v2(self.info)  # a file per episode, JSON-lines metadata (lerobot.v21)
+        if v2 and not self.files.exists("meta/episodes.jsonl"):
+            raise ValueError(f"{where}: codebase_version {shorten(version)} but no meta/episodes.jsonl, where a "
+                             "LeRobot v2.x dataset lists its episodes")
         for field in ("fps", "features", "data_path"):
             if field not in self.info:
                 raise ValueError(f"{where}: missing field {field!r}")
@@ -108,9 +119,9 @@ class LeRobotSource(EpisodeSource):
         self._video_keys = [k for k, s in specs.items() if s.get("dtype") == "video"]
         if self._video_keys and not self.info.get("video_path"):
             raise ValueError(f"{where}: video features but no 'video_path'")
-        self._data_path = PathTemplate(self.info["data_path"], ("chunk_index", "file_index"), where=where,
-                                       field="data_path")
-        self._video_path = PathTemplate(self.info["video_path"], ("video_key", "chunk_index", "file_index"),
+        self._fields = PATH_FIELDS if v2 else ("chunk_index", "file_index")  # a path's (chunk, file) fields
+        self._data_path = PathTemplate(self.info["data_path"], self._fields, where=where, field="data_path")
+        self._video_path = PathTemplate(self.info["video_path"], ("video_key", *self._fields),
                                         where=where, field="video_path") if self._video_keys else None
         cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
         self._sizes = options.frame_sizes(cameras, list(specs), self.root)
@@ -119,8 +130,14 @@ class LeRobotSource(EpisodeSource):
             options.check_frame_pixels(where, k, h, w)
         self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, self.frame_format)
                          for k, s in specs.items()}
-        self.tasks = _read_tasks(self.files)
-        self._meta, self._episode_tasks, sources = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
+        if v2:
+            self.tasks = read_v2_tasks(self.files)
+            self._meta, self._episode_tasks, sources = read_v2_episodes(self.files, self.info, self._video_keys,
+                                                                         self.tasks)
+        else:
+            self.tasks = _read_tasks(self.files)
+            self._meta, self._episode_tasks, sources = _read_episodes(self.files, self.info, self._video_keys,
+                                                                      self.tasks)
         self._video_columns = {f: tuple(self._meta[f"videos/{f}/{c}"] for c in _VIDEO_COLUMNS)
                                for f in self._video_keys}
         self._check_paths(where)
@@ -131,6 +148,9 @@ class LeRobotSource(EpisodeSource):
         raw = {}
         if self.files.exists("meta/stats.json"):
             raw = _read_stats(self.files)
+        elif v2:  # v2.1: the episodes' statistics, aggregated as LeRobot aggregates them
+            raw = {f: {k: np.asarray(v, dtype=np.float64) for k, v in st.items()}
+                   for f, st in aggregate_stats(episode_stats(self.files)).items()}
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache = LRU(2)  # path -> the non-video columns of one data file
         self._videos = ReaderCaches()  # the decoders, by output frame size
@@ -252,14 +272,16 @@ class LeRobotSource(EpisodeSource):
     # -- internals -------------------------------------------------------------------------------------------
     def video_file(self, episode: int, feature: str) -> str:
         """The video file (relative to the root) holding ``episode`` of the video ``feature``."""
-        return self._video_path.fill(
-            video_key=feature, chunk_index=int(self._meta[f"videos/{feature}/chunk_index"][episode]),
-            file_index=int(self._meta[f"videos/{feature}/file_index"][episode]))
+        chunk, file = self._fields
+        return self._video_path.fill(**{
+            "video_key": feature, chunk: int(self._meta[f"videos/{feature}/chunk_index"][episode]),
+            file: int(self._meta[f"videos/{feature}/file_index"][episode])})
 
     def data_file(self, episode: int) -> str:
         """The data parquet file (relative to the root) holding the rows of ``episode``."""
-        return self._data_path.fill(chunk_index=int(self._meta["data/chunk_index"][episode]),
-                                    file_index=int(self._meta["data/file_index"][episode]))
+        chunk, file = self._fields
+        return self._data_path.fill(**{chunk: int(self._meta["data/chunk_index"][episode]),
+                                       file: int(self._meta["data/file_index"][episode])})
 
     def _check_paths(self, where: str) -> None:
         """Every data and video file meta/episodes names lies inside the dataset (refused at open, naming info.json,
@@ -269,7 +291,7 @@ class LeRobotSource(EpisodeSource):
         checks += [("video_path", self._video_path, f, *self._video_columns[f][:2]) for f in self._video_keys]
         for field, template, feature, chunk, number in checks:
             for c, n in _distinct_pairs(chunk, number):
-                values = {"chunk_index": c, "file_index": n, **({"video_key": feature} if feature else {})}
+                values = {self._fields[0]: c, self._fields[1]: n, **({"video_key": feature} if feature else {})}
                 relative = template.fill(**values)
                 reason = self.files.outside(relative)
                 if reason is not None:
