@@ -12,7 +12,8 @@ changes one import::
 shape ``[1]`` a 0-d tensor), camera frames float32 ``[C, H, W]`` in ``[0, 1]`` (videos decoded, PNG/JPEG images
 from the parquet), ``timestamp``, ``frame_index``, ``episode_index``, ``index``, ``task_index``, ``task`` (the
 text of the step's ``task_index``) and, where the dataset has ``subtask_index`` and ``meta/subtasks.parquet``,
-``subtask``. With ``delta_timestamps`` each feature named there holds ``[K, ...]`` (frames ``[K, C, H, W]``; a
+``subtask``; LeRobot's per-frame language columns (``language_persistent``, ``language_events``: dtype
+``language``) as the list of their message dicts, as newer LeRobot passes them through. With ``delta_timestamps`` each feature named there holds ``[K, ...]`` (frames ``[K, C, H, W]``; a
 video asked at one time is squeezed to ``[C, H, W]`` as LeRobot squeezes it) with ``f"{feature}_is_pad"`` (bool
 ``[K]``): steps outside the episode read its first or last step, flagged. A ``torch.utils.data.DataLoader`` over it
 batches as over LeRobot's.
@@ -26,6 +27,7 @@ decoder, so they may differ from LeRobot's torchcodec frames by a decoder's colo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -319,6 +321,9 @@ class LeRobotDataset(torch.utils.data.Dataset):
             if not windowed or (spec["dtype"] == "video" and frames.shape[0] == 1):
                 return frames[0]  # LeRobot squeezes a video asked at one time
             return frames
+        if spec["dtype"] == "language":  # LeRobot's per-frame messages: mmfeed reads them as JSON text
+            rows = [json.loads(v) for v in values]
+            return rows if windowed else rows[0]
         if spec["dtype"] == "string" or getattr(values, "dtype", None) == object:
             return values.tolist() if windowed else str(values[0])
         array = np.asarray(values)

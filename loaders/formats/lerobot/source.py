@@ -15,8 +15,10 @@ episodes), task lists as plain or dictionary-encoded strings in list or large_li
 many files and chunks.
 
 Kinds follow the declared dtypes: ``video`` and ``image`` (PNG or JPEG bytes in the parquet) are uint8
-``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str) and every numeric dtype is an
-array of that dtype. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
+``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str), ``language`` (LeRobot's
+per-frame ``language_persistent`` and ``language_events``: a list of message rows per frame) is text too, each
+frame's rows as JSON, and every numeric dtype is an array of that dtype. Text columns the data files hold that
+info.json does not declare (read from the first data file's schema) are text features too. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
 read as shape ``()``. With ``frame_format="yuv420"`` frames come as I420 planes ``[H * 3 // 2, W]`` instead
 (:mod:`mmfeed.codecs.colour`).
 
@@ -145,6 +147,10 @@ class LeRobotSource(EpisodeSource):
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
         self._frames = self._segment_frames(fps)
+        self._specs = dict(specs)  # info.json's features, and the text columns the data holds undeclared
+        for name, spec in self._undeclared_text().items():
+            self._specs[name] = spec
+            self.features[name] = _feature(name, spec, fps, None, self.root)
         raw = {}
         if self.files.exists("meta/stats.json"):
             raw = _read_stats(self.files)
@@ -214,7 +220,7 @@ class LeRobotSource(EpisodeSource):
         with stage("decode"):
             for r, request in enumerate(requests):
                 for feature, rows in list(out[r].items()):
-                    if self.info["features"][feature]["dtype"] == "image":
+                    if self._specs[feature]["dtype"] == "image":
                         into = request.out.get(feature) if request.out else None
                         out[r][feature] = self._decode_images(request.episode, feature, rows, into)
             for size, items in videos.items():
@@ -270,6 +276,26 @@ class LeRobotSource(EpisodeSource):
         return state
 
     # -- internals -------------------------------------------------------------------------------------------
+    def _undeclared_text(self) -> dict[str, dict]:
+        """Text columns of the data files that meta/info.json does not declare (LeRobot's per-frame language
+        columns written beside the declared ones, string columns added by a tool), from the first data file's
+        schema: ``{name: spec}``, dtype "string" for plain strings and "language" for lists or structs (delivered
+        as JSON text). A column named ``task`` is left out: ``task`` is the task text of ``task_index``."""
+        if not len(self._lengths):
+            return {}
+        try:
+            schema = self.files.parquet(self.data_file(0)).schema_arrow
+        except (OSError, ValueError, pa.ArrowException):
+            return {}  # reading it fails later, naming the episode
+        out = {}
+        for field in schema:
+            if field.name in self.info["features"] or field.name == "task" or field.name.startswith("__"):
+                continue
+            kind = _text_kind(field.type)
+            if kind is not None:
+                out[field.name] = {"dtype": kind, "shape": [1], "names": None}
+        return out
+
     def video_file(self, episode: int, feature: str) -> str:
         """The video file (relative to the root) holding ``episode`` of the video ``feature``."""
         chunk, file = self._fields
@@ -530,7 +556,7 @@ class LeRobotSource(EpisodeSource):
             column = raw.to_numpy()[order]
         bad = lerobot_rows(index, column, lo, hi, ids, path)
         for name, counts in widths.items():
-            declared = list(self.info["features"][name].get("shape") or [1])
+            declared = list(self._specs[name].get("shape") or [1])
             rows = np.flatnonzero(counts != int(np.prod(declared)))
             owner = np.searchsorted(lo, index[rows], "right") - 1
             inside = (owner >= 0) & (index[rows] < hi[np.maximum(owner, 0)])
@@ -545,13 +571,13 @@ class LeRobotSource(EpisodeSource):
         """One parquet column as numpy ``[rows, *shape]`` in the feature's dtype (images: ``[rows]`` of bytes), and,
         where some rows of a list column hold another number of values than info.json's shape declares, the values
         in each row (those rows read as zeros; their episodes are refused). Every row wrong is a ValueError."""
-        feature, spec = self.features[name], self.info["features"][name]
+        feature, spec = self.features[name], self._specs[name]
         dtype = spec["dtype"]
         if dtype == "image":
             return (array.field("bytes") if pa.types.is_struct(array.type) else array).to_numpy(
                 zero_copy_only=False), None
-        if dtype == "string":
-            return array.to_numpy(zero_copy_only=False).astype(object), None
+        if dtype in _TEXT:
+            return _texts(array), None
         values, rows = array, len(array)
         counts = None
         if (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) and len(feature.shape) <= 1:
@@ -613,6 +639,44 @@ class _Where:
         return f"{self.source.describe(self.episode)} feature {self.feature!r} ({self.path})"
 
 
+_TEXT = ("string", "language")
+"""Feature dtypes read as text: LeRobot's ``string`` and its per-frame ``language`` columns (lists of messages)."""
+
+
+def _text_kind(kind: pa.DataType) -> str | None:
+    """"string" for an Arrow type of plain text, "language" for lists or structs (of text, messages, ...), None for
+    anything else."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "string"
+    if pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = kind
+        while pa.types.is_list(inner) or pa.types.is_large_list(inner):
+            inner = inner.value_type
+        if pa.types.is_struct(inner) or pa.types.is_string(inner) or pa.types.is_large_string(inner):
+            return "language"
+    return None
+
+
+def _texts(array: pa.Array) -> np.ndarray:
+    """A text column as numpy object ``[rows]`` of str: plain strings as they are (an empty row ""), lists and
+    structs (LeRobot's language rows: ``[{"role", "content", "style", ...}]``) as their JSON text (an empty row
+    ``"[]"``)."""
+    import json
+
+    kind = array.type.value_type if pa.types.is_dictionary(array.type) else array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        values = array.to_numpy(zero_copy_only=False).astype(object)
+        values[pc.is_null(array).to_numpy(zero_copy_only=False)] = ""
+        return values
+    if _text_kind(kind) is None:
+        raise ValueError(f"the column holds {kind}; a text feature holds strings, or lists of messages (structs)")
+    out = np.empty(len(array), dtype=object)
+    out[:] = [("[]" if v is None else json.dumps(v, ensure_ascii=False, default=str)) for v in array.to_pylist()]
+    return out
+
+
 def _distinct_pairs(chunk: np.ndarray, number: np.ndarray) -> list[tuple[int, int]]:
     """The distinct ``(chunk, file)`` pairs of two per-episode columns, from the runs of equal pairs (vectorized)."""
     chunk, number = np.asarray(chunk, dtype=np.int64), np.asarray(number, dtype=np.int64)
@@ -653,7 +717,7 @@ def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None,
         except ValueError as err:
             raise ValueError(f"{root}: feature {name!r}: {err}; give an even frame_size") from err
         return Feature("video", "uint8", step, fps, frame_format=frame_format)
-    if dtype == "string":
+    if dtype in _TEXT:
         return Feature("text", "object", (), fps)
     try:
         np_dtype = np.dtype(dtype)
