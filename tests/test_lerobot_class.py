@@ -40,10 +40,14 @@ def dataset(name: str, setting: str, root: Path | None = None) -> LeRobotDataset
     return LeRobotDataset(f"local/{name}", root=root or CORPUS / name, **kwargs)
 
 
-def compare_item(name: str, setting: str, i: int, item: dict, expected: dict, arrays: dict) -> None:
+def compare_item(name: str, setting: str, i: int, item: dict, expected: dict, arrays: dict,
+                 ordered: bool = True) -> None:
     info = json.loads((CORPUS / name / "meta/info.json").read_text())["features"]
     where = f"{name} {setting} [{i}]"
-    assert list(item) == list(expected), f"{where}: keys {list(item)} != LeRobot's {list(expected)}"
+    if ordered:
+        assert list(item) == list(expected), f"{where}: keys {list(item)} != LeRobot's {list(expected)}"
+    else:
+        assert sorted(item) == sorted(expected), f"{where}: keys {sorted(item)} != LeRobot's {sorted(expected)}"
     for key, want in expected.items():
         value = item[key]
         if want["type"] == "str":
@@ -150,6 +154,25 @@ def test_a_v21_directory_read_directly_gives_the_items_of_its_v30_conversion(set
             for name in ("min", "max", "mean", "std", "count"):
                 np.testing.assert_allclose(meta.stats[feature][name], stats[name]["ndarray"], rtol=1e-6,
                                            err_msg=f"{feature} {name}")
+
+
+ORACLE_V21 = json.loads((CORPUS / "items_v21.json").read_text())
+"""LeRobot 0.3.3's own items of the v2.1 directories it wrote (``record_items.py --v21``)."""
+
+
+@pytest.mark.parametrize("setting", ["plain", "delta"])
+@pytest.mark.parametrize("name", sorted(ORACLE_V21["datasets"]))
+def test_v21_directories_give_lerobot_033s_items(name, setting):
+    """The v2.1 layouts LeRobot 0.3.3 writes (a video camera; a PNG image feature in the parquet beside it, the
+    episodes over three chunks, tasks changing within episodes), read by mmfeed's class, give the items LeRobot
+    0.3.3 itself gave (every key, dtype, shape and value; the keys in 0.4's order)."""
+    recorded = ORACLE_V21["datasets"][name][setting]
+    with np.load(CORPUS / "items_v21.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    ds = LeRobotDataset(f"local/{name}", root=CORPUS / name, **recorded["kwargs"])
+    assert len(ds) == recorded["len"] and ds.num_episodes == recorded["num_episodes"]
+    for i, expected in recorded["items"].items():
+        compare_item(name, setting, int(i), ds[int(i)], expected, arrays, ordered=False)
 
 
 def test_episode_selection_image_transforms_and_bad_input():

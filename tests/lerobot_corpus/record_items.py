@@ -17,6 +17,13 @@ Run from the repository root with the python of a LeRobot 0.4.4 venv (the recipe
 
     HF_HUB_OFFLINE=1 LD_LIBRARY_PATH=/work/lerobot-venv/ffmpeg-links /work/lerobot-venv/bin/python \
         tests/lerobot_corpus/record_items.py
+
+``--v21`` records, with the python of the LeRobot 0.3.3 venv (``make_corpus.py``'s recipe), the v2.1 directories
+LeRobot 0.3.3 reads and 0.4 refuses (``v21_raw``, ``v21_images``) into ``items_v21.json`` and ``items_v21.npz``:
+the same items, without ``meta`` (0.3.3 keeps it in other shapes)::
+
+    HF_HUB_OFFLINE=1 LD_LIBRARY_PATH=/work/lerobot-venv/ffmpeg-links /work/lerobot21-venv/bin/python \
+        tests/lerobot_corpus/record_items.py --v21
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ HERE = Path(__file__).resolve().parent
 SPREAD = 8
 """Samples recorded per dataset and setting."""
 SUBSETS = {"rowgroups": [3, 7, 8, 20], "chunked": [1, 4, 5, 11], "images": [0, 2, 5], "edge": [1, 3, 4, 7],
-           "v21": [2, 3, 6]}
+           "v21": [2, 3, 6], "v21_raw": [2, 3, 6], "v21_images": [1, 2, 5]}
+V21 = {"v21_raw": "v21", "v21_images": "v21_images"}
+"""The v2.1 directories ``--v21`` records, and whose window (``make_corpus.WINDOWS``) each takes."""
 """The episodes of the ``episodes=`` setting, per dataset."""
 
 
@@ -96,14 +105,17 @@ def record_item(item: dict, cameras: list[str], prefix: str, arrays: dict, frame
     return out
 
 
-def record(name: str, window: dict, arrays: dict) -> dict:
+def record(name: str, window: dict, arrays: dict, meta: bool = True) -> dict:
     import torch
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     root = HERE / name
     out = {}
-    for setting, kwargs in (("plain", {}), ("delta", {"delta_timestamps": window}),
-                            ("episodes", {"delta_timestamps": window, "episodes": SUBSETS[name]})):
+    settings = [("plain", {}), ("delta", {"delta_timestamps": window})]
+    if meta:  # LeRobot 0.3.3 indexes its episode ranges by episode_index with episodes= and delta_timestamps,
+        # which fails for any subset but the first episodes: the setting is recorded from 0.4.4 only
+        settings.append(("episodes", {"delta_timestamps": window, "episodes": SUBSETS[name]}))
+    for setting, kwargs in settings:
         ds = LeRobotDataset(f"local/{name}", root=root, video_backend="torchcodec", **kwargs)
         cameras = list(ds.meta.camera_keys)
         items = {}
@@ -117,7 +129,7 @@ def record(name: str, window: dict, arrays: dict) -> dict:
                           {"type": "tensor", "dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)})
                       for k, v in batch.items()},
         }
-        if setting == "plain":
+        if setting == "plain" and meta:
             meta = ds.meta
             episodes = meta.episodes
             out["meta"] = {
@@ -139,16 +151,20 @@ def main() -> None:
     import lerobot
 
     windows = corpus_windows()
-    names = sys.argv[1:] or sorted(windows)
+    v21 = "--v21" in sys.argv[1:]
+    names = [a for a in sys.argv[1:] if a != "--v21"] or (sorted(V21) if v21 else
+                                                           sorted(n for n in windows if n not in V21))
     arrays: dict[str, np.ndarray] = {}
-    oracle = {"lerobot": getattr(lerobot, "__version__", "0.4.4"), "datasets": {}}
+    version = getattr(lerobot, "__version__", None) or ("0.3.3" if v21 else "0.4.4")
+    oracle = {"lerobot": version, "datasets": {}}
     for name in names:
-        oracle["datasets"][name] = record(name, windows[name], arrays)
+        oracle["datasets"][name] = record(name, windows[V21.get(name, name)], arrays, meta=not v21)
         print(f"{name}: recorded", file=sys.stderr)
-    np.savez_compressed(HERE / "items.npz", **arrays)
-    (HERE / "items.json").write_text(json.dumps(oracle, indent=None, separators=(",", ":")) + "\n")
-    size = (HERE / "items.npz").stat().st_size + (HERE / "items.json").stat().st_size
-    print(f"items.npz + items.json: {size / 1024:.0f} KB", file=sys.stderr)
+    stem = "items_v21" if v21 else "items"
+    np.savez_compressed(HERE / f"{stem}.npz", **arrays)
+    (HERE / f"{stem}.json").write_text(json.dumps(oracle, indent=None, separators=(",", ":")) + "\n")
+    size = (HERE / f"{stem}.npz").stat().st_size + (HERE / f"{stem}.json").stat().st_size
+    print(f"{stem}.npz + {stem}.json: {size / 1024:.0f} KB", file=sys.stderr)
 
 
 if __name__ == "__main__":
