@@ -102,10 +102,12 @@ class LeRobotDatasetMetadata:
     """LeRobot's ``LeRobotDatasetMetadata`` of a dataset mmfeed opened: ``info`` (``meta/info.json``, shapes as
     tuples), ``stats`` (``meta/stats.json`` as numpy arrays; None without it), ``episodes``
     (:class:`EpisodeTable`), ``tasks`` (a pandas DataFrame indexed by the task text, column ``task_index``;
-    pandas needed), ``subtasks`` and the properties LeRobot derives from them."""
+    pandas needed), ``subtasks`` and the properties LeRobot derives from them. ``force_cache_sync`` and
+    ``metadata_buffer_size`` (recording) are accepted and ignored; ``source`` takes a dataset mmfeed opened."""
 
     def __init__(self, repo_id: str, root: str | os.PathLike | None = None, revision: str | None = None,
-                 force_cache_sync: bool = False, *, source: EpisodeSource | None = None) -> None:
+                 force_cache_sync: bool = False, metadata_buffer_size: int = 10, *,
+                 source: EpisodeSource | None = None) -> None:
         self.repo_id = repo_id
         self.revision = revision if revision else CODEBASE_VERSION
         if source is None:
@@ -317,7 +319,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         spec = self.features[feature]
         if spec["dtype"] in _FRAMES:
             frames = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(values))
-            frames = frames.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
+            frames = frames.permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)  # contiguous, as LeRobot's
             if not windowed or (spec["dtype"] == "video" and frames.shape[0] == 1):
                 return frames[0]  # LeRobot squeezes a video asked at one time
             return frames

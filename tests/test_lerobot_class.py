@@ -59,6 +59,7 @@ def compare_item(name: str, setting: str, i: int, item: dict, expected: dict, ar
         prefix = f"{name}/{setting}/{i}/{key}"
         if "stored" in want:  # a camera: float [0, 1] CHW
             assert 0.0 <= float(value.min()) and float(value.max()) <= 1.0, f"{where} {key}: outside [0, 1]"
+            assert value.is_contiguous(), f"{where} {key}: not contiguous"
             frames = np.rint(value.numpy() * 255).astype(np.uint8)
             hwc = np.moveaxis(frames, -3, -1)
             drawn = read_index(hwc.reshape(-1, *hwc.shape[-3:])).reshape(hwc.shape[:-3])
