@@ -8,15 +8,15 @@ changes one import::
     ds.meta.camera_keys, ds.meta.stats, ds.fps, ds.num_frames
 
 ``ds[i]`` is LeRobot 0.4.4's ``LeRobotDataset[i]``, key for key: every feature of ``meta/info.json`` at step ``i``
-(numbers as LeRobot makes them: float features float32, integer ones int64, bool ones bool; a number declared
-shape ``[1]`` a 0-d tensor), camera frames float32 ``[C, H, W]`` in ``[0, 1]`` (videos decoded, PNG/JPEG images
-from the parquet), ``timestamp``, ``frame_index``, ``episode_index``, ``index``, ``task_index``, ``task`` (the
-text of the step's ``task_index``) and, where the dataset has ``subtask_index`` and ``meta/subtasks.parquet``,
-``subtask``; LeRobot's per-frame language columns (``language_persistent``, ``language_events``: dtype
-``language``) as the list of their message dicts, as newer LeRobot passes them through. With ``delta_timestamps`` each feature named there holds ``[K, ...]`` (frames ``[K, C, H, W]``; a
-video asked at one time is squeezed to ``[C, H, W]`` as LeRobot squeezes it) with ``f"{feature}_is_pad"`` (bool
-``[K]``): steps outside the episode read its first or last step, flagged. A ``torch.utils.data.DataLoader`` over it
-batches as over LeRobot's.
+(numbers as LeRobot makes them: float features float32, integer ones int64, bool ones bool; a number declared shape
+``[1]`` a 0-d tensor), camera frames float32 ``[C, H, W]`` in ``[0, 1]`` (videos decoded, PNG/JPEG images from the
+parquet), ``timestamp``, ``frame_index``, ``episode_index``, ``index``, ``task_index``, ``task`` (the text of the
+step's ``task_index``) and, where the dataset has ``subtask_index`` and ``meta/subtasks.parquet``, ``subtask``;
+LeRobot's per-frame language columns (``language_persistent``, ``language_events``: dtype ``language``) as the list
+of their message dicts, as newer LeRobot passes them through. With ``delta_timestamps`` each feature named there
+holds ``[K, ...]`` (frames ``[K, C, H, W]``; a video asked at one time is squeezed to ``[C, H, W]`` as LeRobot
+squeezes it) with ``f"{feature}_is_pad"`` (bool ``[K]``): steps outside the episode read its first or last step,
+flagged. A ``torch.utils.data.DataLoader`` over it batches as over LeRobot's.
 
 The samples come from mmfeed's reader (:func:`~mmfeed.loaders.open_dataset`: LeRobot v3 and v2.1 directories,
 local or at an fsspec URL, and Hub ids as LeRobot resolves them); ``ds.source`` is that
@@ -228,7 +228,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, repo_id: str, root: str | os.PathLike | None = None, episodes: Sequence[int] | None = None,
-                 image_transforms: Callable | None = None, delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+                 image_transforms: Callable | None = None,
+                 delta_timestamps: Mapping[str, Sequence[float]] | None = None,
                  tolerance_s: float = 1e-4, revision: str | None = None, force_cache_sync: bool = False,
                  download_videos: bool = True, video_backend: str | None = None, batch_encoding_size: int = 1,
                  *, source: EpisodeSource | None = None) -> None:

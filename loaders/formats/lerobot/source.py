@@ -18,9 +18,9 @@ Kinds follow the declared dtypes: ``video`` and ``image`` (PNG or JPEG bytes in 
 ``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str), ``language`` (LeRobot's
 per-frame ``language_persistent`` and ``language_events``: a list of message rows per frame) is text too, each
 frame's rows as JSON, and every numeric dtype is an array of that dtype. Text columns the data files hold that
-info.json does not declare (read from the first data file's schema) are text features too. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
-read as shape ``()``. With ``frame_format="yuv420"`` frames come as I420 planes ``[H * 3 // 2, W]`` instead
-(:mod:`mmfeed.codecs.colour`).
+info.json does not declare (read from the first data file's schema) are text features too. LeRobot declares a
+number per step as shape ``[1]`` and stores it as a scalar column; it is read as shape ``()``. With
+``frame_format="yuv420"`` frames come as I420 planes ``[H * 3 // 2, W]`` instead (:mod:`mmfeed.codecs.colour`).
 
 LeRobot v2.x directories (v2.0, v2.1: a data file and a video per episode, JSON-lines metadata, what LeRobot 0.3
 writes and many Hub datasets still are) read the same, without conversion: their ``meta/episodes.jsonl`` becomes
