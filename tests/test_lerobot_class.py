@@ -192,3 +192,35 @@ def test_episode_selection_image_transforms_and_bad_input():
         plain[len(plain)]
     with pytest.raises(TypeError, match="repo_id"):
         LeRobotDataset(CORPUS / "edge")
+
+
+def test_a_hub_id_opens_lerobots_local_copy(tmp_path, monkeypatch):
+    """Without ``root``, the Hub id is resolved as LeRobot resolves it: its local copy under $HF_LEROBOT_HOME (no
+    network), the same items as the directory given by ``root``."""
+    (tmp_path / "lerobot" / "local").mkdir(parents=True)
+    (tmp_path / "lerobot" / "local" / "edge").symlink_to(CORPUS / "edge")
+    monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "lerobot"))
+    by_id = LeRobotDataset("local/edge", delta_timestamps={"action": [0.0, 0.1]})
+    by_root = LeRobotDataset("local/edge", root=CORPUS / "edge", delta_timestamps={"action": [0.0, 0.1]})
+    assert len(by_id) == len(by_root) and by_id.meta.camera_keys == by_root.meta.camera_keys
+    for i in (0, 5, len(by_id) - 1):
+        a, b = by_id[i], by_root[i]
+        assert list(a) == list(b)
+        assert all(a[k] == b[k] if isinstance(a[k], str) else torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_mixture_of_a_v21_directory_and_its_conversion_reads_each_the_same(tmp_path):
+    """The v2.1 directory read directly mixes with v3.0 datasets: in ``open_dataset([v21_raw, v21])`` each
+    dataset's windows are those it gives alone, and both give the same."""
+    from mmfeed.loaders import WindowSpec, open_dataset
+
+    spec = WindowSpec.from_delta_timestamps({"observation.images.top": [-0.1, 0.0], "action": [0.0, 0.1, 0.2]})
+    mix = open_dataset([V21_RAW, CORPUS / "v21"]).windows(spec)
+    half = len(mix) // 2
+    assert half == 36
+    for i in (0, 7, 20, 35):
+        a, b = mix[i], mix[half + i]
+        assert (a["dataset"], b["dataset"]) == (0, 1) and a["task"] == b["task"]
+        assert torch.equal(a["action"], b["action"]) and torch.equal(a["action_is_pad"], b["action_is_pad"])
+        assert read_index(a["observation.images.top"].numpy()).tolist() == \
+            read_index(b["observation.images.top"].numpy()).tolist()
