@@ -289,3 +289,24 @@ def test_a_v21_directory_opens_as_lerobot_and_its_bad_metadata_is_named(tmp_path
     (copy / "meta/episodes.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"episodes.jsonl episode 1: task 'fly away' is not in meta/tasks.jsonl"):
         open_dataset(copy)
+
+
+def test_a_v20_directory_reads_its_stats_json(tmp_path):
+    """LeRobot v2.0 (the v2.1 layout with one meta/stats.json instead of episodes_stats.jsonl) opens too: the same
+    episodes, its statistics those of stats.json."""
+    import shutil
+
+    copy = tmp_path / "v20"
+    shutil.copytree(CORPUS / "v21_raw", copy)
+    info = json.loads((copy / "meta/info.json").read_text())
+    (copy / "meta/info.json").write_text(json.dumps({**info, "codebase_version": "v2.0"}))
+    (copy / "meta/episodes_stats.jsonl").unlink()
+    (copy / "meta/stats.json").write_text(json.dumps({"action": {"mean": [1.5, -2.0], "std": [1.0, 1.0],
+                                                                 "min": [0.0, -3.0], "max": [3.0, 0.0],
+                                                                 "count": [36]}}))
+    v20, v21 = open_dataset(copy), open_dataset(CORPUS / "v21_raw")
+    assert v20.version == "v2.0" and v20.lengths.tolist() == v21.lengths.tolist()
+    for e in (0, 2, 7):
+        a, b = v20.episode(e), v21.episode(e)
+        assert all(np.array_equal(a[f], b[f]) for f in v21.features), e
+    assert v20.stats["action"]["mean"].tolist() == [1.5, -2.0]
