@@ -29,7 +29,17 @@ NAMES = sorted(p.name for p in CORPUS.iterdir() if (p / "meta" / "info.json").is
 INDEX_COLUMNS = ("episode_index", "frame_index")  # the windows view gives these as ints of the anchor
 
 
-def oracle(name: str) -> tuple[dict, dict[str, np.ndarray]]:
+ORACLE_OF = {"v21_raw": "v21"}
+"""The v2.1 directory LeRobot 0.3.3 wrote, read directly, has the samples LeRobot gave of its v3.0 conversion."""
+
+
+def oracle(name: str) -> tuple[dict, dict[str, np.ndarray] | None]:
+    """The window LeRobot's samples of ``name`` were taken with and those samples; for a v2.1 directory only
+    LeRobot 0.3.3 reads (``items_v21.json``, compared in tests/test_lerobot_class.py), its window and None."""
+    name = ORACLE_OF.get(name, name)
+    if not (CORPUS / f"{name}.oracle.json").exists():
+        v21 = json.loads((CORPUS / "items_v21.json").read_text())["datasets"][name]
+        return {"delta_timestamps": v21["delta"]["kwargs"]["delta_timestamps"]}, None
     meta = json.loads((CORPUS / f"{name}.oracle.json").read_text())
     with np.load(CORPUS / f"{name}.oracle.npz") as z:
         return meta, {k: z[k] for k in z.files}
@@ -48,7 +58,7 @@ def test_the_corpus_holds_the_layouts_it_is_for():
     """The layouts that broke or could break a reader: meta/episodes in several row groups and in several files
     and chunks, data and videos over several files and chunks, images in the parquet, 1-step episodes, tasks
     changing within an episode, a v2.1 dataset converted by LeRobot."""
-    assert {"rowgroups", "chunked", "images", "edge", "v21"} <= set(NAMES)
+    assert {"rowgroups", "chunked", "images", "edge", "v21", "v21_raw", "v21_images"} <= set(NAMES)
     row_groups = pq.ParquetFile(CORPUS / "rowgroups/meta/episodes/chunk-000/file-000.parquet").metadata.num_row_groups
     assert row_groups >= 3
     chunked = CORPUS / "chunked"
@@ -60,11 +70,22 @@ def test_the_corpus_holds_the_layouts_it_is_for():
     edge = open_dataset(CORPUS / "edge")
     assert (edge.lengths == 1).sum() >= 3 and (edge.episode_tasks < 0).any()
     assert json.loads((CORPUS / "v21.oracle.json").read_text())["written_by"].startswith("lerobot 0.3.3")
+    raw = CORPUS / "v21_raw"  # the same dataset as LeRobot 0.3.3 wrote it, unconverted
+    assert json.loads((raw / "meta/info.json").read_text())["codebase_version"] == "v2.1"
+    assert {p.name for p in (raw / "meta").iterdir()} >= {"episodes.jsonl", "tasks.jsonl", "episodes_stats.jsonl"}
+    assert len(list(raw.glob("data/chunk-000/episode_*.parquet"))) == 8
+    assert len(list(raw.glob("videos/chunk-000/observation.images.top/episode_*.mp4"))) == 8
+    images = CORPUS / "v21_images"  # v2.1 with PNG images in the parquet, episodes over three chunks
+    info = json.loads((images / "meta/info.json").read_text())
+    assert info["features"]["observation.images.wrist"]["dtype"] == "image" and info["chunks_size"] == 2
+    assert len({p.parent.name for p in images.glob("data/chunk-*/episode_*.parquet")}) == 3
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_windows_over_every_feature_equal_lerobots_samples(name):
     meta, expected = oracle(name)
+    if expected is None:
+        pytest.skip("its oracle is LeRobot 0.3.3's items (tests/test_lerobot_class.py)")
     ds = open_dataset(CORPUS / name)
     assert isinstance(ds, LeRobotSource)
     windows = ds.windows(spec_of(ds, meta))
@@ -168,8 +189,13 @@ def test_convert_turns_every_layout_into_shards_with_the_same_episodes(tmp_path,
 @pytest.mark.parametrize("name", NAMES)
 def test_lerobot_compare_runs_on_every_layout(lerobot_python, name, tmp_path):
     """``python -m mmfeed.bench.lerobot_compare --root DIR`` on each LeRobot-written layout (needs real LeRobot:
-    MMFEED_LEROBOT_PYTHON): exit 0 (every compared sample equal), throughput and the decode limit reported."""
+    MMFEED_LEROBOT_PYTHON): exit 0 (every compared sample equal), throughput and the decode limit reported.
+    LeRobot 0.4 reads no v2.1 directory (it asks for a conversion), so ``v21_raw`` and ``v21_images`` are not
+    compared."""
     from mmfeed.bench.lerobot_compare import main
+
+    if json.loads((CORPUS / name / "meta/info.json").read_text())["codebase_version"].startswith("v2"):
+        pytest.skip("LeRobot 0.4 refuses v2.1 directories")
 
     out = tmp_path / "compare.json"
     code = main(["--lerobot-python", lerobot_python, "--root", str(CORPUS / name), "--steps", "4", "--lerobot-steps",
@@ -237,3 +263,50 @@ def test_the_frame_cache_serves_every_layout_bit_for_bit(name, tmp_path):
             assert decode_totals()["frames_decoded"] == before, f"{name}: a warm read decoded video frames"
     if any(f.kind == "video" for f in plain.features.values()):
         assert list((tmp_path / "frames").rglob("*.npy")), f"{name}: the cold pass stored no segment"
+
+
+def test_a_v21_directory_opens_as_lerobot_and_its_bad_metadata_is_named(tmp_path):
+    """``open_dataset`` detects the unconverted v2.1 directory (a data file and a video per episode, JSON-lines
+    metadata) as LeRobot, its statistics aggregated from episodes_stats.jsonl as LeRobot's converter aggregates them
+    into the v3.0 stats.json; a line of episodes.jsonl that is no JSON, or an episode naming a task tasks.jsonl
+    lacks, is a ValueError naming the file (and line or episode)."""
+    import shutil
+
+    raw, converted = open_dataset(CORPUS / "v21_raw"), open_dataset(CORPUS / "v21")
+    assert isinstance(raw, LeRobotSource) and raw.version == "v2.1" and converted.version == "v3.0"
+    assert raw.data_file(2) == "data/chunk-000/episode_000002.parquet"
+    assert raw.video_file(2, "observation.images.top") == "videos/chunk-000/observation.images.top/episode_000002.mp4"
+    for feature, stats in converted.stats.items():
+        for name in ("mean", "std", "min", "max", "count"):
+            np.testing.assert_allclose(raw.stats[feature][name], stats[name], rtol=1e-6, err_msg=f"{feature} {name}")
+    copy = tmp_path / "v21"
+    shutil.copytree(CORPUS / "v21_raw", copy)
+    lines = (copy / "meta/episodes.jsonl").read_text().splitlines()
+    (copy / "meta/episodes.jsonl").write_text("\n".join([lines[0], "{not json", *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match=r"episodes.jsonl line 2: not JSON"):
+        open_dataset(copy)
+    lines[1] = lines[1].replace("place it in the bin", "fly away")
+    (copy / "meta/episodes.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"episodes.jsonl episode 1: task 'fly away' is not in meta/tasks.jsonl"):
+        open_dataset(copy)
+
+
+def test_a_v20_directory_reads_its_stats_json(tmp_path):
+    """LeRobot v2.0 (the v2.1 layout with one meta/stats.json instead of episodes_stats.jsonl) opens too: the same
+    episodes, its statistics those of stats.json."""
+    import shutil
+
+    copy = tmp_path / "v20"
+    shutil.copytree(CORPUS / "v21_raw", copy)
+    info = json.loads((copy / "meta/info.json").read_text())
+    (copy / "meta/info.json").write_text(json.dumps({**info, "codebase_version": "v2.0"}))
+    (copy / "meta/episodes_stats.jsonl").unlink()
+    (copy / "meta/stats.json").write_text(json.dumps({"action": {"mean": [1.5, -2.0], "std": [1.0, 1.0],
+                                                                 "min": [0.0, -3.0], "max": [3.0, 0.0],
+                                                                 "count": [36]}}))
+    v20, v21 = open_dataset(copy), open_dataset(CORPUS / "v21_raw")
+    assert v20.version == "v2.0" and v20.lengths.tolist() == v21.lengths.tolist()
+    for e in (0, 2, 7):
+        a, b = v20.episode(e), v21.episode(e)
+        assert all(np.array_equal(a[f], b[f]) for f in v21.features), e
+    assert v20.stats["action"]["mean"].tolist() == [1.5, -2.0]

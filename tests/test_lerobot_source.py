@@ -239,7 +239,10 @@ def test_a_missing_episode_column_or_a_wrong_version_is_named(fresh):
         LeRobotSource(root)
     pq.write_table(table, episodes_file)
     open(path / "meta/info.json", "w").write(json.dumps({**info, "codebase_version": "v2.1"}))
-    with pytest.raises(ValueError, match="v2.1"):
+    with pytest.raises(ValueError, match=r"codebase_version 'v2.1' but no meta/episodes.jsonl"):
+        LeRobotSource(root)
+    open(path / "meta/info.json", "w").write(json.dumps({**info, "codebase_version": "v1.6"}))
+    with pytest.raises(ValueError, match=r"codebase_version 'v1.6'; mmfeed reads LeRobot v3.x and v2.x"):
         LeRobotSource(root)
 
 

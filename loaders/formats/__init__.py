@@ -1,13 +1,14 @@
 """mmfeed.loaders.formats: one room per dataset format.
 
-Each format is a folder here: ``lerobot/`` (LeRobot v3 directories), ``rlds/`` (RLDS datasets as TFDS writes
-them: Open X-Embodiment, DROID, Bridge) and ``webdataset/`` (indexed tar shards). A
+Each format is a folder here: ``lerobot/`` (LeRobot v3 and v2.x directories), ``rlds/`` (RLDS datasets as TFDS
+writes them: Open X-Embodiment, DROID, Bridge), ``hdf5/`` (robomimic, LIBERO and ACT/ALOHA demonstrations),
+``zarr/`` (diffusion_policy's and UMI's ReplayBuffer) and ``webdataset/`` (indexed tar shards). A
 folder holds the format's metadata reader and checks (``metadata.py``), its episode reader (``source.py``, an
 :class:`~mmfeed.loaders.sources.base.EpisodeSource`) and, in its ``__init__.py``, its registration: one
 :class:`Format` named ``FORMAT``. Every format reads bytes through :mod:`mmfeed.loaders.transport` (local files,
 tar members, remote byte ranges with retries and the range cache), keeps what it derives in
-:mod:`mmfeed.loaders.stores`, decodes video through one shared reader cache
-(:func:`~mmfeed.loaders.sources.base.reader_cache`) and is windowed, packed, mixed and resumed by the episode-source
+:mod:`mmfeed.loaders.stores`, decodes video (where it has any) through one shared reader cache
+(:class:`~mmfeed.loaders.sources.readers.ReaderCaches`) and is windowed, packed, mixed and resumed by the episode-source
 core (:mod:`mmfeed.loaders.sources`), which knows no format.
 
 Adding a format:

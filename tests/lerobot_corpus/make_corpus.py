@@ -16,6 +16,11 @@ never produces; beside each, ``<name>.oracle.npz`` and ``<name>.oracle.json`` ho
   scalar, boolean, integer and float64 features.
 - ``v21``: a dataset written by LeRobot 0.3.3 in the v2.1 layout (a file per episode, jsonl metadata), converted
   to v3.0 by LeRobot 0.4.4's own converter (``lerobot.datasets.v30.convert_dataset_v21_to_v30``).
+- ``v21_raw``: the same dataset (the same seeded values, frame for frame) as LeRobot 0.3.3 wrote it, unconverted,
+  which mmfeed reads directly; it has no oracle of its own (LeRobot 0.4 refuses v2.1): its samples are ``v21``'s.
+- ``v21_images``: LeRobot 0.3.3's v2.1 layout with an image feature (PNG in the parquet) beside an AV1 camera,
+  ``chunks_size=2`` (the episodes' files over three chunks), tasks changing within some episodes; unconverted, its
+  oracle LeRobot 0.3.3's own items (``record_items.py --v21``).
 
 Frames carry their global frame index drawn into the pixels (:func:`mmfeed.testing.frame_pattern`), so a frame
 can be checked exactly whatever two decoders' colour rounding; the oracle keeps that index of every delivered
@@ -121,6 +126,13 @@ def layouts() -> dict:
         "v21": dict(
             features={"observation.images.top": video(), "observation.state": vector(3), "action": vector(2)},
             lengths=[5, 1, 8, 4, 6, 3, 7, 2], tasks=[tasks3[e % 3] for e in range(8)], vcodec="libsvtav1"),
+        "v21_images": dict(
+            features={"observation.images.top": video(), "observation.images.wrist": {
+                "dtype": "image", "shape": WRIST, "names": ["height", "width", "channels"]},
+                "observation.state": vector(2), "action": vector(2)},
+            lengths=[3, 5, 1, 4, 2, 3], tasks=[tasks3[e % 2] if e % 3 else [tasks3[(t >= 1) + 1] for t in range(n)]
+                                              for e, n in enumerate([3, 5, 1, 4, 2, 3])],
+            vcodec="libsvtav1", v21_chunks_size=2),
     }
 
 
@@ -136,6 +148,8 @@ WINDOWS = {  # what each sample asks (LeRobot's delta_timestamps); every other f
              "observation.contact": [0.0], "action": [i / FPS for i in range(5)]},
     "v21": {"observation.images.top": [-1 / FPS, 0.0], "observation.state": [0.0],
             "action": [i / FPS for i in range(3)]},
+    "v21_images": {"observation.images.top": [-1 / FPS, 0.0], "observation.images.wrist": [-1 / FPS, 0.0],
+                   "observation.state": [0.0], "action": [i / FPS for i in range(3)]},
 }
 
 
@@ -169,11 +183,14 @@ def write(name: str, root: Path) -> None:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     layout = layouts()[name]
-    codec = {"vcodec": layout["vcodec"]} if name != "v21" else {}  # 0.3.3 encodes AV1 and has no vcodec argument
+    old = name.startswith("v21")  # written by 0.3.3, which encodes AV1 and has no vcodec argument
+    codec = {"vcodec": layout["vcodec"]} if not old else {}
     ds = LeRobotDataset.create(f"local/{name}", fps=FPS, features=layout["features"], root=root, use_videos=True,
                                **codec, **layout.get("create", {}))
     if layout.get("chunks"):
         ds.meta.update_chunk_settings(**layout["chunks"])
+    if layout.get("v21_chunks_size"):  # 0.3.3: episode_chunk = episode_index // chunks_size, kept in info.json
+        ds.meta.info["chunks_size"] = layout["v21_chunks_size"]
     task_argument = "task" in inspect.signature(ds.add_frame).parameters  # 0.3.3: add_frame(frame, task)
     for episode in frames_of(name, layout["features"], layout["lengths"], layout["tasks"]):
         for frame in episode:
@@ -243,8 +260,30 @@ def main() -> None:
     if args.write_only:
         write(args.only[0], Path(args.write_only))
         return
-    names = args.only or list(layouts())
+    names = args.only or [*layouts(), "v21_raw"]
     for name in names:
+        if name == "v21_images":  # written by 0.3.3 and kept as it is
+            if not args.v21_python:
+                parser.error("--v21-python (a venv with lerobot 0.3.3) is needed for the v21_images dataset")
+            with tempfile.TemporaryDirectory(prefix="mmfeed-corpus-") as tmp:
+                root = Path(tmp) / "local" / name
+                subprocess.run([args.v21_python, __file__, "--only", name, "--write-only", str(root)], check=True,
+                               env={**os.environ, "PYTHONNOUSERSITE": "1"})
+                shutil.rmtree(root / "images", ignore_errors=True)  # the PNGs LeRobot wrote before embedding them
+                shutil.rmtree(HERE / name, ignore_errors=True)
+                shutil.copytree(root, HERE / name)
+            continue
+        if name == "v21_raw":  # v21 as LeRobot 0.3.3 writes it, kept unconverted; v21's oracle is its oracle
+            if not args.v21_python:
+                parser.error("--v21-python (a venv with lerobot 0.3.3) is needed for the v21_raw dataset")
+            with tempfile.TemporaryDirectory(prefix="mmfeed-corpus-") as tmp:
+                root = Path(tmp) / "local" / "v21"
+                subprocess.run([args.v21_python, __file__, "--only", "v21", "--write-only", str(root)], check=True,
+                               env={**os.environ, "PYTHONNOUSERSITE": "1"})
+                shutil.rmtree(root / "images", ignore_errors=True)  # empty: no image features
+                shutil.rmtree(HERE / name, ignore_errors=True)
+                shutil.copytree(root, HERE / name)
+            continue
         with tempfile.TemporaryDirectory(prefix="mmfeed-corpus-") as tmp:
             root = Path(tmp) / "local" / name
             if name == "v21":

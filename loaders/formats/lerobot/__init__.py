@@ -1,6 +1,7 @@
 """LeRobot v3 directories (local, or at an fsspec URL): ``meta/info.json``, ``meta/episodes/``, parquet data and mp4
-video files. :mod:`.metadata` reads and checks the metadata against the data; :mod:`.source` is the episode reader
-(:class:`~mmfeed.loaders.formats.lerobot.source.LeRobotSource`)."""
+video files, and LeRobot v2.x ones (``meta/episodes.jsonl``, a parquet file and a video per episode). :mod:`.metadata`
+reads and checks the metadata against the data; :mod:`.v21` reads v2.x metadata into the same episode columns;
+:mod:`.source` is the episode reader (:class:`~mmfeed.loaders.formats.lerobot.source.LeRobotSource`)."""
 
 from __future__ import annotations
 

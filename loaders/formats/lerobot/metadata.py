@@ -36,7 +36,7 @@ __all__ = ["check_info", "file_codes", "lerobot_episodes", "lerobot_rows", "parq
 
 def _readable_dtype(dtype: str) -> bool:
     """Whether a LeRobot feature dtype is one the reader reads: frames, text or numbers."""
-    if dtype in ("video", "image", "string"):
+    if dtype in ("video", "image", "string", "language"):
         return True
     try:
         return len(dtype) <= 40 and np.dtype(dtype).kind in "biuf"
@@ -53,7 +53,7 @@ def check_info(info: Any, where: str) -> None:
     if "codebase_version" in info and not isinstance(info["codebase_version"], str):
         raise ValueError(f"{where}: field 'codebase_version' must be a string such as 'v3.0', got "
                          f"{shown(info['codebase_version'])}")
-    if not info.get("codebase_version", "").startswith("v3"):
+    if not info.get("codebase_version", "").startswith(("v3", "v2")):
         return  # the reader refuses other versions by name
     if "fps" in info and not is_rate(info["fps"]):
         raise ValueError(f"{where}: field 'fps' must be a finite number > 0 (frames per second), got "
@@ -80,7 +80,7 @@ def check_info(info: Any, where: str) -> None:
                              f"{shown(spec.get('dtype'))}")
         if not _readable_dtype(spec["dtype"]):
             raise ValueError(f"{where}: field {field}.dtype {shown(spec['dtype'])} is no dtype mmfeed reads: 'video', "
-                             "'image', 'string' or a numeric one such as 'float32', 'int64' or 'bool'")
+                             "'image', 'string', 'language' or a numeric one such as 'float32', 'int64' or 'bool'")
         shape = spec.get("shape")
         if shape is not None and (not isinstance(shape, list) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape)):

@@ -15,10 +15,16 @@ episodes), task lists as plain or dictionary-encoded strings in list or large_li
 many files and chunks.
 
 Kinds follow the declared dtypes: ``video`` and ``image`` (PNG or JPEG bytes in the parquet) are uint8
-``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str) and every numeric dtype is an
-array of that dtype. LeRobot declares a number per step as shape ``[1]`` and stores it as a scalar column; it is
-read as shape ``()``. With ``frame_format="yuv420"`` frames come as I420 planes ``[H * 3 // 2, W]`` instead
-(:mod:`mmfeed.codecs.colour`).
+``[H, W, 3]`` frames (kind "video"), ``string`` is text (numpy object arrays of str), ``language`` (LeRobot's
+per-frame ``language_persistent`` and ``language_events``: a list of message rows per frame) is text too, each
+frame's rows as JSON, and every numeric dtype is an array of that dtype. Text columns the data files hold that
+info.json does not declare (read from the first data file's schema) are text features too. LeRobot declares a
+number per step as shape ``[1]`` and stores it as a scalar column; it is read as shape ``()``. With
+``frame_format="yuv420"`` frames come as I420 planes ``[H * 3 // 2, W]`` instead (:mod:`mmfeed.codecs.colour`).
+
+LeRobot v2.x directories (v2.0, v2.1: a data file and a video per episode, JSON-lines metadata, what LeRobot 0.3
+writes and many Hub datasets still are) read the same, without conversion: their ``meta/episodes.jsonl`` becomes
+the same episode columns (:mod:`~mmfeed.loaders.formats.lerobot.v21`), each episode its own data file and video.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feat
 from mmfeed.loaders.heap import release_free_heap
 from mmfeed.loaders.formats.lerobot.metadata import (check_info, file_codes, lerobot_episodes, lerobot_rows,
                                                      parquet_rows)
+from mmfeed.loaders.formats.lerobot.v21 import (PATH_FIELDS, aggregate_stats, episode_stats, is_v2,
+                                                read_episodes as read_v2_episodes, read_tasks as read_v2_tasks)
 from mmfeed.loaders.sources.consistency import settle
 from mmfeed.loaders.transport.confine import PathTemplate, UnsafePathError, shorten
 from mmfeed.loaders.transport.errors import SampleError, reason_of
@@ -79,7 +87,7 @@ def is_lerobot_dir(path: str | os.PathLike) -> bool:
 
 
 class LeRobotSource(EpisodeSource):
-    """The episodes of a LeRobot v3 directory, every feature at the dataset's fps.
+    """The episodes of a LeRobot v3 (or v2.x) directory, every feature at the dataset's fps.
 
     root: the dataset directory (holding ``meta/``, ``data/`` and, with videos, ``videos/``), local or an fsspec
         URL.
@@ -103,9 +111,14 @@ class LeRobotSource(EpisodeSource):
         where = self.files.where("meta/info.json")
         check_info(self.info, where)  # every field the reader uses has its JSON type, before it is used
         version = str(self.info.get("codebase_version", ""))
-        if not version.startswith("v3"):
+        if not version.startswith(("v3", "v2")):
             raise ValueError(f"{self.root}: meta/info.json has codebase_version {shorten(version)}; mmfeed reads "
-                             "LeRobot v3.x")
+                             "LeRobot v3.x and v2.x")
+        self.version = version
+        v2 = is_v2(self.info)  # a file per episode, JSON-lines metadata (lerobot.v21)
+        if v2 and not self.files.exists("meta/episodes.jsonl"):
+            raise ValueError(f"{where}: codebase_version {shorten(version)} but no meta/episodes.jsonl, where a "
+                             "LeRobot v2.x dataset lists its episodes")
         for field in ("fps", "features", "data_path"):
             if field not in self.info:
                 raise ValueError(f"{where}: missing field {field!r}")
@@ -114,9 +127,9 @@ class LeRobotSource(EpisodeSource):
         self._video_keys = [k for k, s in specs.items() if s.get("dtype") == "video"]
         if self._video_keys and not self.info.get("video_path"):
             raise ValueError(f"{where}: video features but no 'video_path'")
-        self._data_path = PathTemplate(self.info["data_path"], ("chunk_index", "file_index"), where=where,
-                                       field="data_path")
-        self._video_path = PathTemplate(self.info["video_path"], ("video_key", "chunk_index", "file_index"),
+        self._fields = PATH_FIELDS if v2 else ("chunk_index", "file_index")  # a path's (chunk, file) fields
+        self._data_path = PathTemplate(self.info["data_path"], self._fields, where=where, field="data_path")
+        self._video_path = PathTemplate(self.info["video_path"], ("video_key", *self._fields),
                                         where=where, field="video_path") if self._video_keys else None
         cameras = [k for k, s in specs.items() if s.get("dtype") in _FRAMES]
         self._sizes = options.frame_sizes(cameras, list(specs), self.root)
@@ -125,8 +138,14 @@ class LeRobotSource(EpisodeSource):
             options.check_frame_pixels(where, k, h, w)
         self.features = {k: _feature(k, s, fps, self._sizes.get(k), self.root, self.frame_format)
                          for k, s in specs.items()}
-        self.tasks = _read_tasks(self.files)
-        self._meta, self._episode_tasks, sources = _read_episodes(self.files, self.info, self._video_keys, self.tasks)
+        if v2:
+            self.tasks = read_v2_tasks(self.files)
+            self._meta, self._episode_tasks, sources = read_v2_episodes(self.files, self.info, self._video_keys,
+                                                                         self.tasks)
+        else:
+            self.tasks = _read_tasks(self.files)
+            self._meta, self._episode_tasks, sources = _read_episodes(self.files, self.info, self._video_keys,
+                                                                      self.tasks)
         self._video_columns = {f: tuple(self._meta[f"videos/{f}/{c}"] for c in _VIDEO_COLUMNS)
                                for f in self._video_keys}
         self._check_paths(where)
@@ -134,9 +153,16 @@ class LeRobotSource(EpisodeSource):
         self._lengths = self._meta["length"].astype(np.int64)
         self._fps = np.full(len(self._lengths), fps, dtype=np.float64)
         self._frames = self._segment_frames(fps)
+        self._specs = dict(specs)  # info.json's features, and the text columns the data holds undeclared
+        for name, spec in self._undeclared_text().items():
+            self._specs[name] = spec
+            self.features[name] = _feature(name, spec, fps, None, self.root)
         raw = {}
         if self.files.exists("meta/stats.json"):
             raw = _read_stats(self.files)
+        elif v2:  # v2.1: the episodes' statistics, aggregated as LeRobot aggregates them
+            raw = {f: {k: np.asarray(v, dtype=np.float64) for k, v in st.items()}
+                   for f, st in aggregate_stats(episode_stats(self.files)).items()}
         self.stats = step_shaped(raw, {k: f.shape for k, f in self.features.items() if f.kind == "array"})
         self._data_cache = LRU(2)  # path -> the non-video columns of one data file
         self._videos = ReaderCaches()  # the decoders, by output frame size
@@ -200,7 +226,7 @@ class LeRobotSource(EpisodeSource):
         with stage("decode"):
             for r, request in enumerate(requests):
                 for feature, rows in list(out[r].items()):
-                    if self.info["features"][feature]["dtype"] == "image":
+                    if self._specs[feature]["dtype"] == "image":
                         into = request.out.get(feature) if request.out else None
                         out[r][feature] = self._decode_images(request.episode, feature, rows, into)
             for size, items in videos.items():
@@ -256,16 +282,38 @@ class LeRobotSource(EpisodeSource):
         return state
 
     # -- internals -------------------------------------------------------------------------------------------
+    def _undeclared_text(self) -> dict[str, dict]:
+        """Text columns of the data files that meta/info.json does not declare (LeRobot's per-frame language
+        columns written beside the declared ones, string columns added by a tool), from the first data file's
+        schema: ``{name: spec}``, dtype "string" for plain strings and "language" for lists or structs (delivered
+        as JSON text). A column named ``task`` is left out: ``task`` is the task text of ``task_index``."""
+        if not len(self._lengths):
+            return {}
+        try:
+            schema = self.files.parquet(self.data_file(0)).schema_arrow
+        except (OSError, ValueError, pa.ArrowException):
+            return {}  # reading it fails later, naming the episode
+        out = {}
+        for field in schema:
+            if field.name in self.info["features"] or field.name == "task" or field.name.startswith("__"):
+                continue
+            kind = _text_kind(field.type)
+            if kind is not None:
+                out[field.name] = {"dtype": kind, "shape": [1], "names": None}
+        return out
+
     def video_file(self, episode: int, feature: str) -> str:
         """The video file (relative to the root) holding ``episode`` of the video ``feature``."""
-        return self._video_path.fill(
-            video_key=feature, chunk_index=int(self._meta[f"videos/{feature}/chunk_index"][episode]),
-            file_index=int(self._meta[f"videos/{feature}/file_index"][episode]))
+        chunk, file = self._fields
+        return self._video_path.fill(**{
+            "video_key": feature, chunk: int(self._meta[f"videos/{feature}/chunk_index"][episode]),
+            file: int(self._meta[f"videos/{feature}/file_index"][episode])})
 
     def data_file(self, episode: int) -> str:
         """The data parquet file (relative to the root) holding the rows of ``episode``."""
-        return self._data_path.fill(chunk_index=int(self._meta["data/chunk_index"][episode]),
-                                    file_index=int(self._meta["data/file_index"][episode]))
+        chunk, file = self._fields
+        return self._data_path.fill(**{chunk: int(self._meta["data/chunk_index"][episode]),
+                                       file: int(self._meta["data/file_index"][episode])})
 
     def _check_paths(self, where: str) -> None:
         """Every data and video file meta/episodes names lies inside the dataset (refused at open, naming info.json,
@@ -275,7 +323,7 @@ class LeRobotSource(EpisodeSource):
         checks += [("video_path", self._video_path, f, *self._video_columns[f][:2]) for f in self._video_keys]
         for field, template, feature, chunk, number in checks:
             for c, n in _distinct_pairs(chunk, number):
-                values = {"chunk_index": c, "file_index": n, **({"video_key": feature} if feature else {})}
+                values = {self._fields[0]: c, self._fields[1]: n, **({"video_key": feature} if feature else {})}
                 relative = template.fill(**values)
                 reason = self.files.outside(relative)
                 if reason is not None:
@@ -514,7 +562,7 @@ class LeRobotSource(EpisodeSource):
             column = raw.to_numpy()[order]
         bad = lerobot_rows(index, column, lo, hi, ids, path)
         for name, counts in widths.items():
-            declared = list(self.info["features"][name].get("shape") or [1])
+            declared = list(self._specs[name].get("shape") or [1])
             rows = np.flatnonzero(counts != int(np.prod(declared)))
             owner = np.searchsorted(lo, index[rows], "right") - 1
             inside = (owner >= 0) & (index[rows] < hi[np.maximum(owner, 0)])
@@ -529,13 +577,13 @@ class LeRobotSource(EpisodeSource):
         """One parquet column as numpy ``[rows, *shape]`` in the feature's dtype (images: ``[rows]`` of bytes), and,
         where some rows of a list column hold another number of values than info.json's shape declares, the values
         in each row (those rows read as zeros; their episodes are refused). Every row wrong is a ValueError."""
-        feature, spec = self.features[name], self.info["features"][name]
+        feature, spec = self.features[name], self._specs[name]
         dtype = spec["dtype"]
         if dtype == "image":
             return (array.field("bytes") if pa.types.is_struct(array.type) else array).to_numpy(
                 zero_copy_only=False), None
-        if dtype == "string":
-            return array.to_numpy(zero_copy_only=False).astype(object), None
+        if dtype in _TEXT:
+            return _texts(array), None
         values, rows = array, len(array)
         counts = None
         if (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)) and len(feature.shape) <= 1:
@@ -597,6 +645,44 @@ class _Where:
         return f"{self.source.describe(self.episode)} feature {self.feature!r} ({self.path})"
 
 
+_TEXT = ("string", "language")
+"""Feature dtypes read as text: LeRobot's ``string`` and its per-frame ``language`` columns (lists of messages)."""
+
+
+def _text_kind(kind: pa.DataType) -> str | None:
+    """"string" for an Arrow type of plain text, "language" for lists or structs (of text, messages, ...), None for
+    anything else."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "string"
+    if pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = kind
+        while pa.types.is_list(inner) or pa.types.is_large_list(inner):
+            inner = inner.value_type
+        if pa.types.is_struct(inner) or pa.types.is_string(inner) or pa.types.is_large_string(inner):
+            return "language"
+    return None
+
+
+def _texts(array: pa.Array) -> np.ndarray:
+    """A text column as numpy object ``[rows]`` of str: plain strings as they are (an empty row ""), lists and
+    structs (LeRobot's language rows: ``[{"role", "content", "style", ...}]``) as their JSON text (an empty row
+    ``"[]"``)."""
+    import json
+
+    kind = array.type.value_type if pa.types.is_dictionary(array.type) else array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        values = array.to_numpy(zero_copy_only=False).astype(object)
+        values[pc.is_null(array).to_numpy(zero_copy_only=False)] = ""
+        return values
+    if _text_kind(kind) is None:
+        raise ValueError(f"the column holds {kind}; a text feature holds strings, or lists of messages (structs)")
+    out = np.empty(len(array), dtype=object)
+    out[:] = [("[]" if v is None else json.dumps(v, ensure_ascii=False, default=str)) for v in array.to_pylist()]
+    return out
+
+
 def _distinct_pairs(chunk: np.ndarray, number: np.ndarray) -> list[tuple[int, int]]:
     """The distinct ``(chunk, file)`` pairs of two per-episode columns, from the runs of equal pairs (vectorized)."""
     chunk, number = np.asarray(chunk, dtype=np.int64), np.asarray(number, dtype=np.int64)
@@ -637,7 +723,7 @@ def _feature(name: str, spec: Mapping, fps: float, size: tuple[int, int] | None,
         except ValueError as err:
             raise ValueError(f"{root}: feature {name!r}: {err}; give an even frame_size") from err
         return Feature("video", "uint8", step, fps, frame_format=frame_format)
-    if dtype == "string":
+    if dtype in _TEXT:
         return Feature("text", "object", (), fps)
     try:
         np_dtype = np.dtype(dtype)
