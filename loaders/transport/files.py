@@ -61,10 +61,21 @@ def remote_info(url: str) -> dict[str, Any]:
     if url.split("://", 1)[0] in ("http", "https"):
         return _retried(lambda: _http_info(url), url)
     fs, path = _filesystem(url)
-    info = _retried(lambda: fs.info(path), url)
+    info = _retried(lambda: _fs_info(fs, path, url), url)
     if info.get("type") == "directory":
         raise IsADirectoryError(f"{url} is a directory, not a file")
     return info
+
+
+def _fs_info(fs: Any, path: str, url: str) -> dict[str, Any]:
+    """``fs.info(path)``; huggingface_hub's filesystem (2.4) answers a path below a file of a storage bucket
+    (``hf://buckets/ns/b/meta/info.json/x``) with a KeyError of its listing cache: that is a missing file."""
+    try:
+        return fs.info(path)
+    except KeyError as err:
+        if "hf" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+            raise
+        raise FileNotFoundError(f"{url}: no such file") from err
 
 
 def _http_info(url: str) -> dict[str, Any]:

@@ -399,6 +399,10 @@ def _explain(url: str, err: BaseException) -> BaseException | None:
         return PermissionError(f"{url}: access denied ({status or cause or 'forbidden'}): {why}; "
                                f"{_credentials_hint(protocol, 'check')}")
     if status in (404, 410) or isinstance(err, FileNotFoundError):
+        bucket = next((e for e in _chain(err) if type(e).__name__ == "BucketNotFoundError"), None)
+        if bucket is not None:  # huggingface_hub's filesystem says only the path
+            return FileNotFoundError(f"{url}: the Hub has no bucket {getattr(bucket, 'bucket_id', None) or '?'} "
+                                     "(if it is private: log in with `hf auth login` or set HF_TOKEN)")
         if url in cause:
             return None  # it names the file that is missing already
         return FileNotFoundError(f"{url}: not found ({cause or status}); check the URL"
