@@ -22,6 +22,7 @@ def moto_s3():
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    _forget_filesystems()  # fsspec keeps one S3 filesystem a process, with the endpoint it was made with
     try:
         yield boto3.client("s3")
     finally:
@@ -31,3 +32,14 @@ def moto_s3():
             else:
                 os.environ[k] = v
         server.stop()
+        _forget_filesystems()
+
+
+def _forget_filesystems() -> None:
+    """Drop the S3 filesystems fsspec keeps, so the next one is made with the endpoint now set (an earlier
+    test's server, stopped since, would otherwise be asked again)."""
+    try:
+        import s3fs
+    except ImportError:
+        return
+    s3fs.S3FileSystem.clear_instance_cache()
