@@ -36,8 +36,11 @@ def moto_s3():
 
 
 def _forget_filesystems() -> None:
-    """Drop the S3 filesystems fsspec keeps, so the next one is made with the endpoint now set (an earlier
-    test's server, stopped since, would otherwise be asked again)."""
+    """Drop the S3 filesystems fsspec and mmfeed's range cache keep, so the next ones are made with the endpoint
+    now set (an earlier test's server, stopped since, would otherwise be asked again)."""
+    from mmfeed.loaders.transport.remote import reset_default_cache
+
+    reset_default_cache()
     try:
         import s3fs
     except ImportError:

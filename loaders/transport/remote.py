@@ -460,6 +460,12 @@ def default_cache() -> RangeCache:
     return _DEFAULT[key]
 
 
+def reset_default_cache() -> None:
+    """Drop this process's cache: its blocks and the filesystems it keeps, which hold the endpoint and credentials
+    they were made with (after ``AWS_ENDPOINT_URL`` or credentials change in a running process)."""
+    _DEFAULT.clear()
+
+
 def read_range(url: str, offset: int, size: int) -> bytes:
     """``size`` bytes at ``offset`` of the fsspec ``url``, through this process's :func:`default_cache`."""
     return default_cache().read(url, offset, size)
