@@ -184,7 +184,7 @@ def decode_rows(quick: bool, repeats: int = 3, *, gpu: tuple[str, Mapping[str, A
 
 def matmul_step(device: Any, target_ms: float, size: int | None = None) -> tuple[Callable[[Any], None], float]:
     """A model step of known time on ``device``: a loop of ``size`` x ``size`` matmuls (bf16 on CUDA, float32 on
-    the CPU) calibrated to about ``target_ms``, reading the batch's frames first (so it depends on the copy) and
+    the CPU) calibrated to about ``target_ms`` (twice: from 8 matmuls, then at the count found), reading the batch's frames first (so it depends on the copy) and
     synchronizing at the end (as ``loss.item()`` does). Returns ``(step(batch), measured ms of the step alone)``,
     the measurement a median of 5 steps."""
     import torch
@@ -204,13 +204,12 @@ def matmul_step(device: Any, target_ms: float, size: int | None = None) -> tuple
         for _ in range(k):
             torch.matmul(a, b, out=out)
 
-    matmuls(2)
-    _sync(dev)
-    t0 = time.perf_counter()
-    matmuls(8)
-    _sync(dev)
-    per = max((time.perf_counter() - t0) / 8, 1e-7)
-    k = max(1, round(target_ms / 1e3 / per))
+    def timed(k: int) -> float:
+        seconds, _ = median_time(lambda: (matmuls(k), _sync(dev)), repeats=3)
+        return max(seconds / k, 1e-9)
+
+    k = max(1, round(target_ms / 1e3 / timed(8)))
+    k = max(1, round(target_ms / 1e3 / timed(k)))  # again at the count found (clocks, caches, launch overhead)
 
     def step(batch: Any) -> None:
         frames = batch.data.get(CAM) if batch is not None else None
