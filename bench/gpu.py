@@ -54,9 +54,9 @@ import numpy as np
 
 from mmfeed.bench.common import environment, median_time, table
 
-__all__ = ["NO_CUDA", "augment", "decode_rows", "device_transform_rows", "device_transform_supported",
-           "flex_matches_sdpa", "main", "matmul_step", "measure_decode", "measure_overlap", "overlap_rows",
-           "packed_row", "attention_rows", "run_parts", "write_videos"]
+__all__ = ["NO_CUDA", "Frames", "attention_rows", "augment", "decode_rows", "device_transform_rows",
+           "device_transform_supported", "flex_matches_sdpa", "main", "matmul_step", "measure_decode",
+           "measure_overlap", "overlap_rows", "packed_row", "run_parts", "write_videos"]
 
 NO_CUDA = "mmfeed bench gpu: no CUDA device (torch.cuda.is_available() is False); nothing to measure"
 """The one line printed where there is no CUDA device."""
@@ -184,9 +184,9 @@ def decode_rows(quick: bool, repeats: int = 3, *, gpu: tuple[str, Mapping[str, A
 
 def matmul_step(device: Any, target_ms: float, size: int | None = None) -> tuple[Callable[[Any], None], float]:
     """A model step of known time on ``device``: a loop of ``size`` x ``size`` matmuls (bf16 on CUDA, float32 on
-    the CPU) calibrated to about ``target_ms`` (twice: from 8 matmuls, then at the count found), reading the batch's frames first (so it depends on the copy) and
-    synchronizing at the end (as ``loss.item()`` does). Returns ``(step(batch), measured ms of the step alone)``,
-    the measurement a median of 5 steps."""
+    the CPU) calibrated to about ``target_ms`` (twice: from 8 matmuls, then at the count found), reading the
+    batch's frames first (so it depends on the copy) and synchronizing at the end (as ``loss.item()`` does).
+    Returns ``(step(batch), measured ms of the step alone)``, the measurement a median of 5 steps."""
     import torch
 
     if not target_ms > 0:
@@ -409,7 +409,8 @@ def attention_rows(quick: bool, device: str = "cuda", *, flex: Callable[..., Any
             row["sdpa_ms"] = sdpa_s * 1e3
             row["max_abs_diff"] = float((out.float() - dense.float()).abs().max())
             del mask, dense
-        row["baseline"] = "sdpa dense: does not fit" if row["sdpa_ms"] is None else f"sdpa dense {row['sdpa_ms']:.2f} ms"
+        row["baseline"] = ("sdpa dense: does not fit" if row["sdpa_ms"] is None
+                           else f"sdpa dense {row['sdpa_ms']:.2f} ms")
         row["gpu"] = (f"flex {row['flex_ms']:.2f} ms (compile {compile_s:.1f} s), block mask "
                       f"{row['block_mask_ms']:.2f} ms, {row['block_sparsity_pct']:.0f}% blocks skipped")
         row["gain"] = None if row["sdpa_ms"] is None else row["sdpa_ms"] / row["flex_ms"]
