@@ -182,12 +182,18 @@ def _chosen(batch: PackedBatch, features: Sequence[str] | None, rgb: bool = True
 def _to_float(x: torch.Tensor) -> tuple[torch.Tensor, float]:
     """``[n, H, W, 3]`` frames as float32 ``[n, 3, H, W]`` and the top of their range (255 for uint8, else 1)."""
     top = 255.0 if x.dtype == torch.uint8 else 1.0
-    return x.permute(0, 3, 1, 2).to(torch.float32), top
+    # contiguous: elementwise ops and resampling on a channels-last view run several times slower on the CPU
+    return x.to(torch.float32).permute(0, 3, 1, 2).contiguous(), top
 
 
-def _back(y: torch.Tensor, like: torch.Tensor, top: float) -> torch.Tensor:
-    y = y.clamp(0.0, top).permute(0, 2, 3, 1)
-    return y.round().to(torch.uint8).contiguous() if like.dtype == torch.uint8 else y.to(like.dtype).contiguous()
+def _back(y: torch.Tensor, like: torch.Tensor, top: float, channels_first: bool = True) -> torch.Tensor:
+    """Float frames (``[n, 3, H, W]``, or ``[n, H, W, 3]``) back to ``like``'s dtype, ``[n, H, W, 3]``."""
+    y = y.clamp(0.0, top)
+    if like.dtype == torch.uint8:
+        y = y.round_().to(torch.uint8)
+    else:
+        y = y.to(like.dtype)
+    return y.permute(0, 2, 3, 1).contiguous() if channels_first else y
 
 
 def _with(batch: PackedBatch, data: dict[str, torch.Tensor]) -> PackedBatch:
@@ -318,19 +324,23 @@ class ColorJitter:
             frames = batch.data[f]
             if len(frames) == 0:
                 continue
-            x, top = _to_float(frames)
+            top = 255.0 if frames.dtype == torch.uint8 else 1.0
+            x = frames.to(torch.float32)  # [n, H, W, 3], contiguous
             k = samples.per_frame(f, factors.to(x.device))[:, :, None, None, None]  # [n, 3, 1, 1, 1]
-            x = (x * k[:, 0]).clamp(0, top)
-            grey = _grey(x)
-            x = (k[:, 1] * x + (1 - k[:, 1]) * grey.mean(dim=(1, 2, 3), keepdim=True)).clamp(0, top)
-            x = (k[:, 2] * x + (1 - k[:, 2]) * _grey(x)).clamp(0, top)
-            out[f] = _back(x, frames, top)
+            x = (x * k[:, 0]).clamp_(0, top)
+            mean = _grey(x).mean(dim=(1, 2, 3), keepdim=True)
+            x = (k[:, 1] * x + (1 - k[:, 1]) * mean).clamp_(0, top)
+            x = (k[:, 2] * x + (1 - k[:, 2]) * _grey(x)).clamp_(0, top)
+            out[f] = _back(x, frames, top, channels_first=False)
         return _with(batch, out)
 
 
+_LUMA = (0.299, 0.587, 0.114)
+
+
 def _grey(x: torch.Tensor) -> torch.Tensor:
-    """ITU-R 601 luma of ``[n, 3, H, W]``, ``[n, 1, H, W]``."""
-    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3])
+    """ITU-R 601 luma of ``[n, H, W, 3]`` frames, ``[n, H, W, 1]``."""
+    return (x @ torch.tensor(_LUMA, dtype=x.dtype, device=x.device)).unsqueeze(-1)
 
 
 class NormalizeImages:
