@@ -246,3 +246,26 @@ def test_on_cuda_the_device_transforms_equal_the_cpu_ones(shards):
         for key in x.data:
             assert torch.allclose(x.data[key].float(), y.data[key].cpu().float(), atol=1e-5), key
     assert timer.report()["transform_s"]["mean"] > 0
+
+
+def test_a_mixture_of_robots_normalizes_and_drops_as_the_workers_do(tmp_path):
+    """Each document normalized with its own dataset's stats, only on the dataset's own elements of a padded
+    feature; cameras a dataset lacks are not counted as ones a sample has."""
+    from mmfeed.testing.synth_embodiments import write_embodiments
+
+    paths = write_embodiments(tmp_path, episodes=2, min_length=8, max_length=12)
+    mix = open_dataset({n: paths[n] for n in ("franka", "aloha")}, pad_to={"action": 32, "observation.state": 32,
+                                                                        "observation.velocity": 32})
+    cams = ("observation.images.front", "observation.images.top", "observation.images.wrist")
+    window = WindowSpec.from_delta_timestamps({**{c: [0.0] for c in cams}, "observation.state": [0.0],
+                                               "action": [0.0, 1 / 30]})
+    pack = Packing(layout=TokenLayout(tokens_per_frame={c: 2 for c in cams}), window=window,
+                   plan=PlanConfig(capacity=64, rows_per_batch=2), seed=3)
+    worker = DataLoader(mix, packing=dataclasses.replace(pack, transform=Compose(Normalize(mix), CameraDropout(0.5))))
+    device = DataLoader(mix, packing=pack, device="cpu",
+                        device_transform=DeviceCompose(DeviceNormalize(mix), DeviceCameraDropout(0.5)))
+    a, b = batches(worker), batches(device)
+    assert len(a) == len(b) > 1
+    for x, y in zip(a, b):
+        assert_same(x, y)
+    assert len(set(torch.cat([x.metadata["dataset"] for x in b]).tolist())) == 2
