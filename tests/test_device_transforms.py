@@ -243,9 +243,17 @@ def test_on_cuda_the_device_transforms_equal_the_cpu_ones(shards):
     timer = StepTimer()
     gpu = batches(DataLoader(source, packing=packing(), device="cuda", device_transform=chain, timer=timer))
     for x, y in zip(cpu, gpu):
+        assert all(t.device.type == "cuda" for t in y.data.values())
         for key in x.data:
             assert torch.allclose(x.data[key].float(), y.data[key].cpu().float(), atol=1e-5), key
     assert timer.report()["transform_s"]["mean"] > 0
+    # the image ops: the same draws, resampling and rounding within one level of the CPU's
+    images = DeviceCompose(ColorJitter(0.4, 0.4, 0.4), RandomResizedCrop(8, scale=(0.5, 1.0)))
+    cpu = batches(DataLoader(source, packing=packing(), device="cpu", device_transform=images))
+    gpu = batches(DataLoader(source, packing=packing(), device="cuda", device_transform=images))
+    for x, y in zip(cpu, gpu):
+        for key in (CAM, WRIST):
+            assert (x.data[key].int() - y.data[key].cpu().int()).abs().max() <= 1, key
 
 
 def test_a_mixture_of_robots_normalizes_and_drops_as_the_workers_do(tmp_path):
