@@ -153,6 +153,14 @@ def test_the_timer_reports_the_transform_phase(shards):
     assert plain.report()["transform_s"] is None and plain.report()["phases"]["transform"] is None
 
 
+def test_slow_device_transforms_are_named_the_bottleneck():
+    from mmfeed.loaders.observe.diagnosis import diagnose
+
+    named = diagnose(0.5, 0.01, None, {"decode": 0.02}, 2, transform_s=0.05, cores=4)
+    assert named["stage"] == "transform" and "device='cuda'" in named["recommendation"]
+    assert diagnose(0.5, 0.01, None, {"decode": 0.02}, 2, transform_s=0.001, cores=4)["stage"] == "decode"
+
+
 def test_yuv420_frames_convert_on_the_device_side(tmp_path):
     out = tmp_path / "wds"
     write_webdataset(out, make_episodes(2, seed=1, min_length=8, max_length=10, height=16, width=32,

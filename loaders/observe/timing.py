@@ -327,7 +327,8 @@ class StepTimer:
         report["bottleneck"] = diagnose(stall, mean_compute, None if copy is None else copy["mean"], stage_means,
                                         self.num_workers, self.stall_threshold,
                                         comm_s=None if comm_s is None else comm_s["mean"],
-                                        refill_share=report["epoch_refill_share"], mfu=report["mfu"])
+                                        refill_share=report["epoch_refill_share"], mfu=report["mfu"],
+                                        transform_s=None if transform is None else transform["mean"])
         return report
 
     def _utilisation(self, total_s: float, steps: int, useful: list[float | None]) -> dict[str, Any]:
