@@ -43,6 +43,8 @@ NAMED_BENCHMARKS = {
     "scale": ("mmfeed.bench.scale", "planning, windows, the index and block masks up to 1e8 samples, 4096 ranks"),
     "convert": ("mmfeed.bench.convert", "mmfeed convert throughput: local processes and Ray"),
     "train": ("mmfeed.bench.train", "training on packed rows vs pad-to-longest: useful tokens/s, padding, loss"),
+    "device-transforms": ("mmfeed.bench.device_transforms",
+                          "augmentation in the workers vs batched after the copy (device='cpu'): samples/s, CPU"),
     "startup": ("mmfeed.bench.startup", "iter() + first batch with worker processes, mmfeed vs torch"),
     "reuse": ("mmfeed.bench.reuse", "decode reuse k = 1, 2, 4, 8: frames per CPU-second against episodes per batch"),
     "gpu-decode": ("mmfeed.bench.gpu_decode", "NVDEC through torchcodec against CPU decode (one line without a GPU)"),

@@ -391,7 +391,7 @@ def test_signature_starts_with_torchs_in_the_same_order():
     assert [(p.name, p.kind, p.default) for p in ours[:len(theirs)]] == \
         [(p.name, p.kind, p.default) for p in theirs]
     assert [p.name for p in ours[len(theirs):]] == ["device", "prefetch", "timer", "packing", "recycle_buffers",
-                                                "worker_mode"]
+                                                "worker_mode", "device_transform"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs):])
 
 

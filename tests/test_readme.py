@@ -246,7 +246,7 @@ def check_packed(ns):
 
 def check_timer(ns, root):
     report = ns["report"]
-    assert set(report["phases"]) == {"wait", "copy", "compute", "comm"}
+    assert set(report["phases"]) == {"wait", "copy", "transform", "compute", "comm"}
     assert report["steps"] == len(ns["loader"]) - 5 > 0  # warmup=5 left out
     assert report["comm_s"] is not None and report["comm_total_s"]["mean"] > 0  # the all-reduce was timed
     assert report["mfu"] is None or 0 < report["mfu"] < 1
@@ -263,6 +263,17 @@ def check_transform(ns):
     batch = next(iter(DataLoader(ns["ds"], packing=ns["packing"])))  # the transform runs on every sample
     assert tuple(batch.data["observation.images.cam_high"].shape[1:]) == (224, 224, 3)
     assert abs(float(batch.data["observation.state"].mean())) < 2  # normalized
+
+
+def check_device_transform(ns):
+    batch = ns["batch"]
+    frames = batch.data["observation.images.cam_high"]
+    assert frames.dtype == torch.uint8 and tuple(frames.shape[1:]) == (160, 160, 3)
+    assert abs(float(batch.data["observation.state"].mean())) < 2  # normalized
+    loader = ns["augmented"]
+    it = iter(loader)
+    next(it), next(it)  # a step is counted when the loop asks for the next batch
+    assert loader.timer.report()["transform_s"]["mean"] > 0  # timed as its own phase
 
 
 def check_shards(ns):
@@ -330,6 +341,7 @@ CHECKS = {  # the start of a line of one block -> what the block promises
     "print(loader.timer.summary())": check_packed,
     "report = timer.report()": check_timer,
     "def shift_and_normalize(": check_transform,
+    "augment = DeviceCompose(": check_device_transform,
     "with ShardWriter(": check_shards,
     "both = WindowSpec.from_delta_timestamps(": check_mixture,
     "robots = WindowSpec.from_delta_timestamps(": check_robots,

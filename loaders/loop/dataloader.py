@@ -9,6 +9,11 @@ after torch's:
   (:class:`~mmfeed.loaders.loop.prefetch.DevicePrefetcher`). ``device="cpu"`` moves nothing but still receives the
   batches in a background thread ``prefetch`` batches ahead. ``device=None`` (default): no thread, torch's
   iterator as it is (``prefetch`` is then unused).
+* ``device_transform=fn`` (with a ``device``, over a planned dataset): ``fn(batch, samples) -> batch`` runs on
+  each PackedBatch after it reaches the device, in the prefetcher (on CUDA on the copy's side stream, before the
+  event the loop waits on), timed as the ``transform`` phase; ``samples`` holds one generator per document, seeded
+  from ``(seed, epoch, sample id)`` as worker transforms are, so a resumed run replays it. Batched ops:
+  :mod:`mmfeed.loaders.planned.device_transforms`.
 * ``timer=True`` (or a :class:`~mmfeed.loaders.observe.timing.StepTimer`): per-step wait / copy / compute and worker
   stage times in ``loader.timer``. The collate function is then wrapped in
   :class:`~mmfeed.loaders.clock.TimedCollate`; the loop still receives the collated batch itself, same type.
@@ -118,13 +123,35 @@ def _as_timer(loader: Any, timer: StepTimer | bool | None) -> StepTimer | None:
 
 
 def _as_device(loader: Any, device: Any) -> torch.device | None:
-    return None if device is None else _resolve_device(device)
+    device = None if device is None else _resolve_device(device)
+    if device is None and loader.__dict__.get("device_transform") is not None:
+        raise ValueError("device_transform runs on each batch after the copy to the device: keep a device "
+                         "(device='cuda' or 'cpu'), or set device_transform = None first")
+    return device
+
+
+def _check_device_transform(loader: Any, fn: Any) -> Any:
+    """``fn(batch, samples) -> batch`` for a planned dataset's batches with a device, or None."""
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise TypeError(f"device_transform must be a callable fn(batch, samples) -> batch (e.g. DeviceCompose(...) "
+                        f"of mmfeed.loaders.planned.device_transforms), got {type(fn).__name__}")
+    if not _is_planned(loader.dataset):
+        raise ValueError(f"device_transform seeds each sample of a PackedBatch from (seed, epoch, sample id): it "
+                         f"needs a planned dataset (packing=Packing(...) or a PlannedDataset), got "
+                         f"{type(loader.dataset).__name__}")
+    if loader.__dict__.get("device") is None:
+        raise ValueError("device_transform runs on each batch after the copy to the device: give device='cuda' "
+                         "(or device='cpu', where it runs in the prefetch thread)")
+    return fn
 
 
 _SETTINGS = {"worker_mode": _check_worker_mode, "prefetch": _check_prefetch, "timer": _as_timer,
-             "device": _as_device, "recycle_buffers": lambda loader, value: bool(value)}
+             "device": _as_device, "recycle_buffers": lambda loader, value: bool(value),
+             "device_transform": _check_device_transform}
 """mmfeed's own keywords that may be set after construction too, each checked as the constructor checks it."""
-_REBUILT = _TORCH_SETTINGS | {"timer", "worker_mode", "recycle_buffers"}
+_REBUILT = _TORCH_SETTINGS | {"timer", "worker_mode", "recycle_buffers", "device_transform"}
 """Settings whose change rebuilds the torch loader that does the loading, at the next ``iter(loader)``."""
 
 
@@ -185,7 +212,7 @@ class DataLoader(TorchDataLoader[_T_co]):
                  prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, device: Any = None, prefetch: int = 2,
                  timer: StepTimer | bool | None = None, packing: Any = None, recycle_buffers: bool = True,
-                 worker_mode: str = "process") -> None:
+                 worker_mode: str = "process", device_transform: Any = None) -> None:
         object.__setattr__(self, "_building", True)  # until the end: attributes are set here, not by a user
         worker_mode = _check_worker_mode(self, worker_mode)
         if packing is not None:
@@ -218,6 +245,7 @@ class DataLoader(TorchDataLoader[_T_co]):
         self.prefetch = _check_prefetch(self, prefetch)
         self.timer = _as_timer(self, timer)
         self.device = _as_device(self, device)
+        self.device_transform = _check_device_transform(self, device_transform)
         self.worker_mode, self.recycle_buffers = worker_mode, bool(recycle_buffers)
         self._iterable = isinstance(dataset, IterableDataset)
         # the one owner of where the loop stands: cursor, index, plan sampler, chain of epochs, active iterator

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import collections
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from mmfeed.loaders.loop.prefetch import DevicePrefetcher
+from mmfeed.loaders.planned.device_transforms import BatchTransform
 from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor
 from mmfeed.loaders.shm import ReleaseTracker
 from mmfeed.loaders.loop.workers import start_torch_iterator
@@ -28,6 +29,7 @@ class LoaderSettings(Protocol):
     device: Any
     prefetch: int
     timer: Any
+    device_transform: Any
 
     def __len__(self) -> int: ...
 
@@ -51,11 +53,25 @@ def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
         yield item
 
 
-def _prefetcher(loader: LoaderSettings, source: Iterator[Any]) -> DevicePrefetcher | None:
-    """The prefetcher the loader's batches pass through: a thread ``prefetch`` ahead with ``device``, a
-    synchronous pass-through for timing (and TimedBatch unwrapping) with only a timer, else none."""
+def _device_step(loader: LoaderSettings, epoch_of: Callable[[int], int]) -> BatchTransform | None:
+    """The loader's ``device_transform`` as the prefetcher runs it: seeded by the planned dataset's seed, the
+    ``n``-th batch of the stream in epoch ``epoch_of(n)``, a payload entry priced by the items' token layout."""
+    fn = getattr(loader, "device_transform", None)
+    if fn is None:
+        return None
+    dataset = loader.dataset
+    layout = getattr(getattr(dataset, "items", None), "layout", None)
+    return BatchTransform(fn, dataset.seed, epoch_of, layout.tokens if layout is not None else None)
+
+
+def _prefetcher(loader: LoaderSettings, source: Iterator[Any],
+                epoch_of: Callable[[int], int] | None = None) -> DevicePrefetcher | None:
+    """The prefetcher the loader's batches pass through: a thread ``prefetch`` ahead with ``device`` (and the
+    device transform, its ``n``-th batch of epoch ``epoch_of(n)``), a synchronous pass-through for timing (and
+    TimedBatch unwrapping) with only a timer, else none."""
     if loader.device is not None:
-        return DevicePrefetcher(source, loader.device, depth=loader.prefetch, timer=loader.timer)
+        step = _device_step(loader, epoch_of) if epoch_of is not None else None
+        return DevicePrefetcher(source, loader.device, depth=loader.prefetch, timer=loader.timer, transform=step)
     if loader.timer is not None:
         return DevicePrefetcher(source, "cpu", depth=0, timer=loader.timer)
     return None
@@ -73,10 +89,18 @@ class Chain:
         self.lengths = index.lengths  # the list of the index pass torch now runs
         if recycler is not None:
             source = _recycle(source, recycler)
-        self.prefetcher = _prefetcher(loader, source)
+        self.prefetcher = _prefetcher(loader, source, self.epoch_of)
         self.source: Iterator[Any] = self.prefetcher if self.prefetcher is not None else source
         self.first_epoch, self.skipped, self.closed = cursor.epoch, cursor.batches, False
 
+    def epoch_of(self, n: int) -> int:
+        """The epoch of the ``n``-th batch (from 0) the chain's stream yields: the index runs ahead of the batches,
+        so the passes up to it are known."""
+        for k, length in enumerate(list(self.lengths)):
+            if n < length:
+                return self.first_epoch + k
+            n -= length
+        return self.first_epoch + len(self.lengths)
     def pass_of(self, cursor: EpochCursor) -> int:
         """The pass of the chained index that runs the cursor's epoch."""
         return cursor.epoch - self.first_epoch
@@ -125,7 +149,8 @@ class LoaderIter:
         if tap:
             self._states = collections.deque()
             source = self._tap(source)
-        self._prefetcher = _prefetcher(loader, source)
+        epoch = self._epoch
+        self._prefetcher = _prefetcher(loader, source, lambda n: epoch)
         self._source = self._prefetcher if self._prefetcher is not None else source
 
     def _tap(self, source: Iterator[Any]) -> Iterator[Any]:

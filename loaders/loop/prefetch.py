@@ -168,13 +168,17 @@ class DevicePrefetcher:
         depth: batches prepared ahead of the loop (>= 0; 0 reads synchronously, no thread).
         pin_memory: pin host memory before a CUDA copy (ignored on CPU).
         timer: a :class:`~mmfeed.loaders.observe.timing.StepTimer` to record wait, copy and compute times in.
+        transform: run on each batch after the copy, in the prefetch thread (on CUDA on the side stream, before the
+            event the loop waits on), timed as the ``transform`` phase: an object with ``prepare(host_batch)``
+            (called before the copy, on the batch as it came) and ``__call__(batch, prepared) -> batch``
+            (:class:`~mmfeed.loaders.planned.device_transforms.BatchTransform`), or None.
 
     :class:`~mmfeed.loaders.clock.TimedBatch` items are unwrapped (their stage seconds go to ``timer``).
     Use it as an iterator once; ``close()`` (or exhaustion, or an error) stops the thread.
     """
 
     def __init__(self, iterable: Iterable[Any], device: Any, *, depth: int = 2, pin_memory: bool = True,
-                 timer: StepTimer | None = None) -> None:
+                 timer: StepTimer | None = None, transform: Any = None) -> None:
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ValueError(f"depth must be an int >= 0, got {depth!r}")
         if timer is not None and not isinstance(timer, StepTimer):
@@ -183,6 +187,10 @@ class DevicePrefetcher:
         self.depth = depth
         self.pin_memory = bool(pin_memory)
         self.timer = timer
+        if transform is not None and not (callable(transform) and callable(getattr(transform, "prepare", None))):
+            raise TypeError(f"transform must have prepare(host_batch) and __call__(batch, prepared) (a "
+                            f"BatchTransform), got {type(transform).__name__}")
+        self.transform = transform
         self._cuda = self.device.type == "cuda"
         self._source = iter(iterable)
         self._stop = threading.Event()
@@ -198,7 +206,14 @@ class DevicePrefetcher:
             item, info = item.batch, {"stages": item.stages, "spans": item.spans, "worker": item.worker}
         if self.timer is not None:  # the non-padding share, read on the host before any copy
             info = {**(info or {}), "useful": useful_fraction(item)}
+        transform = self.transform
+        prepared = transform.prepare(item) if transform is not None else None
         if not self._cuda:
+            if transform is not None:
+                began = time.perf_counter()
+                item = transform(item, prepared)
+                if self.timer is not None:
+                    info["transform"] = time.perf_counter() - began
             return item, info, None, None
         if self.pin_memory:
             item = pin(item)
@@ -208,8 +223,17 @@ class DevicePrefetcher:
             if start is not None:
                 start.record(self._stream)
             item = move_to(item, self.device, non_blocking=True)
+            copied = None
+            if transform is not None:
+                if timed:
+                    copied = torch.cuda.Event(enable_timing=True)
+                    copied.record(self._stream)
+                item = transform(item, prepared)
             ready = torch.cuda.Event(enable_timing=timed)
             ready.record(self._stream)
+        if timed and copied is not None:
+            info["transform"] = (copied, ready)
+            return item, info, ready, (start, copied)
         return item, info, ready, (start, ready) if timed else None
 
     # -- consumer -------------------------------------------------------------------------------------------
@@ -249,7 +273,7 @@ class DevicePrefetcher:
         if self.timer is not None:
             info = info or {}
             self.timer.deliver(info.get("stages"), copy_events, cuda=self._cuda, useful=info.get("useful"),
-                               spans=info.get("spans"), worker=info.get("worker"))
+                               spans=info.get("spans"), worker=info.get("worker"), transform=info.get("transform"))
         return item
 
     def _finish(self) -> None:

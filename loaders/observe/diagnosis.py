@@ -9,7 +9,8 @@ own. In order, the first that applies:
 3. most of the wait falls in the first steps of each epoch after the first: the pipeline refills at every epoch
    boundary (deeper prefetch cannot help: the next epoch's batches are not asked for before it starts);
 4. no worker stage was timed: unknown;
-5. the host-to-device copy is longer than loading and compute: copy;
+5. the host-to-device copy is longer than loading and compute: copy; then the device transforms
+   (``DataLoader(device_transform=...)``, run in the prefetcher one batch after another): transform;
 6. the workers' per-batch time (stage seconds over the workers) is at least the step: the slowest stage;
 7. otherwise the workers keep up on average and the loop waits on jitter: deeper prefetch.
 
@@ -71,8 +72,10 @@ def _workers(load_s: float, compute_s: float, cores: int) -> str:
 
 def diagnose(stall_fraction: float, compute_s: float, copy_s: float | None, stages: Mapping[str, float],
              num_workers: int | None, threshold: float = 0.05, *, comm_s: float | None = None,
-             refill_share: float | None = None, mfu: float | None = None, cores: int | None = None) -> dict[str, Any]:
-    """``{stage, recommendation}`` for per-step means: compute, exposed comm and copy seconds, worker ``stages``
+             refill_share: float | None = None, mfu: float | None = None, cores: int | None = None,
+             transform_s: float | None = None) -> dict[str, Any]:
+    """``{stage, recommendation}`` for per-step means: compute, exposed comm, copy and device-transform
+    (``transform_s``) seconds, worker ``stages``
     seconds per batch; ``refill_share`` = the share of all wait that falls in the first steps of epochs after
     the first; ``num_workers`` None means unknown (not 0: loading inline); ``cores``: the cores workers may use
     (default :func:`usable_cores`), the most workers ever advised."""
@@ -109,6 +112,11 @@ def diagnose(stall_fraction: float, compute_s: float, copy_s: float | None, stag
     if copy_s is not None and copy_s > max(load_s, compute_s):
         return {"stage": "copy", "recommendation":
                 "host-to-device copy dominates: pin memory, use a deeper prefetch, or send smaller dtypes (uint8)"}
+    if transform_s is not None and transform_s > max(load_s, compute_s):
+        return {"stage": "transform", "recommendation":
+                f"the device transforms take {transform_s * 1e3:.1f} ms a batch, longer than loading and compute: "
+                "run them on the GPU (device='cuda'), make them cheaper, or move some into the workers "
+                "(Packing(transform=...))"}
     if load_s >= compute_s:
         top = max(stages, key=stages.get)
         where = f"stage '{top}' is the bottleneck ({stages[top] * 1e3:.1f} ms per batch)"

@@ -105,6 +105,7 @@ class StepTimer:
         self.wait_s: list[float] = []
         self.busy_s: list[float] = []
         self.copy_s: list[float] = []
+        self.transform_s: list[float] = []  # the device transforms of each batch (DataLoader(device_transform=...))
         self.gpu_compute_s: list[float] = []
         self.stages: list[dict[str, float]] = []
         self.comm: list[Any] = []  # per step: (exposed_s, total_s), raw records (CUDA, resolved later) or None
@@ -162,9 +163,11 @@ class StepTimer:
 
     def deliver(self, stages: Mapping[str, float] | None = None, copy_events: tuple[Any, Any] | None = None,
                 cuda: bool = False, *, useful: float | None = None,
-                spans: list[tuple[str, float, float]] | None = None, worker: int | None = None) -> None:
+                spans: list[tuple[str, float, float]] | None = None, worker: int | None = None,
+                transform: float | tuple[Any, Any] | None = None) -> None:
         """A batch is handed over: ends the wait. ``copy_events`` (start, end) time its device copy; ``useful``
-        is its non-padding share; ``spans`` and ``worker`` (from its :class:`TimedBatch`) go to the trace."""
+        is its non-padding share; ``spans`` and ``worker`` (from its :class:`TimedBatch`) go to the trace;
+        ``transform``: its device transform's seconds, or the (start, end) CUDA events around it."""
         now = time.perf_counter()
         wait = 0.0 if self._requested_at is None else now - self._requested_at
         gpu_start = None
@@ -173,7 +176,7 @@ class StepTimer:
             gpu_start.record()
         self._pending = {"wait": wait, "stages": dict(stages or {}), "copy": copy_events, "gpu_start": gpu_start,
                          "requested_at": self._requested_at, "delivered_at": now, "useful": useful,
-                         "spans": spans, "worker": worker}
+                         "spans": spans, "worker": worker, "transform": transform}
         self._requested_at = None
 
     def exhausted(self) -> None:
@@ -193,6 +196,11 @@ class StepTimer:
     def _finish(self, pending: dict[str, Any], now: float, gpu_end: Any) -> None:
         if pending["copy"] is not None:
             self._unresolved.append(("copy_s", *pending["copy"]))
+        done = pending.get("transform")
+        if isinstance(done, tuple):
+            self._unresolved.append(("transform_s", *done))
+        elif done is not None:
+            self.transform_s.append(float(done))
         if gpu_end is not None:
             self._unresolved.append(("gpu_compute_s", pending["gpu_start"], gpu_end))
         comm: Any = None
@@ -291,6 +299,7 @@ class StepTimer:
         stage_total = sum(stage_means.values())
         w = self.warmup
         copy = _stats(self.copy_s[w:])
+        transform = _stats(self.transform_s[w:])
         comm_s, comm_total = _stats([c[0] for c in comm]), _stats([c[1] for c in comm])
         mean_compute = float(np.mean(computes)) if computes else 0.0
         report = {
@@ -302,10 +311,12 @@ class StepTimer:
             "comm_total_s": comm_total,
             "step_s": _stats([a + b for a, b in zip(waits, busy)]),
             "copy_s": copy,
+            "transform_s": transform,
             "gpu_compute_s": _stats(self.gpu_compute_s[w:]),
             "stall_fraction": stall,
             "phases": {"wait": total_wait / len(waits) if waits else 0.0,
-                       "copy": None if copy is None else copy["mean"], "compute": mean_compute,
+                       "copy": None if copy is None else copy["mean"],
+                       "transform": None if transform is None else transform["mean"], "compute": mean_compute,
                        "comm": None if comm_s is None else comm_s["mean"]},
             "stages": {k: {"mean_s": v, "share": v / stage_total if stage_total > 0 else 0.0}
                        for k, v in stage_means.items()},
@@ -316,7 +327,8 @@ class StepTimer:
         report["bottleneck"] = diagnose(stall, mean_compute, None if copy is None else copy["mean"], stage_means,
                                         self.num_workers, self.stall_threshold,
                                         comm_s=None if comm_s is None else comm_s["mean"],
-                                        refill_share=report["epoch_refill_share"], mfu=report["mfu"])
+                                        refill_share=report["epoch_refill_share"], mfu=report["mfu"],
+                                        transform_s=None if transform is None else transform["mean"])
         return report
 
     def _utilisation(self, total_s: float, steps: int, useful: list[float | None]) -> dict[str, Any]:
@@ -338,8 +350,9 @@ class StepTimer:
         """The report as a dict; under torch.distributed every rank must call it (one all_gather).
 
         Keys: ``steps``; ``wait_s``, ``compute_s``, ``comm_s`` (exposed communication), ``comm_total_s``,
-        ``step_s``, ``copy_s``, ``gpu_compute_s`` each ``{mean, median, p95, total}`` or None; ``phases`` the
-        mean seconds per step of wait, copy, compute and comm; ``stall_fraction`` = total wait / total step
+        ``step_s``, ``copy_s``, ``transform_s`` (the device transforms, ``DataLoader(device_transform=...)``),
+        ``gpu_compute_s`` each ``{mean, median, p95, total}`` or None; ``phases`` the mean seconds per step of
+        wait, copy, transform, compute and comm; ``stall_fraction`` = total wait / total step
         time; ``stages`` ``{name: {mean_s, share}}`` (worker seconds per batch); ``epoch_refill_share`` (the
         share of the wait in the first ``refill_steps`` of epochs after the first, or None);
         ``useful_fraction`` (non-padding share of the batches), ``achieved_flops_per_s``, ``mfu``,
@@ -404,7 +417,7 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 def _scalars(report: Mapping[str, Any]) -> dict[str, float]:
     out = {"steps": float(report["steps"]), "stall_fraction": float(report["stall_fraction"])}
-    for key in ("wait_s", "compute_s", "comm_s", "comm_total_s", "step_s", "copy_s", "gpu_compute_s"):
+    for key in ("wait_s", "compute_s", "comm_s", "comm_total_s", "step_s", "copy_s", "transform_s", "gpu_compute_s"):
         if report.get(key):
             for stat in ("mean", "median", "p95"):
                 out[f"{key}.{stat}"] = float(report[key][stat])

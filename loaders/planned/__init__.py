@@ -9,6 +9,8 @@ and hands that to :func:`~mmfeed.loaders.planned.collate.collate_batch`, one str
 steps of :mod:`~mmfeed.loaders.planned.steps`: read under the error policy (:mod:`~mmfeed.loaders.planned.errors`)
 -> check -> transform (:mod:`~mmfeed.loaders.planned.transforms`) -> lay out.
 :class:`~mmfeed.loaders.planned.config.Packing` is what ``mmfeed.DataLoader(..., packing=...)`` is configured with.
+:mod:`~mmfeed.loaders.planned.device_transforms` holds the batched transforms the loop runs on whole batches after
+the copy to the device (``DataLoader(..., device_transform=...)``), seeded per sample as the workers' are.
 """
 
 from __future__ import annotations
