@@ -473,3 +473,72 @@ def test_task_key_names_a_step_text_feature():
     with pytest.raises(ValueError, match=r"task_key='instruction' names no text feature of the steps; they are "
                                          r"\['language_instruction'\]"):
         open_dataset(VERSION, task_key="instruction")
+
+
+# -- conversion to shards -------------------------------------------------------------------------------------
+
+def converted_members(dst: Path) -> dict[str, dict]:
+    """Each episode's meta.json in the shards of ``dst``, by episode key."""
+    import tarfile
+
+    metas = {}
+    for shard in sorted(dst.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".meta.json"):
+                    metas[member.name.split(".", 1)[0]] = json.loads(tar.extractfile(member).read())
+    return metas
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_convert_to_shards_reads_back_every_array_task_and_picture(tmp_path, split, caplog):
+    """Every array feature equals TFDS's, every step's task its language_instruction, episode texts are in
+    meta.json; lossless H.264 (crf 0) keeps the PNG camera's yuv420 planes exactly and the JPEG camera's luma
+    within JPEG decoders' rounding (TensorFlow's and Pillow's IDCT against libjpeg's YUV output)."""
+    from mmfeed.cli import main
+    from mmfeed.loaders import convert
+
+    dst = tmp_path / "shards"
+    if split == "train":
+        summary = convert(VERSION, dst, fps=5, crf=0, episodes_per_shard=4, progress=False)
+        assert summary.episodes == 9 and summary.shards == 3
+    else:
+        assert main(["convert", str(DATASET), str(dst), "--fps", "5", "--split", "val", "--crf", "0",
+                     "--no-progress"]) == 0
+    assert "ragged features ['contacts'] left out" in caplog.text
+    shards = open_dataset(dst)
+    source = open_dataset(VERSION, split=split, fps=5, frame_format="yuv420")
+    planes = open_dataset(dst, frame_format="yuv420")
+    want = oracle(split)
+    assert len(shards) == len(want) and shards.features[ACTION].fps == 5.0
+    arrays = {key.removeprefix("steps/").replace("/", "."): key for key in want[0]
+              if want[0][key].dtype.kind != "U" and not key.startswith("steps/contacts/")
+              and key not in ("steps/observation/image", "steps/observation/wrist_image")}
+    assert set(arrays) == {f for f, spec in shards.features.items() if spec.kind == "array"}
+    metas = converted_members(dst)
+    for e, tfds_episode in enumerate(want):
+        got = shards.episode(e)
+        steps = len(tfds_episode["steps/is_first"])
+        assert int(shards.lengths[e]) == steps
+        for name, key in arrays.items():
+            value = tfds_episode[key]
+            if key.startswith("episode_metadata/"):
+                value = np.repeat(value[None], steps, axis=0)
+            assert got[name].dtype == value.dtype and np.array_equal(got[name], value), (e, name)
+        assert [shards.task(e, t) for t in range(steps)] == tfds_episode["steps/language_instruction"].tolist()
+        assert metas[f"episode_{e:06d}"]["text"] == {
+            "episode_metadata.file_path": str(tfds_episode["episode_metadata/file_path"])}
+        mine, theirs = planes.episode(e), source.episode(e)
+        assert np.array_equal(mine[WRIST], theirs[WRIST]), e  # PNG: lossless
+        luma = source.features[IMAGE].shape[0] * 2 // 3
+        diff = np.abs(mine[IMAGE][:, :luma].astype(np.int16) - theirs[IMAGE][:, :luma].astype(np.int16))
+        assert mine[IMAGE].shape == theirs[IMAGE].shape and diff.max() <= 10 and diff.mean() < 0.5, e
+        assert got[IMAGE].shape == (steps, 32, 40, 3) and got[WRIST].shape == (steps, 16, 16, 3)
+
+
+def test_convert_of_rlds_needs_fps_before_anything_is_written(tmp_path):
+    from mmfeed.loaders import convert
+
+    with pytest.raises(ValueError, match=r"RLDS records no control rate; pass fps=.*--fps on the command line"):
+        convert(VERSION, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

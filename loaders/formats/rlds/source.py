@@ -135,6 +135,23 @@ class RldsSource(EpisodeSource):
         return Feature("array", leaf.dtype, leaf.shape, rate)
 
     @property
+    def task_feature(self) -> str | None:
+        """The step text feature that is each step's task (``task_key``), None where the steps have none."""
+        leaf = self._steps.get(self.options.task_key)
+        return leaf.name if leaf is not None and leaf.kind == "text" and leaf.level == "step" else None
+
+    @property
+    def episode_features(self) -> list[str]:
+        """The features that hold one value per episode (``episode_metadata.*``), delivered with every step."""
+        return [name for name, leaf in self._steps.items() if leaf.level == "episode"]
+
+    @property
+    def ragged_features(self) -> list[str]:
+        """The ragged sequences within a step: not among ``features`` (a batch cannot stack them), read by
+        :meth:`episode`."""
+        return [leaf.name for leaf in self._ragged]
+
+    @property
     def shards(self) -> list[str]:
         """The split's shards, paths relative to the version directory, in order."""
         return list(self._shards)
@@ -143,7 +160,7 @@ class RldsSource(EpisodeSource):
     def _need_fps(self) -> None:
         if self._known_fps is None:
             raise ValueError(f"{self.name}: RLDS records no control rate; pass fps= (steps per second, e.g. "
-                             "open_dataset(path, fps=10)) to read windows or anything timed")
+                             "open_dataset(path, fps=10); --fps on the command line) to read windows or anything timed")
 
     @property
     def fps(self) -> np.ndarray:
