@@ -8,6 +8,7 @@ directory, resume) and broken input (truncated, corrupt, missing shards, feature
 """
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -542,3 +543,35 @@ def test_convert_of_rlds_needs_fps_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match=r"RLDS records no control rate; pass fps=.*--fps on the command line"):
         convert(VERSION, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# -- the decoded-frame cache ----------------------------------------------------------------------------------
+
+def test_epoch_2_reads_pictures_from_the_frame_cache_never_the_records(copy, tmp_path):
+    """Epoch 1 fills the cache with each camera of each episode; epoch 2, through another opening of the dataset,
+    gives the same pictures from it without reading a record: every shard's records are damaged in between (sizes
+    and mtimes kept, so the cache's keys still hold) and nothing fails."""
+    frames = tmp_path / "frames"
+    spec = WindowSpec.from_delta_timestamps({IMAGE: [-0.1, 0.0], WRIST: [0.0]})
+    first = open_dataset(copy, fps=10, cache=frames)
+    uncached = open_dataset(VERSION, fps=10).windows(spec)
+    view = first.windows(spec)
+    epoch1 = [view[i] for i in range(len(view))]
+    assert first._store.filled == 2 * len(first) and first._store.info().segments == 2 * len(first)
+    for i in (0, 5, len(view) - 1):
+        assert all(torch.equal(epoch1[i][f], uncached[i][f]) for f in (IMAGE, WRIST))
+    for shard in copy.glob("*train.tfrecord*"):
+        stat = shard.stat()
+        data = bytearray(shard.read_bytes())
+        offsets, lengths = records(shard)
+        for offset, length in zip(offsets.tolist(), lengths.tolist()):
+            data[offset + 12 + length // 2] ^= 0xFF  # the middle of every record's payload
+        shard.write_bytes(bytes(data))
+        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    again = open_dataset(copy, fps=10, cache=frames)
+    view2 = again.windows(spec)
+    for i in range(len(view2)):
+        assert all(torch.equal(view2[i][f], epoch1[i][f]) for f in (IMAGE, WRIST)), i
+    assert again._store.filled == 0 and again._store.hits >= 2 * len(view2)
+    with pytest.raises(SampleError, match="CRC"):  # an array still reads its record
+        again.episode(0)
