@@ -26,7 +26,9 @@ spread::
     python -m mmfeed.bench.rlds_compare --tf-python /work/tfvenv/bin/python [--root DIR] [--workers 2] \
         [--repeats 3] [--steps 60] [--json OUT]
 
-``--quick`` is the test's mode: a 12-episode dataset, short stretches, one repeat.
+``--cache`` then reads three whole epochs with mmfeed through a cold decoded-frame cache (``cache=``): each epoch's
+samples/s and memory, and epoch 3 over tf.data. ``--quick`` is the test's mode: a 12-episode dataset, short
+stretches, one repeat.
 """
 
 from __future__ import annotations
@@ -202,16 +204,17 @@ def memory(pids: Sequence[int]) -> dict[str, int]:
 
 
 def time_mmfeed(root: str | os.PathLike, *, steps: int, warmup: int, batch_size: int = 32, workers: int = 2,
-                seed: int = 0, epochs: int = 0) -> dict[str, Any]:
+                seed: int = 0, epochs: int = 0, cache: str | os.PathLike | None = None) -> dict[str, Any]:
     """One mmfeed stretch of a fresh loader: the first batch timed from ``open_dataset``, ``warmup`` batches, then
     ``steps`` timed ones with the CPU seconds of this process and its workers, and the RSS and PSS of both after
-    it; ``epochs``: instead, that many whole epochs timed one by one (samples/s and memory of each)."""
+    it; ``epochs``: instead, that many whole epochs timed one by one (samples/s and memory of each); ``cache``:
+    read through a decoded-frame cache in that directory (``open_dataset(..., cache=)``)."""
     from mmfeed.bench.lerobot_child import timed_stretch
     from mmfeed.loaders import DataLoader, Packing, PlanConfig, TokenLayout, open_dataset
 
     others = set(child_pids())
     start = time.perf_counter()
-    source = open_dataset(root, fps=FPS)
+    source = open_dataset(root, fps=FPS, **({"cache": str(cache)} if cache else {}))
     packing = Packing(layout=TokenLayout(tokens_per_frame={IMAGE: 64, WRIST: 16}), window=window(), seed=seed,
                       plan=PlanConfig(mode="fixed", batch_size=batch_size, shuffle=True, episode_block=0))
     loader = DataLoader(source, packing=packing, num_workers=workers, persistent_workers=workers > 0)
@@ -309,8 +312,10 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int = 200, workers: int = 2,
         steps: int = 60, tf_steps: int = 60, warmup: int = 5, repeats: int = 3, batch_size: int = 32,
-        limit_samples: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """Interleaved repeats of tf.data, mmfeed and the decode limit on ``root`` (None: :func:`bench_root`)."""
+        limit_samples: int = 2000, seed: int = 0, cache: bool = False) -> dict[str, Any]:
+    """Interleaved repeats of tf.data, mmfeed and the decode limit on ``root`` (None: :func:`bench_root`);
+    ``cache``: then three whole mmfeed epochs through a cold decoded-frame cache, each one's samples/s and
+    memory, and epoch 3 over tf.data."""
     root = Path(root) if root is not None else bench_root(tf_python, episodes)
     from mmfeed.loaders import open_dataset
 
@@ -337,6 +342,12 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
            "mmfeed_over_limit_cpu": limit["cpu_s_per_1000_samples"] / mm["cpu_s_per_1000_samples"],
            "tf_over_limit": tf["samples_per_s"] / limit["samples_per_s"],
            "mmfeed_pss_over_tf_rss": mm["pss_bytes"] / tf["rss_bytes"]}
+    if cache:
+        with tempfile.TemporaryDirectory(prefix="mmfeed-rlds-frames-") as folder:
+            got = time_mmfeed(root, steps=0, warmup=0, batch_size=batch_size, workers=workers, seed=seed,
+                              epochs=3, cache=folder)
+        out["cache"] = {"epochs": got["epochs"],
+                        "epoch3_over_tf": got["epochs"][-1]["samples_per_s"] / tf["samples_per_s"]}
     return out
 
 
@@ -354,6 +365,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches after the first")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; figures are their medians")
     parser.add_argument("--limit-samples", type=int, default=2000, help="samples whose pictures the limit decodes")
+    parser.add_argument("--cache", action="store_true", help="then three whole mmfeed epochs through a cold "
+                        "decoded-frame cache")
     parser.add_argument("--quick", action="store_true", help="a 12-episode dataset, short stretches, one repeat")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
@@ -385,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = run(args.tf_python, root=args.root, episodes=args.episodes, workers=args.workers, steps=args.steps,
                   tf_steps=args.tf_steps, warmup=args.warmup, repeats=args.repeats, batch_size=args.batch_size,
-                  limit_samples=args.limit_samples)
+                  limit_samples=args.limit_samples, cache=args.cache)
     d = results["dataset"]
     print(f"{d['root']}: {d['episodes']} episodes, {d['samples']} samples; batches of {d['batch_size']}, mmfeed "
           f"with {d['workers']} workers, tf.data with a {d['shuffle_buffer']}-step shuffle buffer")
@@ -397,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mmfeed / tf.data {results['mmfeed_over_tf']:.2f}; mmfeed / limit {results['mmfeed_over_limit']:.2f} "
           f"({results['mmfeed_over_limit_cpu']:.2f} per CPU-second); tf.data / limit {results['tf_over_limit']:.2f}; "
           f"mmfeed PSS / tf.data RSS {results['mmfeed_pss_over_tf_rss']:.2f}   ({time.perf_counter() - start:.0f} s)")
+    if "cache" in results:
+        epochs = results["cache"]["epochs"]
+        print("mmfeed through a cold frame cache, epochs 1-3: " + ", ".join(
+            f"{e['samples_per_s']:.1f} samples/s (PSS {e['pss_bytes'] / 2**20:.0f} MiB)" for e in epochs)
+            + f"; epoch 3 / tf.data {results['cache']['epoch3_over_tf']:.2f}")
     if args.json:
         from mmfeed.bench.common import environment
 
