@@ -405,7 +405,8 @@ def decode_picture(data: bytes, size: tuple[int, int] | None, declared: tuple[in
             _check_size(h, w, declared, max_pixels)
             if size is not None and image.format == "JPEG" and (size[0] < h or size[1] < w):
                 image.draft("RGB", (size[1], size[0]))  # DCT scaling: at least the size asked
-            picture = image.convert("RGB")
+            image.load()
+            picture = image if image.mode == "RGB" else image.convert("RGB")  # no copy of an RGB picture
             if size is not None and (picture.size[1], picture.size[0]) != tuple(size):
                 picture = picture.resize((size[1], size[0]), Image.BILINEAR)
             array = np.asarray(picture)
