@@ -389,3 +389,14 @@ def test_task_runs_in_shard_format_and_older_indexes_still_read(tmp_path):
     pq.write_table(table.drop_columns(["task_runs"]).replace_schema_metadata(table.schema.metadata), index)
     older = open_dataset(tmp_path / "s", check_index=False)
     assert older.episode_tasks.tolist() == [older.tasks.index("a"), older.tasks.index("c"), older.tasks.index("c")]
+
+
+def test_an_episodes_texts_are_kept_in_its_meta_json_and_must_be_strings(tmp_path):
+    with ShardWriter(tmp_path / "s") as w:
+        w.write({"x": np.arange(3)}, fps=10.0, task="a", text={"episode_metadata.file_path": "/data/0.npy"})
+        w.write({"x": np.arange(2)}, fps=10.0, task="b")
+    metas = [json.loads(s["meta.json"]) for s in webdataset.WebDataset(w.shards[0], shardshuffle=False)]
+    assert metas[0]["text"] == {"episode_metadata.file_path": "/data/0.npy"} and "text" not in metas[1]
+    assert metas[0]["task"] == "a" and open_dataset(tmp_path / "s").task(1) == "b"
+    with pytest.raises(ValueError, match=r"text must map names to strings.*\{'n': 3\}"):
+        ShardWriter(tmp_path / "t").write({"x": np.arange(3)}, fps=10.0, text={"n": 3})

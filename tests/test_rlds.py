@@ -8,6 +8,7 @@ directory, resume) and broken input (truncated, corrupt, missing shards, feature
 """
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -473,3 +474,104 @@ def test_task_key_names_a_step_text_feature():
     with pytest.raises(ValueError, match=r"task_key='instruction' names no text feature of the steps; they are "
                                          r"\['language_instruction'\]"):
         open_dataset(VERSION, task_key="instruction")
+
+
+# -- conversion to shards -------------------------------------------------------------------------------------
+
+def converted_members(dst: Path) -> dict[str, dict]:
+    """Each episode's meta.json in the shards of ``dst``, by episode key."""
+    import tarfile
+
+    metas = {}
+    for shard in sorted(dst.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".meta.json"):
+                    metas[member.name.split(".", 1)[0]] = json.loads(tar.extractfile(member).read())
+    return metas
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_convert_to_shards_reads_back_every_array_task_and_picture(tmp_path, split, caplog):
+    """Every array feature equals TFDS's, every step's task its language_instruction, episode texts are in
+    meta.json; lossless H.264 (crf 0) keeps the PNG camera's yuv420 planes exactly and the JPEG camera's luma
+    within JPEG decoders' rounding (TensorFlow's and Pillow's IDCT against libjpeg's YUV output)."""
+    from mmfeed.cli import main
+    from mmfeed.loaders import convert
+
+    dst = tmp_path / "shards"
+    if split == "train":
+        summary = convert(VERSION, dst, fps=5, crf=0, episodes_per_shard=4, progress=False)
+        assert summary.episodes == 9 and summary.shards == 3
+    else:
+        assert main(["convert", str(DATASET), str(dst), "--fps", "5", "--split", "val", "--crf", "0",
+                     "--no-progress"]) == 0
+    assert "ragged features ['contacts'] left out" in caplog.text
+    shards = open_dataset(dst)
+    source = open_dataset(VERSION, split=split, fps=5, frame_format="yuv420")
+    planes = open_dataset(dst, frame_format="yuv420")
+    want = oracle(split)
+    assert len(shards) == len(want) and shards.features[ACTION].fps == 5.0
+    arrays = {key.removeprefix("steps/").replace("/", "."): key for key in want[0]
+              if want[0][key].dtype.kind != "U" and not key.startswith("steps/contacts/")
+              and key not in ("steps/observation/image", "steps/observation/wrist_image")}
+    assert set(arrays) == {f for f, spec in shards.features.items() if spec.kind == "array"}
+    metas = converted_members(dst)
+    for e, tfds_episode in enumerate(want):
+        got = shards.episode(e)
+        steps = len(tfds_episode["steps/is_first"])
+        assert int(shards.lengths[e]) == steps
+        for name, key in arrays.items():
+            value = tfds_episode[key]
+            if key.startswith("episode_metadata/"):
+                value = np.repeat(value[None], steps, axis=0)
+            assert got[name].dtype == value.dtype and np.array_equal(got[name], value), (e, name)
+        assert [shards.task(e, t) for t in range(steps)] == tfds_episode["steps/language_instruction"].tolist()
+        assert metas[f"episode_{e:06d}"]["text"] == {
+            "episode_metadata.file_path": str(tfds_episode["episode_metadata/file_path"])}
+        mine, theirs = planes.episode(e), source.episode(e)
+        assert np.array_equal(mine[WRIST], theirs[WRIST]), e  # PNG: lossless
+        luma = source.features[IMAGE].shape[0] * 2 // 3
+        diff = np.abs(mine[IMAGE][:, :luma].astype(np.int16) - theirs[IMAGE][:, :luma].astype(np.int16))
+        assert mine[IMAGE].shape == theirs[IMAGE].shape and diff.max() <= 10 and diff.mean() < 0.5, e
+        assert got[IMAGE].shape == (steps, 32, 40, 3) and got[WRIST].shape == (steps, 16, 16, 3)
+
+
+def test_convert_of_rlds_needs_fps_before_anything_is_written(tmp_path):
+    from mmfeed.loaders import convert
+
+    with pytest.raises(ValueError, match=r"RLDS records no control rate; pass fps=.*--fps on the command line"):
+        convert(VERSION, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+# -- the decoded-frame cache ----------------------------------------------------------------------------------
+
+def test_epoch_2_reads_pictures_from_the_frame_cache_never_the_records(copy, tmp_path):
+    """Epoch 1 fills the cache with each camera of each episode; epoch 2, through another opening of the dataset,
+    gives the same pictures from it without reading a record: every shard's records are damaged in between (sizes
+    and mtimes kept, so the cache's keys still hold) and nothing fails."""
+    frames = tmp_path / "frames"
+    spec = WindowSpec.from_delta_timestamps({IMAGE: [-0.1, 0.0], WRIST: [0.0]})
+    first = open_dataset(copy, fps=10, cache=frames)
+    uncached = open_dataset(VERSION, fps=10).windows(spec)
+    view = first.windows(spec)
+    epoch1 = [view[i] for i in range(len(view))]
+    assert first._store.filled == 2 * len(first) and first._store.info().segments == 2 * len(first)
+    for i in (0, 5, len(view) - 1):
+        assert all(torch.equal(epoch1[i][f], uncached[i][f]) for f in (IMAGE, WRIST))
+    for shard in copy.glob("*train.tfrecord*"):
+        stat = shard.stat()
+        data = bytearray(shard.read_bytes())
+        offsets, lengths = records(shard)
+        for offset, length in zip(offsets.tolist(), lengths.tolist()):
+            data[offset + 12 + length // 2] ^= 0xFF  # the middle of every record's payload
+        shard.write_bytes(bytes(data))
+        os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    again = open_dataset(copy, fps=10, cache=frames)
+    view2 = again.windows(spec)
+    for i in range(len(view2)):
+        assert all(torch.equal(view2[i][f], epoch1[i][f]) for f in (IMAGE, WRIST)), i
+    assert again._store.filled == 0 and again._store.hits >= 2 * len(view2)
+    with pytest.raises(SampleError, match="CRC"):  # an array still reads its record
+        again.episode(0)

@@ -62,7 +62,7 @@ def convert_shard(job: Any, k: int, items: list) -> dict[str, Any]:
                 sample = episode_sample(episode["features"], fps=episode["fps"], task=episode["task"],
                                         rates=episode["rates"], key=episode["key"],
                                         codec="h264" if job.codec == "copy" else job.codec, gop=job.gop or 30,
-                                        crf=job.crf)
+                                        crf=job.crf, text=episode.get("text"))
             except Exception as err:  # noqa: BLE001 (any failure of one episode is that episode's)
                 where = _where(reader, item)
                 reason = f"{type(err).__name__}: {' '.join(str(err).split())}"

@@ -1,7 +1,8 @@
 """``mmfeed convert SRC DST``: any episode source to indexed webdataset shards, on local processes or a Ray cluster.
 
 SRC is a LeRobot v3 directory (a local path or an fsspec URL), mmfeed/webdataset shards (to re-shard or
-transcode) or ``module:function`` naming a generator of episodes (dicts of the keyword form
+transcode), HDF5 or Zarr demonstrations or an RLDS dataset (read with ``fps=``) or ``module:function`` naming a
+generator of episodes (dicts of the keyword form
 :meth:`~mmfeed.loaders.conversion.writer.ShardWriter.write` takes; see
 :func:`~mmfeed.loaders.conversion.readers.normalize_episode`)::
 
@@ -130,9 +131,12 @@ def convert(src: Any, dst: str | os.PathLike, *, codec: str = "h264", gop: int |
         into shards. workers: processes (local) or CPUs of a local Ray.
         errors: "raise" stops at the first episode that fails, with a :class:`ConvertError` naming it and its
         source file; "skip" records it in the manifest and converts the rest. progress: a tqdm bar on stderr
-        (drawn only when stderr is a terminal). fps, layout, split: how HDF5 and Zarr demonstrations are read
-        (see :class:`~mmfeed.loaders.sources.options.ReadOptions`; their files record no frame rate, so ``fps`` is
-        required for them).
+        (drawn only when stderr is a terminal). fps, layout, split: how HDF5 and Zarr demonstrations and RLDS
+        datasets are read (see :class:`~mmfeed.loaders.sources.options.ReadOptions`; their files record no frame
+        rate, so ``fps`` is required for them). An RLDS dataset's pictures become videos, its
+        ``language_instruction`` each step's task and its per-episode texts (``episode_metadata.*``) the
+        ``"text"`` of each episode's meta.json; its other per-step texts and ragged features are left out, with a
+        warning naming them.
     """
     from mmfeed.loaders.conversion.readers import iter_generator, open_reader  # heavy: not at `mmfeed --help`
 
@@ -229,8 +233,8 @@ def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size
     read = dict(read or {})
     if read and kind != "dataset":
         what = {"generator": "a generator", "lerobot": "a LeRobot directory"}.get(kind, "webdataset shards")
-        raise ValueError(f"{src}: {sorted(read)} are read options of HDF5 and Zarr demonstrations, and SRC is "
-                         f"{what}; drop them")
+        raise ValueError(f"{src}: {sorted(read)} are read options of HDF5 and Zarr demonstrations and RLDS "
+                         f"datasets, and SRC is {what}; drop them")
     if read.get("fps") is not None:
         ReadOptions(fps=read["fps"])  # a number > 0, checked now
     return Job(spec, kind, dst, codec, gop, crf, frame_size, errors, tuple(sorted(read.items()))), plan
@@ -437,8 +441,8 @@ DESCRIPTION = ("Convert SRC (a LeRobot v3 directory or fsspec URL, webdataset sh
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``mmfeed convert`` options, on ``parser`` (a subcommand's)."""
     parser.add_argument("src", metavar="SRC", help="LeRobot v3 directory or URL, webdataset shards (directory, "
-                                                  "pattern), HDF5 or Zarr demonstrations (with --fps) or "
-                                                  "module:function (a generator of episodes)")
+                                                  "pattern), HDF5 or Zarr demonstrations or an RLDS dataset "
+                                                  "(with --fps) or module:function (a generator of episodes)")
     parser.add_argument("dst", metavar="DST", help="output directory (new or empty, unless --resume/--overwrite)")
     parser.add_argument("--codec", default="h264", choices=CODEC_CHOICES,
                         help="h264 (default), av1, hevc, or copy: keep the source's video bytes when no --gop or "
@@ -465,10 +469,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--errors", choices=["raise", "skip"], default="raise",
                         help="raise: stop at an episode that fails (default); skip: record it in the manifest")
     parser.add_argument("--fps", type=float, default=None, help="steps per second of HDF5 and Zarr "
-                        "demonstrations (their files record none)")
+                        "demonstrations and RLDS datasets (their files record none)")
     parser.add_argument("--layout", default=None, help="HDF5: robomimic or aloha; Zarr: replay_buffer (default: "
                         "detected)")
-    parser.add_argument("--split", default=None, help="HDF5 (robomimic): the episodes of mask/<SPLIT> only")
+    parser.add_argument("--split", default=None, help="RLDS: the split (default train; "
+                        "'train[:90%%]' slices it); HDF5 (robomimic): the episodes of mask/<SPLIT> only")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (one is drawn only when "
                         "stderr is a terminal)")
 

@@ -6,8 +6,9 @@ the keyword arguments of :func:`~mmfeed.loaders.conversion.writer.episode_sample
   by ``frame_size`` inside the decoder) and encoded, or under ``codec="copy"`` the episode's packets remuxed out of
   the concatenated file (:func:`remux_episode`: the same compressed bytes, so the same decoded pixels).
 - webdataset shards (v1 or v2): arrays read, videos decoded and encoded, or under ``copy`` kept byte for byte.
-- HDF5 and Zarr demonstrations (any other format ``open_dataset`` detects), opened with the job's read options
-  (``fps``, ``layout``, ``split``): arrays read, pictures encoded.
+- HDF5 and Zarr demonstrations and RLDS datasets (any other format ``open_dataset`` detects), opened with the
+  job's read options (``fps``, ``layout``, ``split``): arrays read, pictures encoded; RLDS's task text as the
+  per-step task, its per-episode texts into meta.json, other texts and ragged features left out (logged).
 - ``module:function`` (or a callable): a generator of episode dicts (:func:`normalize_episode`), iterated by the
   driver; its frames are encoded by the workers.
 
@@ -40,8 +41,8 @@ _RAW_TO_MP4 = 50.0
 
 
 def source_kind(src: Any) -> str:
-    """"lerobot", "shards", "dataset" (any other format ``open_dataset`` detects: HDF5, Zarr) or "generator" for a
-    convert SRC (path, URL, ``module:function`` or callable)."""
+    """"lerobot", "shards", "dataset" (any other format ``open_dataset`` detects: HDF5, Zarr, RLDS) or "generator"
+    for a convert SRC (path, URL, ``module:function`` or callable)."""
     if callable(src):
         return "generator"
     spec = os.fspath(src)
@@ -238,16 +239,38 @@ class ShardReader(_SourceReader):
 
 
 class DatasetReader(_SourceReader):
-    """Episodes of the other formats ``open_dataset`` reads (HDF5, Zarr), opened with the job's read options
-    (``fps``, ``layout``, ``split``): arrays read, pictures encoded (resized first by ``frame_size``)."""
+    """Episodes of the other formats ``open_dataset`` reads (HDF5, Zarr, RLDS), opened with the job's read options
+    (``fps``, ``layout``, ``split``): arrays read, pictures encoded (resized first by ``frame_size``).
+
+    Text is carried where shards can hold it: the source's task feature (RLDS ``language_instruction``, its
+    ``task_feature``) as the shards' per-step task, the episode's own texts (its ``episode_features`` that are text,
+    RLDS ``episode_metadata.*``) in the episode's meta.json under ``"text"``. Other per-step texts and ragged
+    features (``ragged_features``) have no place in shards: they are left out, and a warning names them."""
 
     def __init__(self, job) -> None:
-        super().__init__(job)
+        _Reader.__init__(self, job)
         from mmfeed.loaders.open import open_each
 
         self.source = open_each([job.src], **dict(job.options))[0]
+        self.source.fps  # a source without a rate fails now (RLDS without fps=), before DST is written
         self._check()
         self.stored_shape = {f: tuple(self.source.features[f].shape) for f in self.videos}
+
+    def _check(self) -> None:
+        features = self.source.features
+        text = [f for f, spec in features.items() if spec.kind == "text"]
+        task = getattr(self.source, "task_feature", None)
+        per_episode = set(getattr(self.source, "episode_features", ()))
+        self.texts = [f for f in text if f in per_episode]
+        left = [f for f in text if f != task and f not in per_episode]
+        ragged = list(getattr(self.source, "ragged_features", ()))
+        if left or ragged:
+            log.warning("%s: %s left out of the shards, which hold numeric arrays, videos, a task per step and "
+                        "texts per episode only", self.job.src,
+                        "; ".join(part for part in (left and f"per-step text features {left}",
+                                                    ragged and f"ragged features {ragged}") if part))
+        self.videos = [f for f, spec in features.items() if spec.kind == "video"]
+        self.arrays = [f for f in features if f not in self.videos and f not in text]
 
     def key(self, e: int) -> str:
         return f"episode_{e:06d}"
@@ -259,6 +282,10 @@ class DatasetReader(_SourceReader):
         start = time.perf_counter()
         features: dict[str, Any] = self.read_arrays(e)
         frames = self.read_frames(e, self.videos)
+        text = {}
+        if self.texts and int(self.source.lengths[e]):
+            first = self.source.read_many([EpisodeRequest(e, {f: np.zeros(1, np.int64) for f in self.texts})])[0]
+            text = {f: str(first[f][0]) for f in self.texts}
         for f in self.videos:
             size = _size_of(self.job.frame_size, f)
             if size is not None and tuple(frames[f].shape[1:3]) != size:
@@ -267,8 +294,9 @@ class DatasetReader(_SourceReader):
         rates = self.rates(e)
         for f in self.videos:
             features[f] = self.encode(frames[f], rates.get(f, float(self.source.fps[e])))
-        return {"features": {f: features[f] for f in self.source.features}, "fps": float(self.source.fps[e]),
-                "rates": rates, "task": self.tasks(e), "key": self.key(e)}
+        return {"features": {f: features[f] for f in self.source.features if f in features},
+                "fps": float(self.source.fps[e]), "rates": rates, "task": self.tasks(e), "key": self.key(e),
+                "text": text}
 
     def video_bytes(self, e: int, f: str) -> float:
         return int(self.source.frames(f)[e]) * float(np.prod(self.stored_shape[f])) / _RAW_TO_MP4

@@ -3,8 +3,9 @@
 Every feature of an episode becomes one tar member under its own name: arrays of any dtype and shape as
 ``<key>.<feature>.npy``, uint8 ``[T, H, W, 3]`` frames encoded as ``<key>.<feature>.mp4`` at the feature's rate,
 and mp4 bytes kept as they are. ``<key>.meta.json`` records the control clock, the length, the task (and, for
-an episode whose task changes, ``task_runs``: ``[[first step, task], ...]``), the rates and every feature's kind,
-dtype, shape, frame count and stats partial, so indexing the shards reads no pixels::
+an episode whose task changes, ``task_runs``: ``[[first step, task], ...]``), the rates, every feature's kind,
+dtype, shape, frame count and stats partial, so indexing the shards reads no pixels, and the episode's other texts
+(``text``: name -> str, where given)::
 
     >>> import numpy as np, tempfile
     >>> with ShardWriter(tempfile.mkdtemp(), episodes_per_shard=2) as w:
@@ -82,7 +83,8 @@ class ShardWriter:
         self._closed = False
 
     def write(self, features: Mapping[str, Any], *, fps: float, task: str | Sequence[str] = "",
-              rates: Mapping[str, float] | None = None, key: str | None = None) -> str:
+              rates: Mapping[str, float] | None = None, key: str | None = None,
+              text: Mapping[str, str] | None = None) -> str:
         """Add one episode; return its key (default ``episode_{n:06d}``, n counting episodes written).
 
         features: name -> array ``[T_feature, ...]`` of any dtype (stored as npy), uint8 ``[T, H, W, 3]`` frames
@@ -92,6 +94,7 @@ class ShardWriter:
             episode's length. rates: feature -> fps for streams recorded at their own rate (a camera at the
             clock's rate that ended early is named here too), each kept with the frames it holds (see below).
         task: the episode's task text, or one text per step for an episode whose task changes (stored as runs).
+        text: other texts of the episode, one each (name -> str), kept in its meta.json under ``"text"``.
         Raises ValueError naming the feature (and both lengths where two disagree) before anything is written.
 
         Streams at their own rate: over ``T`` steps at ``fps`` the clock implies ``need =
@@ -110,7 +113,7 @@ class ShardWriter:
         if key in self._keys:
             raise ValueError(f"episode key {key!r} was already written; keys must be unique")
         sample = episode_sample(features, fps=fps, task=task, rates=rates, key=key, codec=self.codec, gop=self.gop,
-                                crf=self.crf)
+                                crf=self.crf, text=text)
         if self._shard is None:
             self._shard = ShardFile(os.path.join(self.out_dir, f"shard-{len(self.shards):06d}.tar"))
         self._shard.add(sample)
@@ -214,10 +217,16 @@ class ShardFile:
 
 def episode_sample(features: Mapping[str, Any], *, fps: float, task: str | Sequence[str] = "",
                    rates: Mapping[str, float] | None = None, key: str, codec: str = "h264", gop: int = 30,
-                   crf: int | None = None) -> dict[str, Any]:
+                   crf: int | None = None, text: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The tar members of one episode (``__key__``, ``<feature>.npy`` / ``.mp4``, ``meta.json``), everything
-    checked as :meth:`ShardWriter.write` says before any frame array is encoded (with ``codec``, ``gop``, ``crf``)."""
+    checked as :meth:`ShardWriter.write` says before any frame array is encoded (with ``codec``, ``gop``, ``crf``).
+    text: the episode's own texts (name -> str, such as an RLDS ``episode_metadata.file_path``), kept in
+    meta.json under ``"text"``; they are no feature of the shards."""
     rates = dict(rates or {})
+    texts = dict(text or {})
+    bad = {k: v for k, v in texts.items() if not isinstance(k, str) or not k or not isinstance(v, str)}
+    if bad:
+        raise ValueError(f"text must map names to strings (one text per episode), got {bad!r}")
     if not isinstance(key, str) or not key or "." in key or "/" in key or key.startswith("_"):
         raise ValueError(f"episode key {key!r} must be a non-empty string without '.' or '/', not starting with "
                          "'_' (webdataset splits member names at the first dot)")
@@ -263,6 +272,8 @@ def episode_sample(features: Mapping[str, Any], *, fps: float, task: str | Seque
         meta["task_runs"] = runs
     if rates:
         meta["rates"] = {k: float(v) for k, v in rates.items()}
+    if texts:
+        meta["text"] = texts
     sample["meta.json"] = json.dumps(meta, sort_keys=True).encode("utf-8")
     return sample
 

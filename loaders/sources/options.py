@@ -50,8 +50,8 @@ class ReadOptions:
         them). Webdataset shards.
     check_index: refuse an index whose shards changed size or mtime since indexing. Webdataset shards.
     cache: a local directory keeping decoded frames (at the delivered size and format) for later reads, shared by
-        every process that names it; see :mod:`mmfeed.loaders.stores.frame_store`. LeRobot v3 directories and
-        webdataset shards.
+        every process that names it; see :mod:`mmfeed.loaders.stores.frame_store`. LeRobot v3 directories,
+        webdataset shards and RLDS datasets (each camera of an episode decoded whole into it at its first read).
     cache_bytes: the most bytes of decoded frames ``cache`` holds (least recently used segments go first;
         default half the free space there). With ``cache``.
     device: ``"cuda"`` or ``"cuda:N"``: decode with NVDEC through torchcodec (``backend="torchcodec"`` only) and

@@ -3,7 +3,8 @@
 Run in the TensorFlow venv: ``python tests/rlds_corpus/make_bench_dataset.py OUT [EPISODES]``. It writes
 ``OUT/mmfeed_rlds_bench/1.0.0/``: EPISODES episodes (default 200) of 20-60 steps, a 256x256 and a 128x128 JPEG
 camera (smooth scenes with texture, so the JPEGs have the sizes real ones have), an 8-dim float32 state, 7-dim
-float32 actions, the RLDS bools, reward, discount and the instruction text, over 16 shards.
+float32 actions, the RLDS bools, reward, discount and the instruction text, over 16 shards (fewer for fewer
+episodes).
 """
 
 from __future__ import annotations
@@ -65,4 +66,5 @@ class MmfeedRldsBench(tfds.core.GeneratorBasedBuilder):
 if __name__ == "__main__":
     MmfeedRldsBench.EPISODES = int(sys.argv[2]) if len(sys.argv) > 2 else 200
     builder = MmfeedRldsBench(data_dir=sys.argv[1])
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=16))
+    shards = min(16, MmfeedRldsBench.EPISODES)  # TFDS refuses more shards than episodes
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=shards))

@@ -44,7 +44,9 @@ from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_s
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.consistency import Verdict, settle
 from mmfeed.loaders.sources.options import ReadOptions
+from mmfeed.loaders.stores.frame_store import Segment, stored, take
 from mmfeed.loaders.transport.errors import SampleError
+from mmfeed.loaders.transport.tar import stat_file
 
 __all__ = ["RldsSource"]
 
@@ -63,7 +65,7 @@ class RldsSource(EpisodeSource):
 
     FORMAT = "RLDS"
     READ_OPTIONS = ("split", "fps", "task_key", "bgr", "frame_size", "frame_format", "cache_episodes", "errors",
-                    "max_frame_pixels")
+                    "max_frame_pixels", "cache", "cache_bytes")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
 
     def __init__(self, path: str | os.PathLike, options: ReadOptions | None = None, **kwargs: Any) -> None:
@@ -120,6 +122,8 @@ class RldsSource(EpisodeSource):
         self._frames = dict.fromkeys(self.features, self._lengths)
         self.stats = index.stats
         self._records = LRU(options.cache_episodes)  # episode -> parsed record
+        self._store = options.frame_store()  # decoded pictures, one segment per camera of an episode (cache=)
+        self._stamps: dict[int, tuple] = {}  # shard -> its size and mtime (etag), once per process
         crc32c(b"")  # the compiled CRC kernel loaded now, in this process: forked workers inherit it
 
     def _feature(self, leaf, rate: float) -> Feature:
@@ -135,6 +139,23 @@ class RldsSource(EpisodeSource):
         return Feature("array", leaf.dtype, leaf.shape, rate)
 
     @property
+    def task_feature(self) -> str | None:
+        """The step text feature that is each step's task (``task_key``), None where the steps have none."""
+        leaf = self._steps.get(self.options.task_key)
+        return leaf.name if leaf is not None and leaf.kind == "text" and leaf.level == "step" else None
+
+    @property
+    def episode_features(self) -> list[str]:
+        """The features that hold one value per episode (``episode_metadata.*``), delivered with every step."""
+        return [name for name, leaf in self._steps.items() if leaf.level == "episode"]
+
+    @property
+    def ragged_features(self) -> list[str]:
+        """The ragged sequences within a step: not among ``features`` (a batch cannot stack them), read by
+        :meth:`episode`."""
+        return [leaf.name for leaf in self._ragged]
+
+    @property
     def shards(self) -> list[str]:
         """The split's shards, paths relative to the version directory, in order."""
         return list(self._shards)
@@ -143,7 +164,7 @@ class RldsSource(EpisodeSource):
     def _need_fps(self) -> None:
         if self._known_fps is None:
             raise ValueError(f"{self.name}: RLDS records no control rate; pass fps= (steps per second, e.g. "
-                             "open_dataset(path, fps=10)) to read windows or anything timed")
+                             "open_dataset(path, fps=10); --fps on the command line) to read windows or anything timed")
 
     @property
     def fps(self) -> np.ndarray:
@@ -212,13 +233,20 @@ class RldsSource(EpisodeSource):
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
         for r, request in enumerate(requests):
             e = request.episode
-            parsed = self._parsed(e)
+            parsed = None
             steps = int(self._lengths[e])
             where = self.describe(e)
             for feature, idx in request.indices.items():
                 idx = np.asarray(idx, dtype=np.int64).reshape(-1)
                 leaf = self._steps[feature]
                 into = request.out.get(feature) if request.out else None
+                if leaf.kind == "image" and self._store is not None:
+                    value = self._stored_pictures(e, feature, idx, into)
+                    if value is not None:  # from the store: no record read, no decode
+                        out[r][feature] = value
+                        continue
+                if parsed is None:
+                    parsed = self._parsed(e)
                 try:
                     value = decode_leaf(leaf, parsed, steps, where, picks=idx)
                 except ValueError as err:
@@ -245,6 +273,41 @@ class RldsSource(EpisodeSource):
         for leaf in self._ragged:
             data[leaf.name] = decode_leaf(leaf, parsed, int(self._lengths[index]), self.describe(index))
         return {**data, "task": self.task(index), "fps": None if self._known_fps is None else self._known_fps}
+
+    def _segment(self, episode: int, feature: str) -> Segment:
+        """The frame store's key of one camera of one episode: its shard (path, size and mtime or etag), the
+        record's place in it, and how its pictures are delivered."""
+        shard = int(self._shard_of[episode])
+        if shard not in self._stamps:
+            self._stamps[shard] = tuple(stat_file(self.files.where(self._shards[shard])))
+        f = self.features[feature]
+        return Segment(identity=("rlds", self.files.where(self._shards[shard]), self._stamps[shard],
+                                 int(self._offset[episode]), int(self._length[episode]), feature,
+                                 self._sizes.get(feature), f.frame_format, bool(self.options.bgr)),
+                       frames=int(self._lengths[episode]), shape=tuple(f.shape))
+
+    def _stored_pictures(self, episode: int, feature: str, idx: np.ndarray, into: np.ndarray | None
+                         ) -> np.ndarray | None:
+        """Pictures ``idx`` of one camera of ``episode`` from the frame store, the whole camera's pictures decoded
+        into it first where it lacks them; None where the store cannot hold them (another process is filling the
+        segment, or it is larger than the budget): then they are decoded as asked."""
+        segment = self._segment(episode, feature)
+        frames = stored(self._store, segment, idx, into)
+        if frames is not None:
+            return frames
+        steps = int(self._lengths[episode])
+
+        def decode(out: np.ndarray) -> None:
+            try:
+                blobs = decode_leaf(self._steps[feature], self._parsed(episode), steps, self.describe(episode),
+                                    picks=np.arange(steps, dtype=np.int64))
+            except ValueError as err:
+                raise SampleError(str(err)) from err
+            self._pictures(episode, feature, blobs, out)
+
+        with stage("decode"):
+            whole = self._store.fill(segment, decode)
+        return None if whole is None else take(whole, idx, into)
 
     def _pictures(self, episode: int, feature: str, blobs: list, into: np.ndarray | None) -> np.ndarray:
         f = self.features[feature]
@@ -342,7 +405,8 @@ def decode_picture(data: bytes, size: tuple[int, int] | None, declared: tuple[in
             _check_size(h, w, declared, max_pixels)
             if size is not None and image.format == "JPEG" and (size[0] < h or size[1] < w):
                 image.draft("RGB", (size[1], size[0]))  # DCT scaling: at least the size asked
-            picture = image.convert("RGB")
+            image.load()
+            picture = image if image.mode == "RGB" else image.convert("RGB")  # no copy of an RGB picture
             if size is not None and (picture.size[1], picture.size[0]) != tuple(size):
                 picture = picture.resize((size[1], size[0]), Image.BILINEAR)
             array = np.asarray(picture)
