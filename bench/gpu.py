@@ -113,7 +113,7 @@ def measure_decode(path: str, decoders: Mapping[str, Mapping[str, Any]], repeats
     """One row per workload (``sequential``, ``windows``) of one video: per decoder (name -> VideoReaderCache
     options), the median frames per wall second and CPU seconds per 1000 frames over ``repeats`` passes, the
     decoders interleaved with their order rotating; ``nvdec`` for a ``torchcodec_cuda`` decoder."""
-    from mmfeed.bench.gpu_decode import _reader_run, window_batches
+    from mmfeed.bench.gpu_decode import _reader_run, nvdec_used, window_batches
     from mmfeed.codecs import VideoReaderCache, probe
 
     info = probe(path)
@@ -140,8 +140,7 @@ def measure_decode(path: str, decoders: Mapping[str, Mapping[str, Any]], repeats
                 row[f"{name}_frames_per_s"] = statistics.median(wall[name])
                 row[f"{name}_cpu_s_per_1000"] = statistics.median(cpu[name])
             if "torchcodec_cuda" in caches:
-                status = getattr(caches["torchcodec_cuda"].reader(path)._decoder, "cpu_fallback", None)
-                row["nvdec"] = None if status is None else not bool(status)
+                row["nvdec"] = nvdec_used(caches["torchcodec_cuda"], path)
             rows.append(row)
     finally:
         for cache in caches.values():

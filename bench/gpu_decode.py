@@ -130,9 +130,7 @@ def measure_video(path: str, repeats: int, seed: int = 0) -> list[dict[str, Any]
                 for prefix in ("", "cpu_"):
                     row[f"{prefix}gpu_over_{other}"] = (row[f"{prefix}torchcodec_cuda_frames_per_s"]
                                                         / row[f"{prefix}{other}_frames_per_s"])
-            reader = caches["torchcodec_cuda"].reader(path)
-            status = getattr(reader._decoder, "cpu_fallback", None)
-            row["nvdec"] = None if status is None else not bool(status)
+            row["nvdec"] = nvdec_used(caches["torchcodec_cuda"], path)
             rows.append(row)
     finally:
         for cache in caches.values():
@@ -184,3 +182,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def nvdec_used(cache: Any, path: str) -> bool | None:
+    """Whether the torchcodec CUDA reader of ``path`` in ``cache`` decoded on NVDEC (False: it fell back to the
+    CPU; None: torchcodec does not say)."""
+    status = getattr(cache.reader(path)._decoder, "cpu_fallback", None)
+    return None if status is None else not bool(status)
