@@ -310,3 +310,35 @@ def test_a_v20_directory_reads_its_stats_json(tmp_path):
         a, b = v20.episode(e), v21.episode(e)
         assert all(np.array_equal(a[f], b[f]) for f in v21.features), e
     assert v20.stats["action"]["mean"].tolist() == [1.5, -2.0]
+
+
+def test_a_packed_loader_over_a_v21_directory_resumes_exactly_as_over_its_conversion():
+    """LeRobot 0.3.3's v2.1 directory, read directly, plans and packs what its v3.0 conversion does, and a loader
+    stopped after any batch resumes from its state to the same batches."""
+    import pickle
+
+    from mmfeed import DataLoader
+    from mmfeed.loaders import Packing, PlanConfig, TokenLayout
+
+    def key(batch, frames: bool = True) -> tuple:  # the conversion re-encoded the videos: compared without frames
+        return (tuple(batch.metadata["sample"].tolist()), tuple(batch.document_ids.flatten().tolist()),
+                tuple((k, tuple(np.asarray(v).flatten().tolist())) for k, v in sorted(batch.data.items())
+                      if frames or not k.startswith(camera)))
+
+    raw = open_dataset(CORPUS / "v21_raw")
+    camera = next(f for f, feat in raw.features.items() if feat.kind == "video")
+    spec = WindowSpec.from_delta_timestamps({camera: [-0.1, 0.0], "observation.state": [0.0],
+                                             "action": [0.0, 0.1, 0.2]})
+    packing = Packing(layout=TokenLayout(tokens_per_frame={camera: 4}), window=spec,
+                      plan=PlanConfig(capacity=128, rows_per_batch=1), seed=5)
+    full = [key(b) for b in DataLoader(raw, packing=packing)]
+    assert len(full) >= 3
+    converted = [key(b, frames=False) for b in DataLoader(open_dataset(CORPUS / "v21"), packing=packing)]
+    assert converted == [key(b, frames=False) for b in DataLoader(raw, packing=packing)]
+    for cut in (1, len(full) // 2):
+        first = DataLoader(raw, packing=packing)
+        it = iter(first)
+        head = [key(next(it)) for _ in range(cut)]
+        fresh = DataLoader(open_dataset(CORPUS / "v21_raw"), packing=packing)
+        fresh.load_state_dict(pickle.loads(pickle.dumps(first.state_dict())))
+        assert head + [key(b) for b in fresh] == full
