@@ -285,6 +285,10 @@ def test_a_v21_directory_opens_as_lerobot_and_its_bad_metadata_is_named(tmp_path
     (copy / "meta/episodes.jsonl").write_text("\n".join([lines[0], "{not json", *lines[2:]]) + "\n")
     with pytest.raises(ValueError, match=r"episodes.jsonl line 2: not JSON"):
         open_dataset(copy)
+    deep = '{"episode_index": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + "}"  # json.loads: a RecursionError
+    (copy / "meta/episodes.jsonl").write_text("\n".join([lines[0], deep, *lines[2:]]) + "\n")
+    with pytest.raises(ValueError, match=r"episodes.jsonl line 2: JSON nested 200001 levels deep, more than the 100"):
+        open_dataset(copy)
     lines[1] = lines[1].replace("place it in the bin", "fly away")
     (copy / "meta/episodes.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"episodes.jsonl episode 1: task 'fly away' is not in meta/tasks.jsonl"):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from mmfeed.loaders.transport.confine import shorten
+from mmfeed.loaders.transport.json_limits import check_json
 
 __all__ = ["PATH_FIELDS", "aggregate_stats", "episode_stats", "is_v2", "read_episodes", "read_jsonl", "read_tasks"]
 
@@ -35,8 +36,9 @@ def is_v2(info: Mapping) -> bool:
 
 
 def read_jsonl(files: Any, relative: str) -> list[dict]:
-    """The objects of a JSON-lines file, one a line (blank lines skipped); a line that is no JSON object is a
-    ValueError naming the file and the line."""
+    """The objects of a JSON-lines file, one a line (blank lines skipped); a line that is no JSON object, or
+    larger or nested deeper than metadata JSON may be (:func:`~mmfeed.loaders.transport.json_limits.check_json`),
+    is a ValueError naming the file and the line."""
     where = files.where(relative)
     if not files.exists(relative):
         raise FileNotFoundError(f"{where} does not exist; a LeRobot v2.x dataset lists its metadata there")
@@ -44,6 +46,7 @@ def read_jsonl(files: Any, relative: str) -> list[dict]:
     for n, line in enumerate(files.read_bytes(relative).decode("utf-8").splitlines()):
         if not line.strip():
             continue
+        check_json(line, f"{where} line {n + 1}")  # the limits of every metadata file's JSON, a line at a time
         try:
             value = json.loads(line)
         except json.JSONDecodeError as err:
