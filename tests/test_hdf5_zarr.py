@@ -327,6 +327,16 @@ def test_a_missing_dataset_inside_an_hdf5_file(tmp_path):
     assert f"{path}: dataset 'data/demo_3/obs/agentview_rgb' is missing" in one_line(err)
 
 
+def test_a_json_attribute_nested_too_deep_is_refused_not_parsed(tmp_path):
+    path = tmp_path / "demo.hdf5"
+    shutil.copy(path_of("robomimic"), path)
+    with h5py.File(path, "a") as f:
+        f["data"].attrs["env_args"] = "[" * 200_000 + "]" * 200_000  # json.loads: a RecursionError
+    with pytest.raises(ValueError) as err:
+        open_dataset(path, fps=20)
+    assert f"{path}: attribute 'env_args' of 'data': JSON nested 200000 levels deep, more than the 100" in one_line(err)
+
+
 def test_an_hdf5_dataset_with_rows_the_episode_does_not_have(tmp_path):
     folder = tmp_path / "aloha"
     shutil.copytree(path_of("aloha_raw"), folder)

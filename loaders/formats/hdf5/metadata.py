@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from mmfeed.loaders.transport.json_limits import check_json
+
 __all__ = ["HDF5_SUFFIXES", "LAYOUTS", "Episode", "Layout", "h5py_module", "hdf5_files", "natural_key", "read_layout"]
 
 HDF5_SUFFIXES = (".hdf5", ".h5", ".he5", ".hdf")
@@ -202,6 +204,7 @@ def _json_attr(attrs: Any, name: str, where: str) -> Any:
         return None
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", "replace")
+    check_json(str(raw), f"{where}: attribute {name!r} of 'data'")  # the limits of every metadata file's JSON
     try:
         return json.loads(str(raw))
     except ValueError as err:
