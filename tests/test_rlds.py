@@ -2,8 +2,8 @@
 
 The corpus (``tests/rlds_corpus/``) was written by TFDS's own builder and its oracle is TFDS's own decoding of
 every episode (``tests/rlds_corpus/make_corpus.py`` regenerates both in a TensorFlow venv): every step feature of
-every episode of both splits must equal it, pictures within JPEG rounding (TensorFlow decodes with libjpeg's fast
-integer DCT) and PNGs exactly. Then the rest of mmfeed on it (windows, packing, a mixture with a LeRobot
+every episode of both splits must equal it, JPEG pictures exactly where simplejpeg decodes them (libjpeg-turbo's
+fast integer DCT, as TensorFlow's) and within JPEG rounding where Pillow does, PNGs exactly. Then the rest of mmfeed on it (windows, packing, a mixture with a LeRobot
 directory, resume) and broken input (truncated, corrupt, missing shards, features.json against the records).
 """
 
@@ -20,7 +20,9 @@ import torch
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.formats.rlds.example import parse_example
+from mmfeed.loaders.formats.rlds.pictures import decode_picture, jpeg_decoder
 from mmfeed.loaders.formats.rlds.tfrecord import crc32c, masked_crc32c, scan_records
+from mmfeed.loaders.sources.requests import EpisodeRequest
 from mmfeed.loaders.transport.errors import SampleError
 from mmfeed.testing import make_episodes, write_lerobot
 
@@ -70,8 +72,10 @@ def test_every_step_feature_of_every_episode_equals_tfds(split):
             if key.startswith("episode_metadata/"):  # the episode's own value, with every step
                 assert len(mine) == steps and all(m == value for m in mine.tolist()), (e, key)
                 assert mine.dtype == (object if value.dtype.kind == "U" else value.dtype), (e, key)
-            elif name == IMAGE:  # JPEG: TensorFlow's fast integer DCT against Pillow's accurate one
+            elif name == IMAGE:  # JPEG: exact with TensorFlow's fast integer DCT, else Pillow's accurate one
                 assert mine.shape == value.shape and mine.dtype == np.uint8
+                if jpeg_decoder() == "simplejpeg":
+                    assert np.array_equal(mine, value), e
                 diff = np.abs(mine.astype(np.int16) - value.astype(np.int16))
                 assert diff.max() <= 12 and diff.mean() < 1.5, (e, diff.max(), diff.mean())
             elif value.dtype.kind == "U":
@@ -258,6 +262,82 @@ def test_a_byte_flipped_after_indexing_fails_the_sample_naming_the_record(copy):
     e = int(np.flatnonzero(ds._shard_of == 2)[0])
     with pytest.raises(SampleError, match=rf"{shard.name} record 0 \(byte {offsets[0]}\): the record's data fails"):
         ds.episode(e)
+
+
+def _flip(path, at):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_sample_reads_only_its_own_pictures_and_keys_each_checked_against_the_index(copy):
+    """A byte flipped inside one picture after indexing fails only the samples that read that picture, naming
+    the shard, record, feature and byte range; a sample of the same episode beside it reads, equal to the clean
+    dataset (so it read neither the damaged picture nor the whole record); a flipped byte in the state's key fails
+    naming the key; the whole episode still reads its record and fails its CRC."""
+    ds, clean = open_dataset(copy), open_dataset(VERSION)
+    e = int(np.flatnonzero((ds._shard_of == 0) & (ds.lengths >= 4))[0])
+    shard, record = copy / SHARD.format(0), int(ds._offset[e])
+    start, stop, _ = (int(v) for v in ds._picture_at[IMAGE][int(ds._task_start[e]) + 3])
+    _flip(shard, record + 12 + (start + stop) // 2)
+    request = EpisodeRequest(e, {IMAGE: np.array([0, 1]), WRIST: np.array([3]), STATE: np.array([0, 3])})
+    got, want = ds.read_many([request])[0], clean.read_many([request])[0]
+    assert all(np.array_equal(got[f], want[f]) for f in want)
+    with pytest.raises(SampleError, match=rf"{shard.name} record \d+ \(byte {record}\): feature '{IMAGE}' picture 1 "
+                                          rf"of the request \(bytes {start}..{stop} of the record\) fails its CRC-32C"):
+        ds.read_many([EpisodeRequest(e, {IMAGE: np.array([2, 3])})])
+    with pytest.raises(SampleError, match="the record's data fails its CRC-32C"):
+        ds.episode(e)
+    _flip(shard, record + 12 + (start + stop) // 2)  # mended: the next opening indexes it again
+    fresh = open_dataset(VERSION)
+    f = int(np.flatnonzero(fresh._shard_of == 1)[0])
+    key = fresh._key_of["steps/observation/state"]
+    a, b = (int(v) for v in fresh._key_span[f, key])
+    other = copy / SHARD.format(1)
+    ds = open_dataset(copy)  # indexed before the flip below
+    _flip(other, int(ds._offset[f]) + 12 + (a + b) // 2)
+    with pytest.raises(SampleError, match=rf"key 'steps/observation/state' \(bytes {a}..{b} of the record\) fails"):
+        ds.read_many([EpisodeRequest(f, {STATE: np.array([0])})])
+    assert np.array_equal(ds.read_many([EpisodeRequest(f, {ACTION: np.array([0])})])[0][ACTION],
+                          clean.read_many([EpisodeRequest(f, {ACTION: np.array([0])})])[0][ACTION])
+
+
+def test_a_shard_truncated_after_indexing_fails_the_sample_that_reads_past_its_end(copy):
+    ds = open_dataset(copy)
+    shard = copy / SHARD.format(2)
+    e = int(np.flatnonzero(ds._shard_of == 2)[-1])
+    shard.write_bytes(shard.read_bytes()[:int(ds._offset[e]) + 20])
+    with pytest.raises(SampleError, match=rf"{shard.name} record \d+ \(byte {int(ds._offset[e])}\): bytes \d+..\d+ of "
+                                          r"the record end \d+ bytes short: the shard is truncated"):
+        ds.read_many([EpisodeRequest(e, {IMAGE: np.array([0])})])
+
+
+@pytest.mark.parametrize("bgr", [False, True])
+@pytest.mark.parametrize("size", [None, (16, 20), (12, 14)])
+def test_jpeg_decoders_agree_on_every_size_and_channel_order_and_decode_into_the_slot(size, bgr):
+    """simplejpeg (libjpeg-turbo, DCT scaling then a resize) and Pillow (draft, then a resize) give the same
+    pictures within JPEG rounding at the stored size, half of it (DCT scaling alone) and a size that needs both;
+    decoding into a slot fills it; a picture of another size than declared is refused by both."""
+    pytest.importorskip("simplejpeg")
+    ds = open_dataset(VERSION)
+    blob = ds._picture_bytes(0, IMAGE, np.array([1]))[0]
+    pillow = decode_picture(blob, size, (32, 40), "rgb24", bgr, None, decoder="pillow")
+    slot = np.zeros((*(size or (32, 40)), 3), np.uint8)
+    fast = decode_picture(blob, size, (32, 40), "rgb24", bgr, None, out=slot, decoder="simplejpeg")
+    assert fast is slot and pillow.shape == slot.shape
+    diff = np.abs(fast.astype(np.int16) - pillow)
+    if size in (None, (16, 20)):  # the same DCT scaling in both: JPEG rounding apart
+        assert diff.max() <= 12 and diff.mean() < 2, (diff.max(), diff.mean())
+    else:  # libjpeg-turbo scales by any eighth, Pillow's draft by halves: then a resize of different pictures
+        assert diff.max() <= 32 and diff.mean() < 6, (diff.max(), diff.mean())
+    if size is None:
+        want = oracle("train")[0]["steps/observation/image"][1]
+        assert np.array_equal(fast, want[..., ::-1] if bgr else want)
+    for decoder in ("simplejpeg", "pillow"):
+        with pytest.raises(ValueError, match="a picture of 32x40, features.json declares 30x40"):
+            decode_picture(blob, None, (30, 40), "rgb24", False, None, decoder=decoder)
+        with pytest.raises(ValueError, match="cannot be decoded"):
+            decode_picture(bytes(blob)[:40], None, (32, 40), "rgb24", False, None, decoder=decoder)
 
 
 def test_a_missing_shard_names_the_file(copy):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ExampleError", "Values", "parse_example"]
+__all__ = ["ExampleError", "Values", "bytes_spans", "parse_example", "parse_feature"]
 
 BYTES, FLOAT, INT64 = "bytes", "float", "int64"
 
@@ -49,7 +49,6 @@ class Values:
         if self._values is None:
             buf, mv, start, stop = self._region
             self._values = [mv[x:y] for n, w, x, y in _fields(buf, start, stop) if n == 1 and w == 2]
-            self._region = None
         return self._values
 
     def __len__(self) -> int:
@@ -200,10 +199,27 @@ def _feature(buf: bytes, view: np.ndarray, mv: memoryview, start: int, stop: int
     return kind if kind is not None else Values(BYTES, [])  # an empty Feature: no kind set
 
 
-def parse_example(record: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
-                  ) -> dict[str, Values]:
+def parse_feature(data: bytes) -> Values:
+    """One serialized ``Feature`` message (a key's value, read alone by its byte range) as :class:`Values`."""
+    view = np.frombuffer(data, np.uint8)
+    return _feature(data, view, memoryview(data), 0, len(data))
+
+
+def bytes_spans(values: Values) -> list[tuple[int, int]]:
+    """Where each value of a bytes list lies in the record it was parsed from: ``(start, stop)`` byte offsets, in
+    order (a picture's bytes, to be read alone later)."""
+    if values.kind != BYTES or values._region is None:
+        raise ValueError("bytes_spans: a bytes list as parse_example made it")
+    buf, _, start, stop = values._region
+    return [(x, y) for n, w, x, y in _fields(buf, start, stop) if n == 1 and w == 2]
+
+
+def parse_example(record: bytes | bytearray | memoryview, start: int = 0, end: int | None = None,
+                  regions: dict[str, tuple[int, int]] | None = None) -> dict[str, Values]:
     """The keys of one serialized ``tf.train.Example`` (``record[start:end]``, read in place: a framed record's
-    payload needs no copy) and their lists; :class:`ExampleError` when it is not one."""
+    payload needs no copy) and their lists; :class:`ExampleError` when it is not one. With ``regions``, each
+    key's ``Feature`` message is recorded there as its ``(start, stop)`` byte offsets in ``record``
+    (:func:`parse_feature` decodes it alone)."""
     buf = record if isinstance(record, bytes) else bytes(record)
     end = len(buf) if end is None else end
     if not 0 <= start <= end <= len(buf):
@@ -227,6 +243,8 @@ def parse_example(record: bytes | bytearray | memoryview, start: int = 0, end: i
                 if key is None:
                     raise ExampleError("a feature map entry without a key")
                 out[key] = _feature(buf, view, mv, *value) if value is not None else Values(BYTES, [])
+                if regions is not None:
+                    regions[key] = value if value is not None else (d, d)
     except UnicodeDecodeError as err:
         raise ExampleError(f"a feature key is not UTF-8 ({err})") from err
     return out

@@ -3,8 +3,11 @@
 One scan per shard reads every record once (both CRCs checked, the record checked against features.json:
 :func:`~mmfeed.loaders.formats.rlds.metadata.check_record`) and keeps, per episode, its shard, the byte offset
 and payload length of its record, its number of steps, the task of every step (``task_key``'s text, as ids into
-one list of texts) and, for a record that cannot be read, why; and, per numeric step feature, its statistics.
-After that an episode is one range read of its record.
+one list of texts) and, for a record that cannot be read, why; per numeric step feature, its statistics; and
+where each feature's value lies inside the record, with its CRC-32C: per key (``Feature`` message) its byte range,
+and per picture of every camera its byte range. After that a sample reads only its own values: the few keys it
+asks for and its own pictures, each range read checked against the CRC kept for it (a record's own CRC covers
+the whole record, which a sample no longer reads); :meth:`episode` and remote datasets still read whole records.
 
 The index is an ``.npz`` file in ``$MMFEED_CACHE/index/rlds`` (default ``~/.cache/mmfeed/index/rlds``), named
 by a hash of the version directory, the split, ``task_key``, features.json's and every shard's size and mtime:
@@ -21,14 +24,14 @@ import os
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from mmfeed.loaders.formats.rlds.example import ExampleError, parse_example
+from mmfeed.loaders.formats.rlds.example import ExampleError, bytes_spans, parse_example
 from mmfeed.loaders.formats.rlds.metadata import FEATURES, Leaf, check_record, decode_leaf
-from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, scan_records
+from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, scan_records
 from mmfeed.loaders.stores import stats as stats_mod
 from mmfeed.loaders.stores.index_arrays import index_cache_dir
 from mmfeed.loaders.transport.files import DatasetFiles
@@ -38,14 +41,18 @@ __all__ = ["RecordIndex", "record_index"]
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 
 
 @dataclass
 class RecordIndex:
     """Per episode (in file order): ``shard_of``, ``offset`` (of the record's frame; -1 where it cannot be read),
     ``length`` (payload bytes), ``steps``, ``reasons`` (why a record cannot be read, "" where it can); per step
-    of every episode back to back, ``task_flat`` (ids into ``tasks``); ``stats`` of the numeric step features."""
+    of every episode back to back, ``task_flat`` (ids into ``tasks``); ``stats`` of the numeric step features;
+    ``keys`` (the record keys the features are read from), ``key_span`` int64 ``[E, K, 2]`` (each key's
+    ``Feature`` message as byte offsets in the record's payload; ``-1`` where the record cannot be read) and
+    ``key_crc`` uint32 ``[E, K]`` (its CRC-32C); per camera, ``pictures[camera]`` uint32 ``[S, 3]`` for every step
+    of every episode back to back: its picture's start and stop in the payload and its CRC-32C."""
 
     shard_of: np.ndarray
     offset: np.ndarray
@@ -55,15 +62,22 @@ class RecordIndex:
     task_flat: np.ndarray
     tasks: list[str]
     stats: dict[str, dict[str, np.ndarray]]
+    keys: list[str]
+    key_span: np.ndarray
+    key_crc: np.ndarray
+    pictures: dict[str, np.ndarray]
 
     def save(self, path: Path) -> None:
-        meta = {"reasons": self.reasons, "tasks": self.tasks, "stats": stats_mod.to_json(self.stats)}
+        meta = {"reasons": self.reasons, "tasks": self.tasks, "stats": stats_mod.to_json(self.stats),
+                "keys": self.keys, "cameras": list(self.pictures)}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, shard_of=self.shard_of, offset=self.offset, length=self.length, steps=self.steps,
-                         task_flat=self.task_flat, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+                         task_flat=self.task_flat, key_span=self.key_span, key_crc=self.key_crc,
+                         meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                         **{f"pictures_{i}": a for i, a in enumerate(self.pictures.values())})
             os.replace(temporary, path)
         except BaseException:
             if os.path.exists(temporary):
@@ -75,7 +89,8 @@ class RecordIndex:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(z["meta"].tobytes())
             return cls(z["shard_of"], z["offset"], z["length"], z["steps"], list(meta["reasons"]), z["task_flat"],
-                       list(meta["tasks"]), stats_mod.from_json(meta["stats"]))
+                       list(meta["tasks"]), stats_mod.from_json(meta["stats"]), list(meta["keys"]), z["key_span"],
+                       z["key_crc"], {c: z[f"pictures_{i}"] for i, c in enumerate(meta["cameras"])})
 
 
 def _stamp(files: DatasetFiles, relative: str) -> list | None:
@@ -121,10 +136,12 @@ def build(files: DatasetFiles, shards: Sequence[str], counts: Sequence[int], lea
     task_leaf = next((leaf for leaf in leaves if leaf.level == "step" and leaf.name == task_key
                       and leaf.kind == "text"), None)
     numeric = [leaf for leaf in leaves if leaf.level == "step" and leaf.kind == "tensor"]
+    keys = list(dict.fromkeys(leaf.key for leaf in leaves if leaf.kind != "ragged"))
+    cameras = [leaf for leaf in leaves if leaf.kind == "image" and leaf.level == "step"]
     threads = min(8, len(shards)) if threads is None else max(1, min(int(threads), len(shards)))
 
     def scan(s: int) -> _Scanned:
-        return _scan_shard(files, shards[s], int(counts[s]), leaves, task_leaf, numeric)
+        return _scan_shard(files, shards[s], int(counts[s]), leaves, task_leaf, numeric, keys, cameras)
 
     if threads > 1:
         with ThreadPoolExecutor(threads, thread_name_prefix="mmfeed-rlds-index") as pool:
@@ -132,17 +149,23 @@ def build(files: DatasetFiles, shards: Sequence[str], counts: Sequence[int], lea
     else:
         scanned = [scan(s) for s in range(len(shards))]
     tasks: dict[str, int] = {}
-    shard_of, offset, length, steps, reasons, task_parts = [], [], [], [], [], []
+    shard_of, offset, length, steps, reasons, task_parts, spans, crcs = [], [], [], [], [], [], [], []
+    pictures: dict[str, list] = {leaf.name: [] for leaf in cameras}
     partials: dict[str, list] = {leaf.name: [] for leaf in numeric}
     for s, part in enumerate(scanned):
-        for position, payload_length, n, reason, texts in part.records:
+        for record in part.records:
             shard_of.append(s)
-            offset.append(-1 if reason else position)
-            length.append(payload_length)
-            steps.append(n)
-            reasons.append(reason)
-            task_parts.append(np.array([tasks.setdefault(t, len(tasks)) for t in texts], np.int32) if texts
-                              else np.zeros(n, np.int32))
+            offset.append(-1 if record.reason else record.offset)
+            length.append(record.length)
+            steps.append(record.steps)
+            reasons.append(record.reason)
+            task_parts.append(np.array([tasks.setdefault(t, len(tasks)) for t in record.texts], np.int32)
+                              if record.texts else np.zeros(record.steps, np.int32))
+            spans.append(record.spans if record.spans is not None else np.full((len(keys), 2), -1, np.int64))
+            crcs.append(record.crcs if record.crcs is not None else np.zeros(len(keys), np.uint32))
+            for leaf in cameras:
+                pictures[leaf.name].append(record.pictures[leaf.name] if record.pictures else
+                                           np.zeros((record.steps, 3), np.uint32))
         for name, parts in part.partials.items():
             partials[name].extend(parts)
     stats = {}
@@ -152,42 +175,71 @@ def build(files: DatasetFiles, shards: Sequence[str], counts: Sequence[int], lea
             stats[name] = stats_mod.step_shaped({name: stats_mod.finish(stats_mod.merge(parts))}, shapes)[name]
     return RecordIndex(np.asarray(shard_of, np.int32), np.asarray(offset, np.int64), np.asarray(length, np.int64),
                        np.asarray(steps, np.int64), reasons,
-                       np.concatenate(task_parts) if task_parts else np.zeros(0, np.int32), list(tasks), stats)
+                       np.concatenate(task_parts) if task_parts else np.zeros(0, np.int32), list(tasks), stats,
+                       keys, np.stack(spans) if spans else np.zeros((0, len(keys), 2), np.int64),
+                       np.stack(crcs) if crcs else np.zeros((0, len(keys)), np.uint32),
+                       {name: np.concatenate(parts) if parts else np.zeros((0, 3), np.uint32)
+                        for name, parts in pictures.items()})
+
+
+@dataclass
+class _Record:
+    """One record as the scan found it: where its frame starts, its payload's length, its steps, why it cannot
+    be read ("" where it can), its task texts, its keys' spans and CRCs and its cameras' pictures' (None where it
+    cannot be read)."""
+
+    offset: int
+    length: int
+    steps: int = 0
+    reason: str = ""
+    texts: list = field(default_factory=list)
+    spans: np.ndarray | None = None
+    crcs: np.ndarray | None = None
+    pictures: dict[str, np.ndarray] | None = None
 
 
 @dataclass
 class _Scanned:
-    """One shard's records ``(offset, payload length, steps, reason, task texts)`` and its stats partials."""
+    """One shard's records and its stats partials."""
 
-    records: list[tuple]
+    records: list[_Record]
     partials: dict[str, list]
 
 
 def _scan_shard(files: DatasetFiles, relative: str, count: int, leaves: Sequence[Leaf], task_leaf: Leaf | None,
-                numeric: Sequence[Leaf]) -> _Scanned:
+                numeric: Sequence[Leaf], keys: Sequence[str], cameras: Sequence[Leaf]) -> _Scanned:
     where = files.where(relative)
-    records: list[tuple] = []
+    records: list[_Record] = []
     partials: dict[str, list] = {leaf.name: [] for leaf in numeric}
 
     def each(k: int, position: int, payload: memoryview, problem: str | None) -> None:
         at = f"{where} record {k}"
         if problem is not None:
-            records.append((position, len(payload), 0, problem, []))
+            records.append(_Record(position, len(payload), reason=problem))
             return
+        regions: dict[str, tuple[int, int]] = {}
         try:
-            parsed = parse_example(payload)
+            parsed = parse_example(payload, regions=regions)
             n = check_record(leaves, parsed, at)
         except ExampleError as err:
-            records.append((position, len(payload), 0, f"{at}: not a tf.train.Example ({err})", []))
+            records.append(_Record(position, len(payload), reason=f"{at}: not a tf.train.Example ({err})"))
             return
         except ValueError as err:
-            records.append((position, len(payload), 0, str(err), []))
+            records.append(_Record(position, len(payload), reason=str(err)))
             return
         texts = decode_leaf(task_leaf, parsed, n, at).tolist() if task_leaf is not None else []
         for leaf in numeric:
             partials[leaf.name].append(stats_mod.partial(
                 decode_leaf(leaf, parsed, n, at).reshape(n, -1).astype(np.float64)))
-        records.append((position, len(payload), n, "", texts))
+        data = np.frombuffer(payload, np.uint8)
+        spans = np.array([regions[key] for key in keys], np.int64).reshape(len(keys), 2)
+        crcs = np.array([crc32c(data[a:b]) for a, b in spans.tolist()], np.uint32)
+        pictures = {}
+        for leaf in cameras:
+            where_ = np.array(bytes_spans(parsed[leaf.key]), np.int64).reshape(-1, 2)
+            pictures[leaf.name] = np.column_stack([where_, [crc32c(data[a:b]) for a, b in where_.tolist()]]
+                                                  ).astype(np.uint32).reshape(-1, 3)
+        records.append(_Record(position, len(payload), n, "", texts, spans, crcs, pictures))
 
     try:
         size = files.size(relative)
@@ -204,8 +256,8 @@ def _scan_shard(files: DatasetFiles, relative: str, count: int, leaves: Sequence
             failure = str(err)
     found = len(records)
     for _ in range(found, max(count, found + (1 if failure else 0))):
-        records.append((-1, 0, 0, failure or f"{where}: holds {found} records, dataset_info.json promises {count}",
-                        []))
+        records.append(_Record(-1, 0, reason=failure or f"{where}: holds {found} records, dataset_info.json "
+                                                        f"promises {count}"))
     if not failure and found > count:
         log.warning("%s holds %d records, dataset_info.json promises %d: reading all of them", where, found, count)
     return _Scanned(records, partials)

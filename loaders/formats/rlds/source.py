@@ -3,9 +3,11 @@ TensorFlow.
 
 One record of a split is one episode. Opening reads ``dataset_info.json`` and ``features.json``
 (:mod:`.metadata`) and the sidecar index (:mod:`.index`: built by one scan of every shard the first time, then
-kept in the cache); a worker reads an episode's record with one range read (both CRCs checked:
-:mod:`.tfrecord`), decodes it with mmfeed's own ``tf.train.Example`` decoder (:mod:`.example`) and delivers
-the steps a request asks for::
+kept in the cache). From a local shard, a worker reads only what a request asks for: the keys of its features
+and its own pictures, each a range read checked against the CRC-32C the index keeps (:mod:`.ranges`); from a
+remote one, and for :meth:`RldsSource.episode`, it reads the episode's whole record (both CRCs checked:
+:mod:`.tfrecord`). Either way mmfeed's own ``tf.train.Example`` decoder (:mod:`.example`) decodes it and the
+worker delivers the steps a request asks for::
 
     >>> ds = open_dataset("gs-mirror/bridge/1.0.0", fps=5)                              # doctest: +SKIP
     >>> ds.features["observation.image"], ds.task(0, 3)                                 # doctest: +SKIP
@@ -26,7 +28,6 @@ dataset opens, reads whole episodes and steps, and anything that asks for a rate
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from collections.abc import Sequence
@@ -37,21 +38,21 @@ import numpy as np
 
 from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
-from mmfeed.loaders.formats.rlds.example import ExampleError, parse_example
+from mmfeed.loaders.formats.rlds.example import ExampleError, Values, parse_example, parse_feature
 from mmfeed.loaders.formats.rlds.index import record_index
-from mmfeed.loaders.formats.rlds.metadata import decode_leaf, locate, read_leaves, read_split
+from mmfeed.loaders.formats.rlds.metadata import Leaf, decode_leaf, locate, read_leaves, read_split
+from mmfeed.loaders.formats.rlds.pictures import decode_picture
+from mmfeed.loaders.formats.rlds.ranges import RecordRanges
 from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_size, split_record
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.consistency import Verdict, settle
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.stores.frame_store import Segment, stored, take
 from mmfeed.loaders.transport.errors import SampleError
+from mmfeed.loaders.transport.files import is_url
 from mmfeed.loaders.transport.tar import stat_file
 
 __all__ = ["RldsSource"]
-
-_JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
-
 
 class RldsSource(EpisodeSource):
     """The episodes of one split of an RLDS dataset, in file order (shard by shard, record by record: TFDS's
@@ -122,6 +123,12 @@ class RldsSource(EpisodeSource):
         self._frames = dict.fromkeys(self.features, self._lengths)
         self.stats = index.stats
         self._records = LRU(options.cache_episodes)  # episode -> parsed record
+        self._key_of = {key: k for k, key in enumerate(index.keys)}
+        self._key_span, self._key_crc = index.key_span[keep], index.key_crc[keep]
+        self._picture_at = index.pictures  # camera -> [start, stop, crc] of every step of the index's episodes
+        self._ranges = None if is_url(self.root) else RecordRanges([files.where(s) for s in self._shards],
+                                                                    self.describe)
+        self._parts = LRU(256)  # episode -> {key: Values} of the keys read alone (a few rows each)
         self._store = options.frame_store()  # decoded pictures, one segment per camera of an episode (cache=)
         self._stamps: dict[int, tuple] = {}  # shard -> its size and mtime (etag), once per process
         crc32c(b"")  # the compiled CRC kernel loaded now, in this process: forked workers inherit it
@@ -227,13 +234,16 @@ class RldsSource(EpisodeSource):
         return parsed
 
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
-        """The requested steps of each request: each episode's record read once (kept for the next requests of
-        the episode), the requested steps' values decoded, their pictures decoded in this process."""
+        """The requested steps of each request, their pictures decoded in this process. From a local shard each
+        feature's key and each picture is read alone (kept for the next requests of the episode, but pictures);
+        from a remote one each episode's record is read once (kept for the next requests of the episode)."""
+        return self._read(requests, ranged=self._ranges is not None)
+
+    def _read(self, requests: Sequence[EpisodeRequest], ranged: bool) -> list[dict[str, np.ndarray]]:
         self._check_requests(requests)
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
         for r, request in enumerate(requests):
             e = request.episode
-            parsed = None
             steps = int(self._lengths[e])
             where = self.describe(e)
             for feature, idx in request.indices.items():
@@ -245,10 +255,12 @@ class RldsSource(EpisodeSource):
                     if value is not None:  # from the store: no record read, no decode
                         out[r][feature] = value
                         continue
-                if parsed is None:
-                    parsed = self._parsed(e)
                 try:
-                    value = decode_leaf(leaf, parsed, steps, where, picks=idx)
+                    if leaf.kind == "image" and ranged:
+                        value = self._picture_bytes(e, feature, idx)
+                    else:
+                        parsed = self._parts_of(e, leaf) if ranged else self._parsed(e)
+                        value = decode_leaf(leaf, parsed, steps, where, picks=idx)
                 except ValueError as err:
                     raise SampleError(str(err)) from err
                 if leaf.kind == "image":
@@ -263,12 +275,44 @@ class RldsSource(EpisodeSource):
                 out[r][feature] = value
         return out
 
+    def _key_values(self, episode: int, key: str) -> Values:
+        """One key of an episode's record, read alone by its byte range and checked against its CRC-32C."""
+        k = self._key_of[key]
+        start, stop = (int(v) for v in self._key_span[episode, k])
+        with stage("read"):
+            data = self._ranges.checked(episode, int(self._shard_of[episode]), int(self._offset[episode]), start,
+                                        stop, int(self._key_crc[episode, k]), f"key {key!r}")
+        try:
+            return parse_feature(data)
+        except ExampleError as err:
+            raise SampleError(f"{self.describe(episode)}: key {key!r} is no tf.train.Feature ({err})") from err
+
+    def _parts_of(self, episode: int, leaf: Leaf) -> dict[str, Values]:
+        """The keys of ``episode`` read alone so far, ``leaf``'s among them."""
+        parts = self._parts.get(episode)
+        if parts is None:
+            parts = {}
+            self._parts.put(episode, parts)
+        if leaf.key not in parts:
+            parts[leaf.key] = self._key_values(episode, leaf.key)
+        return parts
+
+    def _picture_bytes(self, episode: int, feature: str, idx: np.ndarray) -> list[memoryview]:
+        """The encoded pictures ``idx`` of one camera of ``episode``, read alone (each checked)."""
+        if len(idx) and (idx.min() < 0 or idx.max() >= self._lengths[episode]):
+            raise SampleError(f"{self.describe(episode)}: steps {idx.tolist()} of an episode of "
+                              f"{int(self._lengths[episode])}")
+        table = self._picture_at[feature][int(self._task_start[episode]) + idx]
+        with stage("read"):
+            return self._ranges.pictures(episode, int(self._shard_of[episode]), int(self._offset[episode]), table,
+                                         f"feature {feature!r}")
+
     def episode(self, index: int) -> dict:
-        """The whole episode (every feature, pictures decoded), ``task``, ``fps`` (None without ``fps=``) and each
+        """The whole episode (every feature, pictures decoded; its record read whole), ``task``, ``fps`` (None without ``fps=``) and each
         ragged feature as an object array of one array per step."""
         index = self._check_episode(index)
         request = EpisodeRequest(index, {f: np.arange(self._lengths[index], dtype=np.int64) for f in self.features})
-        data = self.read_many([request])[0]
+        data = self._read([request], ranged=False)[0]  # every byte of the record wanted: one read, its CRC
         parsed = self._parsed(index)
         for leaf in self._ragged:
             data[leaf.name] = decode_leaf(leaf, parsed, int(self._lengths[index]), self.describe(index))
@@ -298,8 +342,11 @@ class RldsSource(EpisodeSource):
         steps = int(self._lengths[episode])
 
         def decode(out: np.ndarray) -> None:
+            leaf = self._steps[feature]
             try:
-                blobs = decode_leaf(self._steps[feature], self._parsed(episode), steps, self.describe(episode),
+                parsed = {leaf.key: self._key_values(episode, leaf.key)} if self._ranges is not None else \
+                    self._parsed(episode)  # the camera's pictures alone, or the whole record
+                blobs = decode_leaf(leaf, parsed, steps, self.describe(episode),
                                     picks=np.arange(steps, dtype=np.int64))
             except ValueError as err:
                 raise SampleError(str(err)) from err
@@ -317,8 +364,8 @@ class RldsSource(EpisodeSource):
         for i, blob in enumerate(blobs):
             where = f"{self.describe(episode)} feature {feature!r}"
             try:
-                out[i] = decode_picture(bytes(blob), size, declared, f.frame_format, self.options.bgr,
-                                        self.options.max_frame_pixels)
+                decode_picture(blob, size, declared, f.frame_format, self.options.bgr, self.options.max_frame_pixels,
+                               out=out[i])
             except ValueError as err:
                 raise SampleError(f"{where}: picture {i} of the request: {err}") from err
         return out
@@ -384,59 +431,3 @@ def _episode_tasks(flat: np.ndarray, starts: np.ndarray, steps: np.ndarray) -> n
 def _verdict(reasons: list[str]) -> Verdict:
     bad = np.array([bool(r) for r in reasons], dtype=bool)
     return Verdict(bad, lambda k: reasons[k], lambda k: (k, reasons[k].split(": ", 1)[0]))
-
-
-def decode_picture(data: bytes, size: tuple[int, int] | None, declared: tuple[int, int], frame_format: str,
-                   bgr: bool, max_pixels: int | None) -> np.ndarray:
-    """One JPEG or PNG (told by its magic bytes) as uint8 ``[H, W, 3]`` (``yuv420``: ``[H * 3 // 2, W]``), at
-    ``size`` or as stored; the stored size must be ``declared``. Pillow decodes where it is installed (JPEGs
-    shrink by DCT scaling inside the decoder), PyAV otherwise."""
-    if not (data.startswith(_JPEG) or data.startswith(_PNG)):
-        raise ValueError(f"neither JPEG nor PNG (starts {data[:8].hex()})")
-    try:
-        from PIL import Image
-    except ImportError:
-        Image = None
-    if Image is None or frame_format != "rgb24":
-        return _decode_av(data, size, declared, frame_format, bgr, max_pixels)
-    try:
-        with Image.open(io.BytesIO(data), formats=("JPEG", "PNG")) as image:
-            w, h = image.size
-            _check_size(h, w, declared, max_pixels)
-            if size is not None and image.format == "JPEG" and (size[0] < h or size[1] < w):
-                image.draft("RGB", (size[1], size[0]))  # DCT scaling: at least the size asked
-            image.load()
-            picture = image if image.mode == "RGB" else image.convert("RGB")  # no copy of an RGB picture
-            if size is not None and (picture.size[1], picture.size[0]) != tuple(size):
-                picture = picture.resize((size[1], size[0]), Image.BILINEAR)
-            array = np.asarray(picture)
-    except (OSError, Image.DecompressionBombError, SyntaxError) as err:
-        raise ValueError(f"cannot be decoded ({err})") from None
-    return array[..., ::-1] if bgr else array
-
-
-def _check_size(h: int, w: int, declared: tuple[int, int], max_pixels: int | None) -> None:
-    if max_pixels is not None and h * w > max_pixels:
-        raise ValueError(f"a picture of {h}x{w}, more than max_frame_pixels={max_pixels}")
-    if (h, w) != tuple(declared):
-        raise ValueError(f"a picture of {h}x{w}, features.json declares {declared[0]}x{declared[1]}")
-
-
-def _decode_av(data: bytes, size: tuple[int, int] | None, declared: tuple[int, int], frame_format: str, bgr: bool,
-               max_pixels: int | None) -> np.ndarray:
-    import av
-
-    from mmfeed.codecs.demux import IMAGE_FORMATS, frames_of, input_options, pixel_limit
-
-    try:
-        with av.open(io.BytesIO(data), options=pixel_limit(max_pixels),
-                     container_options=input_options(IMAGE_FORMATS, path=False)) as container:
-            stream = container.streams.video[0]
-            _check_size(stream.codec_context.height, stream.codec_context.width, declared, max_pixels)
-            frame = next(frames_of(container, stream))
-            h, w = size or declared
-            if frame_format != "rgb24":  # limited range, as video's I420 planes (an image decoder says full range)
-                return frame.reformat(width=w, height=h, format="yuv420p", dst_color_range="MPEG").to_ndarray()
-            return frame.reformat(width=w, height=h, format="bgr24" if bgr else "rgb24").to_ndarray()
-    except (av.error.FFmpegError, StopIteration) as err:
-        raise ValueError(f"cannot be decoded ({err})") from None

@@ -1,0 +1,145 @@
+"""RLDS pictures (one JPEG or PNG per step, told by its magic bytes) decoded to uint8 frames.
+
+JPEGs go to libjpeg-turbo through ``simplejpeg`` where it is installed (``pip install mmfeed[rlds]``): decoded
+straight into the batch's slot, shrunk inside the decoder by DCT scaling where ``frame_size`` allows, with the
+fast integer DCT TensorFlow's ``decode_jpeg`` uses (the pictures of a TFDS pipeline, within a level or two).
+Otherwise, and for PNGs, Pillow decodes (``draft`` for the same DCT scaling); without Pillow, and for
+``frame_format="yuv420"``, PyAV.
+
+    >>> import io; from PIL import Image
+    >>> buffer = io.BytesIO(); Image.new("RGB", (64, 48), (200, 30, 90)).save(buffer, "PNG")
+    >>> decode_picture(buffer.getvalue(), None, (48, 64), "rgb24", False, None)[0, 0].tolist()
+    [200, 30, 90]
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+__all__ = ["decode_picture", "jpeg_decoder"]
+
+_JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
+_simplejpeg: Any = None
+
+
+def jpeg_decoder() -> str:
+    """Which library decodes RLDS JPEGs to RGB in this process: "simplejpeg", "pillow" or "pyav"."""
+    global _simplejpeg
+    if _simplejpeg is None:
+        try:
+            import simplejpeg
+        except ImportError:
+            simplejpeg = False
+        _simplejpeg = simplejpeg
+    if _simplejpeg:
+        return "simplejpeg"
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        return "pyav"
+    return "pillow"
+
+
+def decode_picture(data: bytes | memoryview, size: tuple[int, int] | None, declared: tuple[int, int],
+                   frame_format: str, bgr: bool, max_pixels: int | None, out: np.ndarray | None = None,
+                   decoder: str | None = None) -> np.ndarray:
+    """One JPEG or PNG as uint8 ``[H, W, 3]`` (``yuv420``: ``[H * 3 // 2, W]``), at ``size`` or as stored, written
+    into ``out`` where given (and returned); the stored size must be ``declared``, at most ``max_pixels``. A
+    ValueError says what is wrong. ``decoder`` picks the library (default: :func:`jpeg_decoder`'s for JPEGs)."""
+    head = bytes(data[:8])
+    jpeg = head.startswith(_JPEG)
+    if not (jpeg or head.startswith(_PNG)):
+        raise ValueError(f"neither JPEG nor PNG (starts {head.hex()})")
+    default = jpeg_decoder()  # loads simplejpeg, once
+    decoder = decoder or default
+    if frame_format != "rgb24" or decoder == "pyav":
+        array = _decode_av(data, size, declared, frame_format, bgr, max_pixels)
+    elif jpeg and decoder == "simplejpeg":
+        array = _decode_simplejpeg(data, size, declared, bgr, max_pixels, out)
+        if array is None:  # a colour space libjpeg-turbo does not turn into RGB (CMYK): Pillow's conversion
+            array = _decode_pillow(data, size, declared, bgr, max_pixels)
+    else:
+        array = _decode_pillow(data, size, declared, bgr, max_pixels)
+    if out is None:
+        return array
+    if array is not out:
+        out[...] = array
+    return out
+
+
+def _check_size(h: int, w: int, declared: tuple[int, int], max_pixels: int | None) -> None:
+    if max_pixels is not None and h * w > max_pixels:
+        raise ValueError(f"a picture of {h}x{w}, more than max_frame_pixels={max_pixels}")
+    if (h, w) != tuple(declared):
+        raise ValueError(f"a picture of {h}x{w}, features.json declares {declared[0]}x{declared[1]}")
+
+
+def _decode_simplejpeg(data: bytes | memoryview, size: tuple[int, int] | None, declared: tuple[int, int], bgr: bool,
+                       max_pixels: int | None, out: np.ndarray | None) -> np.ndarray | None:
+    decode_jpeg, header = _simplejpeg.decode_jpeg, _simplejpeg.decode_jpeg_header
+    try:
+        h, w, colours, _ = header(data)
+    except ValueError as err:
+        raise ValueError(f"cannot be decoded ({err})") from None
+    _check_size(h, w, declared, max_pixels)
+    if colours not in ("YCbCr", "Gray"):
+        return None
+    small = size is not None and (size[0] < h or size[1] < w)
+    try:
+        scaled = header(data, min_height=size[0], min_width=size[1])[:2] if small else (h, w)
+        whole = size is None or tuple(scaled) == tuple(size)
+        into = out if whole and out is not None and out.flags.c_contiguous and out.shape == (*scaled, 3) else None
+        array = decode_jpeg(data, colorspace="BGR" if bgr else "RGB", fastdct=True,
+                            min_height=size[0] if small else 0, min_width=size[1] if small else 0, buffer=into)
+    except ValueError as err:
+        raise ValueError(f"cannot be decoded ({err})") from None
+    if into is not None:
+        return out
+    if not whole:  # DCT scaling went as far as it could above the size: the rest as Pillow resizes
+        from PIL import Image
+
+        array = np.asarray(Image.fromarray(array).resize((size[1], size[0]), Image.BILINEAR))
+    return array
+
+
+def _decode_pillow(data: bytes | memoryview, size: tuple[int, int] | None, declared: tuple[int, int], bgr: bool,
+                   max_pixels: int | None) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data), formats=("JPEG", "PNG")) as image:
+            w, h = image.size
+            _check_size(h, w, declared, max_pixels)
+            if size is not None and image.format == "JPEG" and (size[0] < h or size[1] < w):
+                image.draft("RGB", (size[1], size[0]))  # DCT scaling: at least the size asked
+            image.load()
+            picture = image if image.mode == "RGB" else image.convert("RGB")  # no copy of an RGB picture
+            if size is not None and (picture.size[1], picture.size[0]) != tuple(size):
+                picture = picture.resize((size[1], size[0]), Image.BILINEAR)
+            array = np.asarray(picture)
+    except (OSError, Image.DecompressionBombError, SyntaxError) as err:
+        raise ValueError(f"cannot be decoded ({err})") from None
+    return array[..., ::-1] if bgr else array
+
+
+def _decode_av(data: bytes | memoryview, size: tuple[int, int] | None, declared: tuple[int, int], frame_format: str,
+               bgr: bool, max_pixels: int | None) -> np.ndarray:
+    import av
+
+    from mmfeed.codecs.demux import IMAGE_FORMATS, frames_of, input_options, pixel_limit
+
+    try:
+        with av.open(io.BytesIO(data), options=pixel_limit(max_pixels),
+                     container_options=input_options(IMAGE_FORMATS, path=False)) as container:
+            stream = container.streams.video[0]
+            _check_size(stream.codec_context.height, stream.codec_context.width, declared, max_pixels)
+            frame = next(frames_of(container, stream))
+            h, w = size or declared
+            if frame_format != "rgb24":  # limited range, as video's I420 planes (an image decoder says full range)
+                return frame.reformat(width=w, height=h, format="yuv420p", dst_color_range="MPEG").to_ndarray()
+            return frame.reformat(width=w, height=h, format="bgr24" if bgr else "rgb24").to_ndarray()
+    except (av.error.FFmpegError, StopIteration) as err:
+        raise ValueError(f"cannot be decoded ({err})") from None
