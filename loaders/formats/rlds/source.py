@@ -22,12 +22,15 @@ channels swapped with ``bgr=True``. Text is a numpy object array of str; ``task_
 ``language_instruction``) is each step's task. Sequences of unknown length within a step (ragged) are no feature
 (a batch cannot stack them) but are in :meth:`RldsSource.episode`, an object array of one array per step.
 
-RLDS records no control rate: ``fps=`` gives it, and windows (whose spans are in seconds) need it. Without it the
-dataset opens, reads whole episodes and steps, and anything that asks for a rate fails saying to pass ``fps=``.
+RLDS records no control rate: ``fps=`` gives it, and windows (whose spans are in seconds) need it. Without it an
+Open X-Embodiment dataset takes its published control frequency (:mod:`.rates`, by the name in dataset_info.json);
+any other dataset opens, reads whole episodes and steps, and anything that asks for a rate fails saying to pass
+``fps=``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -43,6 +46,7 @@ from mmfeed.loaders.formats.rlds.index import record_index
 from mmfeed.loaders.formats.rlds.metadata import Leaf, decode_leaf, locate, read_leaves, read_split
 from mmfeed.loaders.formats.rlds.pictures import decode_picture
 from mmfeed.loaders.formats.rlds.ranges import RecordRanges
+from mmfeed.loaders.formats.rlds.rates import published_rate
 from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_size, split_record
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
 from mmfeed.loaders.sources.consistency import Verdict, settle
@@ -53,6 +57,8 @@ from mmfeed.loaders.transport.files import is_url
 from mmfeed.loaders.transport.tar import stat_file
 
 __all__ = ["RldsSource"]
+
+log = logging.getLogger(__name__)
 
 class RldsSource(EpisodeSource):
     """The episodes of one split of an RLDS dataset, in file order (shard by shard, record by record: TFDS's
@@ -114,9 +120,13 @@ class RldsSource(EpisodeSource):
         self._task_start = starts[keep].astype(np.int64)
         self.tasks = list(index.tasks) or [""]
         self._episode_tasks = _episode_tasks(self._task_flat, starts[:-1], index.steps)[keep]
-        self._known_fps = options.fps
-        self._fps = np.full(len(keep), np.nan if options.fps is None else float(options.fps), np.float64)
-        rate = float("nan") if options.fps is None else float(options.fps)
+        fps = options.fps if options.fps is not None else published_rate(self.dataset_name)
+        if options.fps is None and fps is not None:
+            log.info("%s: no fps= given; using %g Hz, the published control frequency of the Open X-Embodiment "
+                     "dataset %r (fps= overrides it)", self.name, fps, self.dataset_name)
+        self._known_fps = fps
+        self._fps = np.full(len(keep), np.nan if fps is None else float(fps), np.float64)
+        rate = float("nan") if fps is None else float(fps)
         self._steps = {leaf.name: leaf for leaf in self._leaves if leaf.kind != "ragged"}
         self._ragged = [leaf for leaf in self._leaves if leaf.kind == "ragged"]
         self.features = {name: self._feature(leaf, rate) for name, leaf in self._steps.items()}
@@ -175,7 +185,8 @@ class RldsSource(EpisodeSource):
 
     @property
     def fps(self) -> np.ndarray:
-        """Control-clock rate of each episode (``fps=``); a ValueError saying to pass it where it was not."""
+        """Control-clock rate of each episode (``fps=``, or an OXE dataset's published rate); a ValueError saying to
+        pass ``fps=`` where neither is known."""
         self._need_fps()
         return self._fps
 
