@@ -16,7 +16,8 @@ a 4-step action chunk ``[t, t+3]`` (indices clamped inside the episode), batches
 - **mmfeed**: ``open_dataset(root, fps=10)`` and ``mmfeed.DataLoader`` with a fixed plan of 32 windows a batch in
   a global shuffle over every step of every episode (random access: no buffer), ``--workers`` worker processes.
 - **decode limit**: the pictures of the samples alone (two main-camera JPEGs and one wrist JPEG each), their bytes
-  read beforehand, decoded by Pillow (mmfeed's decoder) to RGB arrays in ``--workers`` processes: no pipeline.
+  read beforehand, decoded to RGB arrays by the library mmfeed decodes them with (libjpeg-turbo through
+  simplejpeg, as TensorFlow's own decoder; Pillow without it) in ``--workers`` processes: no pipeline.
 
 Reported: samples/s, CPU-seconds per 1000 samples (the loader's process and its workers; for tf.data, its one
 process), the time to the first batch (from opening the dataset, imports excluded), the RSS and PSS of the
@@ -27,7 +28,8 @@ spread::
         [--repeats 3] [--steps 60] [--json OUT]
 
 ``--cache`` then reads three whole epochs with mmfeed through a cold decoded-frame cache (``cache=``): each epoch's
-samples/s and memory, and epoch 3 over tf.data. ``--quick`` is the test's mode: a 12-episode dataset, short
+samples/s and memory, and epoch 3 over tf.data. ``--epochs N`` reads N whole epochs with one persistent mmfeed
+loader (no cache) and reports the memory of the training process and its workers after each: how flat it stays. ``--quick`` is the test's mode: a 12-episode dataset, short
 stretches, one repeat.
 """
 
@@ -254,37 +256,38 @@ def _forever(loader):
 
 
 def _decode_chunk(blobs: list[bytes]) -> tuple[float, float, int]:
-    from PIL import Image
-
-    import io
+    from mmfeed.loaders.formats.rlds.pictures import decode_picture
 
     c0, w0 = os.times(), time.perf_counter()
     pixels = 0
-    for blob in blobs:
-        with Image.open(io.BytesIO(blob)) as image:
-            pixels += np.asarray(image.convert("RGB")).size
+    for blob, declared in blobs:
+        pixels += decode_picture(blob, None, declared, "rgb24", False, None).size
     c1 = os.times()
     return time.perf_counter() - w0, (c1.user + c1.system) - (c0.user + c0.system), pixels
 
 
 def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, seed: int = 0) -> dict[str, Any]:
-    """The pictures of ``samples`` random samples (main camera ``[t-1, t]``, wrist ``t``), their JPEG bytes read
-    from the records first, decoded to RGB by Pillow in ``workers`` processes started beforehand: samples/s
-    (wall, all processes together), per CPU-second, and per core."""
+    """The pictures of ``samples`` random steps (main camera ``[t-1, t]``, wrist ``t``), their JPEG bytes read
+    from the records first, decoded to RGB by mmfeed's JPEG library (:func:`jpeg_decoder`, called directly: no
+    pipeline) in ``workers`` processes started beforehand: samples/s (wall, all processes together), per
+    CPU-second, and per core."""
     from mmfeed.loaders.formats.rlds.metadata import decode_leaf
+    from mmfeed.loaders.formats.rlds.pictures import jpeg_decoder
     from mmfeed.loaders.formats.rlds.source import RldsSource
 
     source = RldsSource(root, fps=FPS)
     rng = np.random.default_rng(seed)
-    episodes = rng.integers(0, len(source), samples)
-    blobs: list[bytes] = []
-    for e in episodes.tolist():
-        n = int(source.lengths[e])
-        t = int(rng.integers(0, n))
+    starts = np.concatenate([[0], np.cumsum(source.lengths)])
+    steps = rng.integers(0, starts[-1], samples)  # uniform over every step, as both loaders' shuffles sample
+    shapes = {f: source._steps[f].shape[:2] for f in (IMAGE, WRIST)}
+    blobs: list[tuple[bytes, tuple]] = []
+    for step in steps.tolist():
+        e = int(np.searchsorted(starts, step, side="right") - 1)
+        n, t = int(source.lengths[e]), step - int(starts[e])
         parsed, where = source._parsed(e), source.describe(e)
-        blobs += [bytes(b) for b in decode_leaf(source._steps[IMAGE], parsed, n, where,
-                                                picks=np.array([max(t - 1, 0), t]))]
-        blobs += [bytes(b) for b in decode_leaf(source._steps[WRIST], parsed, n, where, picks=np.array([t]))]
+        for feature, picks in ((IMAGE, [max(t - 1, 0), t]), (WRIST, [t])):
+            blobs += [(bytes(b), shapes[feature]) for b in decode_leaf(source._steps[feature], parsed, n, where,
+                                                                       picks=np.array(picks))]
     processes = max(1, workers)
     chunks = [blobs[i::processes] for i in range(processes)]
     with ProcessPoolExecutor(processes) as pool:
@@ -295,7 +298,8 @@ def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, see
     cpu_s = sum(g[1] for g in got)
     return {"samples": samples, "processes": processes, "seconds": seconds, "samples_per_s": samples / seconds,
             "samples_per_cpu_s": samples / max(cpu_s, 1e-9), "cpu_s_per_1000_samples": 1000 * cpu_s / samples,
-            "samples_per_s_per_core": samples / sum(g[0] for g in got), "bytes": sum(len(b) for b in blobs)}
+            "samples_per_s_per_core": samples / sum(g[0] for g in got), "bytes": sum(len(b) for b, _ in blobs),
+            "decoder": jpeg_decoder()}
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -311,10 +315,11 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int = 200, workers: int = 2,
         steps: int = 60, tf_steps: int = 60, warmup: int = 5, repeats: int = 3, batch_size: int = 32,
-        limit_samples: int = 2000, seed: int = 0, cache: bool = False) -> dict[str, Any]:
+        limit_samples: int = 2000, seed: int = 0, cache: bool = False, epochs: int = 0) -> dict[str, Any]:
     """Interleaved repeats of tf.data, mmfeed and the decode limit on ``root`` (None: :func:`bench_root`);
     ``cache``: then three whole mmfeed epochs through a cold decoded-frame cache, each one's samples/s and
-    memory, and epoch 3 over tf.data."""
+    memory, and epoch 3 over tf.data; ``epochs``: then that many whole epochs of one mmfeed loader without a
+    cache, the memory after each and how far the last ones stray from the first."""
     root = Path(root) if root is not None else bench_root(tf_python, episodes)
     from mmfeed.loaders import open_dataset
 
@@ -347,6 +352,11 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
                               epochs=3, cache=folder)
         out["cache"] = {"epochs": got["epochs"],
                         "epoch3_over_tf": got["epochs"][-1]["samples_per_s"] / tf["samples_per_s"]}
+    if epochs:
+        got = time_mmfeed(root, steps=0, warmup=0, batch_size=batch_size, workers=workers, seed=seed, epochs=epochs)
+        pss = [e["pss_bytes"] for e in got["epochs"]]
+        out["epochs"] = {"epochs": got["epochs"], "pss_max_over_min": max(pss) / min(pss),
+                         "pss_last_over_first": pss[-1] / pss[0], "pss_over_tf_rss": max(pss) / tf["rss_bytes"]}
     return out
 
 
@@ -366,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit-samples", type=int, default=2000, help="samples whose pictures the limit decodes")
     parser.add_argument("--cache", action="store_true", help="then three whole mmfeed epochs through a cold "
                         "decoded-frame cache")
+    parser.add_argument("--epochs", type=int, default=0, help="then this many whole epochs of one mmfeed loader "
+                        "(no cache), the memory after each")
     parser.add_argument("--quick", action="store_true", help="a 12-episode dataset, short stretches, one repeat")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
@@ -397,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = run(args.tf_python, root=args.root, episodes=args.episodes, workers=args.workers, steps=args.steps,
                   tf_steps=args.tf_steps, warmup=args.warmup, repeats=args.repeats, batch_size=args.batch_size,
-                  limit_samples=args.limit_samples, cache=args.cache)
+                  limit_samples=args.limit_samples, cache=args.cache, epochs=args.epochs)
     d = results["dataset"]
     print(f"{d['root']}: {d['episodes']} episodes, {d['samples']} samples; batches of {d['batch_size']}, mmfeed "
           f"with {d['workers']} workers, tf.data with a {d['shuffle_buffer']}-step shuffle buffer")
@@ -405,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_line("mmfeed", results["mmfeed"]))
     lim = results["limit"]
     print(f"limit    {lim['samples_per_s']:8.1f} samples/s, {lim['samples_per_s_per_core']:.1f} per core, "
-          f"{lim['cpu_s_per_1000_samples']:.2f} CPU-s / 1000 samples (the pictures alone, Pillow)")
+          f"{lim['cpu_s_per_1000_samples']:.2f} CPU-s / 1000 samples (the pictures alone, "
+          f"{lim['runs'][0]['decoder']})")
     print(f"mmfeed / tf.data {results['mmfeed_over_tf']:.2f}; mmfeed / limit {results['mmfeed_over_limit']:.2f} "
           f"({results['mmfeed_over_limit_cpu']:.2f} per CPU-second); tf.data / limit {results['tf_over_limit']:.2f}; "
           f"mmfeed PSS / tf.data RSS {results['mmfeed_pss_over_tf_rss']:.2f}   ({time.perf_counter() - start:.0f} s)")
@@ -414,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         print("mmfeed through a cold frame cache, epochs 1-3: " + ", ".join(
             f"{e['samples_per_s']:.1f} samples/s (PSS {e['pss_bytes'] / 2**20:.0f} MiB)" for e in epochs)
             + f"; epoch 3 / tf.data {results['cache']['epoch3_over_tf']:.2f}")
+    if "epochs" in results:
+        e = results["epochs"]
+        print(f"mmfeed over {len(e['epochs'])} epochs, one loader: PSS " + ", ".join(
+            f"{x['pss_bytes'] / 2**20:.0f}" for x in e["epochs"]) + f" MiB (max / min {e['pss_max_over_min']:.3f}; "
+            f"{e['pss_over_tf_rss']:.2f} of tf.data's RSS), " + ", ".join(
+            f"{x['samples_per_s']:.0f}" for x in e["epochs"]) + " samples/s")
     if args.json:
         from mmfeed.bench.common import environment
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from mmfeed.loaders.formats.rlds.example import ExampleError, bytes_spans, parse_example
 from mmfeed.loaders.formats.rlds.metadata import FEATURES, Leaf, check_record, decode_leaf
-from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, scan_records
+from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c_spans, scan_records
 from mmfeed.loaders.stores import stats as stats_mod
 from mmfeed.loaders.stores.index_arrays import index_cache_dir
 from mmfeed.loaders.transport.files import DatasetFiles
@@ -233,12 +233,11 @@ def _scan_shard(files: DatasetFiles, relative: str, count: int, leaves: Sequence
                 decode_leaf(leaf, parsed, n, at).reshape(n, -1).astype(np.float64)))
         data = np.frombuffer(payload, np.uint8)
         spans = np.array([regions[key] for key in keys], np.int64).reshape(len(keys), 2)
-        crcs = np.array([crc32c(data[a:b]) for a, b in spans.tolist()], np.uint32)
+        crcs = crc32c_spans(data, spans).astype(np.uint32)
         pictures = {}
         for leaf in cameras:
-            where_ = np.array(bytes_spans(parsed[leaf.key]), np.int64).reshape(-1, 2)
-            pictures[leaf.name] = np.column_stack([where_, [crc32c(data[a:b]) for a, b in where_.tolist()]]
-                                                  ).astype(np.uint32).reshape(-1, 3)
+            at = np.array(bytes_spans(parsed[leaf.key]), np.int64).reshape(-1, 2)
+            pictures[leaf.name] = np.column_stack([at, crc32c_spans(data, at)]).astype(np.uint32).reshape(-1, 3)
         records.append(_Record(position, len(payload), n, "", texts, spans, crcs, pictures))
 
     try:

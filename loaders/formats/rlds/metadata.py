@@ -20,10 +20,12 @@ and a ``Sequence`` of unknown length inside the steps as ``<key>/ragged_flat_val
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -56,16 +58,17 @@ class Leaf:
     shape: tuple[int, ...]
     encoding: str = "none"
 
-    @property
+    @cached_property
     def stored(self) -> str:
         """The list kind the records hold it in."""
         if self.kind in ("image", "text") or self.encoding != "none":
             return BYTES
         return FLOAT if np.dtype(self.dtype).kind == "f" else INT64
 
-    @property
+    @cached_property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        """Values in one step's (or the episode's) value."""
+        return math.prod(self.shape)
 
 
 def is_rlds_dir(files: DatasetFiles) -> bool:

@@ -9,8 +9,9 @@ use: workers forked or spawned open their own) and checks each against the CRC t
 CRC covers bytes a sample no longer reads, so a flipped byte is still an error naming the shard, the record and
 the range, never wrong data.
 
-Pictures asked together (frames ``[t-1, t]`` of a window lie side by side in their record) are read in one
-range where the gap between them is small, one range each otherwise.
+The pictures of a whole batch are gathered at once (:meth:`RecordRanges.gather`): sorted by shard and offset,
+neighbours (frames ``[t-1, t]`` of a window lie side by side in their record) read in one range, into one buffer,
+and checked in one pass of the CRC kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mmfeed.loaders.formats.rlds.tfrecord import crc32c
+from mmfeed.loaders.formats.rlds.tfrecord import crc32c, crc32c_spans
 from mmfeed.loaders.transport.errors import SampleError
 
 __all__ = ["RecordRanges"]
@@ -83,35 +84,59 @@ class RecordRanges:
     def checked(self, episode: int, shard: int, record: int, start: int, stop: int, crc: int, what: str) -> bytes:
         """:meth:`read`, the bytes held to ``crc`` (their CRC-32C as indexed); ``what`` names them in the error."""
         data = self.read(episode, shard, record, start, stop)
-        _check(data, crc, self._describe(episode), what, start, stop)
+        self._check(data, crc, episode, what, start, stop)
         return data
 
-    def pictures(self, episode: int, shard: int, record: int, table: np.ndarray, what: str) -> list[memoryview]:
-        """The pictures ``table`` locates (uint32 ``[n, 3]``: start, stop and CRC-32C in the payload), in its
-        order, each checked; side by side ones in one read."""
-        out: list[memoryview | None] = [None] * len(table)
-        rows = table.astype(np.int64)
-        order = np.argsort(rows[:, 0], kind="stable")
-        k = 0
-        while k < len(order):
-            first = last = k
-            while last + 1 < len(order) and rows[order[last + 1], 0] - rows[order[last], 1] <= _GAP:
-                last += 1
-            low = int(rows[order[first], 0])
-            high = int(rows[order[first:last + 1], 1].max())
-            view = memoryview(self.read(episode, shard, record, low, high))
-            for j in order[first:last + 1].tolist():
-                a, b, crc = (int(v) for v in rows[j])
-                piece = view[a - low:b - low]
-                _check(piece, crc, self._describe(episode), f"{what} picture {j} of the request", a, b)
-                out[j] = piece
-            k = last + 1
-        return out  # type: ignore[return-value]
+    def gather(self, pieces: np.ndarray, name: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray]:
+        """Pieces of payloads, as few reads as neighbours allow: ``pieces`` int64 ``[n, 6]``, one row each
+        (episode, shard, the record's frame offset, start and stop in its payload, CRC-32C); ``name(k)`` says
+        what piece ``k`` is, for errors. Returns one uint8 buffer and each piece's ``[start, stop)`` in it, every
+        piece checked against its CRC in one pass. Pieces of a shard whose gaps are at most 64 KiB share a read
+        (frames ``[t-1, t]`` of a window lie side by side in their record)."""
+        n = len(pieces)
+        where = np.empty((n, 2), np.int64)
+        if not n:
+            return np.zeros(0, np.uint8), where
+        rows = pieces.tolist()
+        order = sorted(range(n), key=lambda k: (rows[k][1], rows[k][2] + rows[k][3]))
+        groups: list[list] = []  # [shard, low, high, first row k] each; absolute offsets in the shard
+        group_of = np.empty(n, np.int64)
+        for k in order:
+            episode, shard, record, start, stop, _ = rows[k]
+            low, high = record + _HEADER + start, record + _HEADER + stop
+            group = groups[-1] if groups else None
+            if group is not None and group[0] == shard and low - group[2] <= _GAP:
+                group[2] = max(group[2], high)
+            else:
+                group = [shard, low, high, k]
+                groups.append(group)
+            where[k] = low, high
+            group_of[k] = len(groups) - 1
+        buffer = np.empty(sum(high - low for _, low, high, _ in groups), np.uint8)
+        view, at = memoryview(buffer), 0
+        shift = np.empty(len(groups), np.int64)  # from an offset in the shard to one in the buffer, per group
+        for g, (shard, low, high, k) in enumerate(groups):
+            got = os.preadv(self._fd(shard), [view[at:at + high - low]], low)
+            if got != high - low:
+                raise SampleError(f"{self._describe(rows[k][0])}: {name(k)}: bytes {low}..{high} of the shard end "
+                                  f"{high - low - got} bytes short: the shard is truncated or changed since it was "
+                                  "indexed; download it again")
+            shift[g] = at - low
+            at += high - low
+        where += shift[group_of][:, None]
+        crcs = crc32c_spans(buffer, where, check=False)  # each piece inside its group's read
+        bad = np.flatnonzero(crcs != pieces[:, 5])
+        if bad.size:
+            k = int(bad[0])
+            episode, _, _, start, stop, crc = rows[k]
+            raise SampleError(f"{self._describe(episode)}: {name(k)} (bytes {start}..{stop} of the record) fails its "
+                              f"CRC-32C check (indexed {crc:#010x}, read {int(crcs[k]):#010x}): the shard is corrupt "
+                              "or changed since it was indexed; download it again")
+        return buffer, where
 
-
-def _check(data: bytes | memoryview, crc: int, where: str, what: str, start: int, stop: int) -> None:
-    actual = crc32c(data)
-    if actual != crc:
-        raise SampleError(f"{where}: {what} (bytes {start}..{stop} of the record) fails its CRC-32C check (indexed "
-                          f"{crc:#010x}, read {actual:#010x}): the shard is corrupt or changed since it was indexed; "
-                          "download it again")
+    def _check(self, data: bytes | memoryview, crc: int, episode: int, what: str, start: int, stop: int) -> None:
+        actual = crc32c(data)
+        if actual != crc:
+            raise SampleError(f"{self._describe(episode)}: {what} (bytes {start}..{stop} of the record) fails its "
+                              f"CRC-32C check (indexed {crc:#010x}, read {actual:#010x}): the shard is corrupt or "
+                              "changed since it was indexed; download it again")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from mmfeed.codecs.colour import frame_step_shape
-from mmfeed.loaders.clock import stage
+from mmfeed.loaders.clock import record_stage, stage
 from mmfeed.loaders.formats.rlds.example import ExampleError, Values, parse_example, parse_feature
 from mmfeed.loaders.formats.rlds.index import record_index
 from mmfeed.loaders.formats.rlds.metadata import Leaf, decode_leaf, locate, read_leaves, read_split
@@ -253,10 +254,12 @@ class RldsSource(EpisodeSource):
     def _read(self, requests: Sequence[EpisodeRequest], ranged: bool) -> list[dict[str, np.ndarray]]:
         self._check_requests(requests)
         out: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        clock, read_s = time.perf_counter, 0.0  # ranged reads, one stage a call
+        pictures: list[tuple] = []  # (request, feature, steps, into) of pictures read by range, all at once below
         for r, request in enumerate(requests):
             e = request.episode
             steps = int(self._lengths[e])
-            where = self.describe(e)
+            where = _Where(self.describe, e)  # named only where an error is raised
             for feature, idx in request.indices.items():
                 idx = np.asarray(idx, dtype=np.int64).reshape(-1)
                 leaf = self._steps[feature]
@@ -266,14 +269,17 @@ class RldsSource(EpisodeSource):
                     if value is not None:  # from the store: no record read, no decode
                         out[r][feature] = value
                         continue
-                try:
-                    if leaf.kind == "image" and ranged:
-                        value = self._picture_bytes(e, feature, idx)
-                    else:
-                        parsed = self._parts_of(e, leaf) if ranged else self._parsed(e)
-                        value = decode_leaf(leaf, parsed, steps, where, picks=idx)
+                if leaf.kind == "image" and ranged:
+                    pictures.append((r, feature, idx, into))
+                    continue
+                start = clock()
+                try:  # a whole record's read is its own stage
+                    value = decode_leaf(leaf, self._parts_of(e, leaf) if ranged else self._parsed(e), steps, where,
+                                        picks=idx)
                 except ValueError as err:
                     raise SampleError(str(err)) from err
+                if ranged:
+                    read_s += clock() - start
                 if leaf.kind == "image":
                     with stage("decode"):
                         value = self._pictures(e, feature, value, into)
@@ -284,15 +290,42 @@ class RldsSource(EpisodeSource):
                     into[...] = value
                     value = into
                 out[r][feature] = value
+        if pictures:
+            start = clock()
+            buffer, spans = self._gather(requests, pictures)
+            read_s += clock() - start
+            with stage("decode"):
+                view, k = memoryview(buffer), 0
+                for r, feature, idx, into in pictures:
+                    n = len(idx)
+                    blobs = [view[a:b] for a, b in spans[k:k + n].tolist()]
+                    out[r][feature] = self._pictures(requests[r].episode, feature, blobs, into)
+                    k += n
+        if read_s:
+            record_stage("read", read_s)
         return out
+
+    def _gather(self, requests: Sequence[EpisodeRequest], pictures: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+        """The encoded pictures of ``pictures`` (request, camera, steps, slot), back to back in their order: one
+        buffer and each picture's ``[start, stop)`` in it, read by range in as few reads as they allow, checked."""
+        parts, names = [], []
+        for r, feature, idx, _ in pictures:
+            e = requests[r].episode
+            table = self._picture_at[feature][int(self._task_start[e]) + idx].astype(np.int64)
+            part = np.empty((len(idx), 6), np.int64)
+            part[:, 0], part[:, 1], part[:, 2] = e, self._shard_of[e], self._offset[e]
+            part[:, 3:] = table
+            parts.append(part)
+            names.extend((feature, i) for i in range(len(idx)))
+        pieces = np.concatenate(parts)
+        return self._ranges.gather(pieces, lambda k: f"feature {names[k][0]!r} picture {names[k][1]} of the request")
 
     def _key_values(self, episode: int, key: str) -> Values:
         """One key of an episode's record, read alone by its byte range and checked against its CRC-32C."""
         k = self._key_of[key]
         start, stop = (int(v) for v in self._key_span[episode, k])
-        with stage("read"):
-            data = self._ranges.checked(episode, int(self._shard_of[episode]), int(self._offset[episode]), start,
-                                        stop, int(self._key_crc[episode, k]), f"key {key!r}")
+        data = self._ranges.checked(episode, int(self._shard_of[episode]), int(self._offset[episode]), start, stop,
+                                    int(self._key_crc[episode, k]), f"key {key!r}")
         try:
             return parse_feature(data)
         except ExampleError as err:
@@ -309,14 +342,11 @@ class RldsSource(EpisodeSource):
         return parts
 
     def _picture_bytes(self, episode: int, feature: str, idx: np.ndarray) -> list[memoryview]:
-        """The encoded pictures ``idx`` of one camera of ``episode``, read alone (each checked)."""
-        if len(idx) and (idx.min() < 0 or idx.max() >= self._lengths[episode]):
-            raise SampleError(f"{self.describe(episode)}: steps {idx.tolist()} of an episode of "
-                              f"{int(self._lengths[episode])}")
-        table = self._picture_at[feature][int(self._task_start[episode]) + idx]
-        with stage("read"):
-            return self._ranges.pictures(episode, int(self._shard_of[episode]), int(self._offset[episode]), table,
-                                         f"feature {feature!r}")
+        """The encoded pictures ``idx`` (steps inside the episode) of one camera of ``episode``, read alone (each
+        checked)."""
+        idx = np.asarray(idx, np.int64)
+        buffer, spans = self._gather([EpisodeRequest(episode, {feature: idx})], [(0, feature, idx, None)])
+        return [memoryview(buffer)[a:b] for a, b in spans.tolist()]
 
     def episode(self, index: int) -> dict:
         """The whole episode (every feature, pictures decoded; its record read whole), ``task``, ``fps`` (None without ``fps=``) and each
@@ -373,12 +403,12 @@ class RldsSource(EpisodeSource):
         size = self._sizes.get(feature)
         declared = self._steps[feature].shape[:2]
         for i, blob in enumerate(blobs):
-            where = f"{self.describe(episode)} feature {feature!r}"
             try:
                 decode_picture(blob, size, declared, f.frame_format, self.options.bgr, self.options.max_frame_pixels,
                                out=out[i])
             except ValueError as err:
-                raise SampleError(f"{where}: picture {i} of the request: {err}") from err
+                raise SampleError(f"{self.describe(episode)} feature {feature!r}: picture {i} of the request: "
+                                  f"{err}") from err
         return out
 
 
@@ -437,6 +467,21 @@ def _episode_tasks(flat: np.ndarray, starts: np.ndarray, steps: np.ndarray) -> n
     low, high = np.minimum.reduceat(flat, at), np.maximum.reduceat(flat, at)
     out[full] = np.where(low == high, low, -1)
     return out
+
+
+class _Where:
+    """An episode's place, for error messages: formatted only where one is raised."""
+
+    __slots__ = ("describe", "episode")
+
+    def __init__(self, describe, episode: int) -> None:
+        self.describe, self.episode = describe, episode
+
+    def __str__(self) -> str:
+        return self.describe(self.episode)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _verdict(reasons: list[str]) -> Verdict:

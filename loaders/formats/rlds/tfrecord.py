@@ -31,7 +31,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["TFRecordError", "check_record", "crc32c", "framed_size", "masked_crc32c", "scan_records",
+__all__ = ["TFRecordError", "check_record", "crc32c", "crc32c_spans", "framed_size", "masked_crc32c", "scan_records",
            "split_record"]
 
 _HEADER = 12  # u64 length and its masked crc
@@ -120,6 +120,37 @@ def _has_crc32_instruction() -> bool:
 
 
 _KERNEL = _crc32c_hardware if _has_crc32_instruction() else _crc32c_kernel
+
+
+@njit(cache=True, nogil=True)
+def _spans_hardware(data: np.ndarray, spans: np.ndarray, t: np.ndarray) -> np.ndarray:
+    out = np.empty(spans.shape[0], np.int64)
+    for k in range(spans.shape[0]):
+        out[k] = _crc32c_hardware(data[spans[k, 0]:spans[k, 1]], t)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _spans_table(data: np.ndarray, spans: np.ndarray, t: np.ndarray) -> np.ndarray:
+    out = np.empty(spans.shape[0], np.int64)
+    for k in range(spans.shape[0]):
+        out[k] = _crc32c_kernel(data[spans[k, 0]:spans[k, 1]], t)
+    return out
+
+
+_SPANS = _spans_hardware if _KERNEL is _crc32c_hardware else _spans_table
+
+
+def crc32c_spans(data: bytes | bytearray | memoryview | np.ndarray, spans: np.ndarray, check: bool = True
+                 ) -> np.ndarray:
+    """The CRC-32C of each ``data[start:stop]`` of ``spans`` (int64 ``[n, 2]``), in one call: int64 ``[n]``.
+    ``check=False`` where the caller knows every span lies inside ``data``."""
+    array = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
+    spans = np.ascontiguousarray(spans, dtype=np.int64).reshape(-1, 2)
+    if check and len(spans) and (spans.min() < 0 or spans[:, 1].max() > len(array)
+                                 or (spans[:, 1] < spans[:, 0]).any()):
+        raise ValueError(f"crc32c_spans: spans outside the {len(array)} bytes given")
+    return _SPANS(array, spans, _TABLES)
 
 
 def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
