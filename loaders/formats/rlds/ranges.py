@@ -94,41 +94,41 @@ class RecordRanges:
         piece checked against its CRC in one pass. Pieces of a shard whose gaps are at most 64 KiB share a read
         (frames ``[t-1, t]`` of a window lie side by side in their record)."""
         n = len(pieces)
-        where = np.empty((n, 2), np.int64)
         if not n:
-            return np.zeros(0, np.uint8), where
-        rows = pieces.tolist()
-        order = sorted(range(n), key=lambda k: (rows[k][1], rows[k][2] + rows[k][3]))
-        groups: list[list] = []  # [shard, low, high, first row k] each; absolute offsets in the shard
-        group_of = np.empty(n, np.int64)
-        for k in order:
-            episode, shard, record, start, stop, _ = rows[k]
-            low, high = record + _HEADER + start, record + _HEADER + stop
-            group = groups[-1] if groups else None
-            if group is not None and group[0] == shard and low - group[2] <= _GAP:
-                group[2] = max(group[2], high)
-            else:
-                group = [shard, low, high, k]
-                groups.append(group)
-            where[k] = low, high
-            group_of[k] = len(groups) - 1
-        buffer = np.empty(sum(high - low for _, low, high, _ in groups), np.uint8)
-        view, at = memoryview(buffer), 0
-        shift = np.empty(len(groups), np.int64)  # from an offset in the shard to one in the buffer, per group
-        for g, (shard, low, high, k) in enumerate(groups):
-            got = os.preadv(self._fd(shard), [view[at:at + high - low]], low)
-            if got != high - low:
-                raise SampleError(f"{self._describe(rows[k][0])}: {name(k)}: bytes {low}..{high} of the shard end "
-                                  f"{high - low - got} bytes short: the shard is truncated or changed since it was "
+            return np.zeros(0, np.uint8), np.empty((0, 2), np.int64)
+        low = pieces[:, 2] + _HEADER + pieces[:, 3]  # offsets in the shard
+        high = pieces[:, 2] + _HEADER + pieces[:, 4]
+        order = np.lexsort((low, pieces[:, 1]))
+        shard, low_o, high_o = pieces[order, 1], low[order], high[order]
+        new = np.ones(n, bool)
+        new[1:] = shard[1:] != shard[:-1]
+        reach = np.empty(n, np.int64)  # within each shard, the furthest byte the pieces so far need
+        bounds = np.append(np.flatnonzero(new), n)
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            reach[a:b] = np.maximum.accumulate(high_o[a:b])
+        new[1:] |= low_o[1:] - reach[:-1] > _GAP
+        starts = np.flatnonzero(new)
+        group_low = low_o[starts]
+        group_high = np.maximum.reduceat(high_o, starts)
+        sizes = group_high - group_low
+        buffer = np.empty(int(sizes.sum()), np.uint8)
+        view = memoryview(buffer)
+        at = np.concatenate([[0], np.cumsum(sizes)])
+        for g, (s, a, b, size, k) in enumerate(zip(shard[starts].tolist(), group_low.tolist(), group_high.tolist(),
+                                                   sizes.tolist(), order[starts].tolist())):
+            got = os.preadv(self._fd(s), [view[int(at[g]):int(at[g]) + size]], a)
+            if got != size:
+                raise SampleError(f"{self._describe(int(pieces[k, 0]))}: {name(k)}: bytes {a}..{b} of the shard end "
+                                  f"{size - got} bytes short: the shard is truncated or changed since it was "
                                   "indexed; download it again")
-            shift[g] = at - low
-            at += high - low
-        where += shift[group_of][:, None]
+        shift = np.empty(n, np.int64)  # from an offset in the shard to one in the buffer
+        shift[order] = np.repeat(at[:-1] - group_low, np.diff(np.append(starts, n)))
+        where = np.column_stack([low + shift, high + shift])
         crcs = crc32c_spans(buffer, where, check=False)  # each piece inside its group's read
         bad = np.flatnonzero(crcs != pieces[:, 5])
         if bad.size:
             k = int(bad[0])
-            episode, _, _, start, stop, crc = rows[k]
+            episode, _, _, start, stop, crc = pieces[k].tolist()
             raise SampleError(f"{self._describe(episode)}: {name(k)} (bytes {start}..{stop} of the record) fails its "
                               f"CRC-32C check (indexed {crc:#010x}, read {int(crcs[k]):#010x}): the shard is corrupt "
                               "or changed since it was indexed; download it again")

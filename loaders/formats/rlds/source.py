@@ -137,6 +137,7 @@ class RldsSource(EpisodeSource):
         self._key_of = {key: k for k, key in enumerate(index.keys)}
         self._key_span, self._key_crc = index.key_span[keep], index.key_crc[keep]
         self._picture_at = index.pictures  # camera -> [start, stop, crc] of every step of the index's episodes
+        self._camera_of = {camera: c for c, camera in enumerate(index.pictures)}
         self._ranges = None if is_url(self.root) else RecordRanges([files.where(s) for s in self._shards],
                                                                     self.describe)
         self._parts = LRU(256)  # episode -> {key: Values} of the keys read alone (a few rows each)
@@ -274,8 +275,11 @@ class RldsSource(EpisodeSource):
                     continue
                 start = clock()
                 try:  # a whole record's read is its own stage
-                    value = decode_leaf(leaf, self._parts_of(e, leaf) if ranged else self._parsed(e), steps, where,
-                                        picks=idx)
+                    if ranged and leaf.level == "step":
+                        value = self._step_values(e, leaf, steps, where)[idx]
+                    else:
+                        value = decode_leaf(leaf, self._parts_of(e, leaf) if ranged else self._parsed(e), steps,
+                                            where, picks=idx)
                 except ValueError as err:
                     raise SampleError(str(err)) from err
                 if ranged:
@@ -308,17 +312,25 @@ class RldsSource(EpisodeSource):
     def _gather(self, requests: Sequence[EpisodeRequest], pictures: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
         """The encoded pictures of ``pictures`` (request, camera, steps, slot), back to back in their order: one
         buffer and each picture's ``[start, stop)`` in it, read by range in as few reads as they allow, checked."""
-        parts, names = [], []
-        for r, feature, idx, _ in pictures:
-            e = requests[r].episode
-            table = self._picture_at[feature][int(self._task_start[e]) + idx].astype(np.int64)
-            part = np.empty((len(idx), 6), np.int64)
-            part[:, 0], part[:, 1], part[:, 2] = e, self._shard_of[e], self._offset[e]
-            part[:, 3:] = table
-            parts.append(part)
-            names.extend((feature, i) for i in range(len(idx)))
-        pieces = np.concatenate(parts)
-        return self._ranges.gather(pieces, lambda k: f"feature {names[k][0]!r} picture {names[k][1]} of the request")
+        episodes = np.array([requests[r].episode for r, _, _, _ in pictures], np.int64)
+        counts = np.array([len(idx) for _, _, idx, _ in pictures], np.int64)
+        steps = np.concatenate([idx for _, _, idx, _ in pictures])
+        owner = np.repeat(episodes, counts)
+        table = np.empty((len(steps), 3), np.int64)
+        cameras = np.repeat(np.array([self._camera_of[f] for _, f, _, _ in pictures], np.int64), counts)
+        at = self._task_start[owner] + steps  # each picture's row in its camera's table
+        for feature, c in self._camera_of.items():
+            mine = cameras == c
+            if mine.any():
+                table[mine] = self._picture_at[feature][at[mine]]
+        pieces = np.column_stack([owner, self._shard_of[owner], self._offset[owner], table])
+        first = np.cumsum(counts) - counts  # each request's first picture
+
+        def name(k: int) -> str:
+            p = int(np.searchsorted(first, k, side="right")) - 1
+            return f"feature {pictures[p][1]!r} picture {k - int(first[p])} of the request"
+
+        return self._ranges.gather(pieces, name)
 
     def _key_values(self, episode: int, key: str) -> Values:
         """One key of an episode's record, read alone by its byte range and checked against its CRC-32C."""
@@ -340,6 +352,15 @@ class RldsSource(EpisodeSource):
         if leaf.key not in parts:
             parts[leaf.key] = self._key_values(episode, leaf.key)
         return parts
+
+    def _step_values(self, episode: int, leaf: Leaf, steps: int, where: Any) -> np.ndarray:
+        """Every step's value of a step feature of ``episode`` (not a camera), decoded once and kept with the
+        episode's keys."""
+        parts = self._parts_of(episode, leaf)
+        values = parts.get((leaf.name,))  # decoded arrays beside the keys' lists, under a key no record key is
+        if values is None:
+            values = parts[(leaf.name,)] = decode_leaf(leaf, parts, steps, where)
+        return values
 
     def _picture_bytes(self, episode: int, feature: str, idx: np.ndarray) -> list[memoryview]:
         """The encoded pictures ``idx`` (steps inside the episode) of one camera of ``episode``, read alone (each
