@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: the environment record, medians and spreads of repeats, a cache folder, tables,
-back-to-back output views of one buffer, the CPU seconds of child processes, and the robot window that ``mmfeed
-bench`` and ``mmfeed inspect`` read."""
+back-to-back output views of one buffer, the CPU seconds of child processes, the robot window that ``mmfeed
+bench`` and ``mmfeed inspect`` read, and what receiving a batch costs a bare torch loader's training process."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["cache_dir", "child_pids", "consecutive_views", "cpu_seconds", "environment", "median_time",
-           "spread", "table"]
+__all__ = ["batch_tensors", "cache_dir", "child_pids", "consecutive_views", "cpu_seconds", "environment",
+           "median_time", "receive_floor", "spread", "table"]
 
 
 def cache_dir(name: str) -> Path:
@@ -127,3 +127,74 @@ def cpu_seconds(pids: Sequence[int] | set[int]) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total / tick
+
+
+def batch_tensors(batch: Any) -> list[tuple[tuple[int, ...], Any]]:
+    """``(shape, dtype)`` of every tensor a batch carries to the training process: a dict's, list's or tuple's
+    values, and an object's attributes (a packed batch: its payloads, attention and metadata), nested."""
+    import torch
+
+    out: list[tuple[tuple[int, ...], Any]] = []
+
+    def walk(item: Any, depth: int) -> None:
+        if isinstance(item, torch.Tensor):
+            out.append((tuple(item.shape), item.dtype))
+        elif depth > 4 or isinstance(item, (str, bytes, int, float, bool, type(None))):
+            return
+        elif isinstance(item, dict):
+            for value in item.values():
+                walk(value, depth + 1)
+        elif isinstance(item, (list, tuple)):
+            for value in item:
+                walk(value, depth + 1)
+        elif hasattr(item, "__dict__") or hasattr(item, "__slots__"):
+            names = list(getattr(item, "__dict__", {})) or list(getattr(item, "__slots__", ()))
+            for name in names:
+                walk(getattr(item, name, None), depth + 1)
+
+    walk(batch, 0)
+    return out
+
+
+class _SameTensors:
+    """A map-style dataset whose every item is a batch of fresh tensors of the given shapes and dtypes, made in
+    the worker: what a bare torch loader hands its training process for a batch of that size."""
+
+    def __init__(self, tensors: Sequence[tuple[tuple[int, ...], Any]], length: int) -> None:
+        self.tensors, self.length = list(tensors), length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> list:
+        import torch
+
+        return [torch.empty(shape, dtype=dtype) for shape, dtype in self.tensors]
+
+
+def receive_floor(tensors: Sequence[tuple[tuple[int, ...], Any]], *, workers: int = 2, steps: int = 100,
+                  warmup: int = 5) -> dict[str, float]:
+    """The training process's CPU per batch in a bare ``torch.utils.data.DataLoader`` whose ``workers`` worker
+    processes send batches of ``tensors`` (``(shape, dtype)`` each; :func:`batch_tensors` of a real batch): the
+    floor of receiving a batch of those tensors, nothing built or checked. ``steps`` batches timed after
+    ``warmup``; CPU of this process (user + system) and wall time per batch."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(_SameTensors(tensors, 1 << 30), batch_size=None, num_workers=workers,
+                                         persistent_workers=workers > 0)
+    batches = iter(loader)
+    for _ in range(warmup):
+        next(batches)
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        next(batches)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    del batches, loader
+    return {"main_cpu_ms_per_batch": 1e3 * cpu / steps, "wall_ms_per_batch": 1e3 * wall / steps,
+            "tensors": len(tensors), "bytes": sum(int(np.prod(s)) * _itemsize(d) for s, d in tensors)}
+
+
+def _itemsize(dtype: Any) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()

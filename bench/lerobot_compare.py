@@ -88,7 +88,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.common import child_pids, spread
+from mmfeed.bench.common import batch_tensors, child_pids, receive_floor, spread
 from mmfeed.bench.lerobot_child import CHILD_SCRIPT, lerobot_child, run_child, timed_stretch, torch_loader
 from mmfeed.inspection import robot_window
 from mmfeed.testing.video import read_index
@@ -370,22 +370,27 @@ def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *
     """:func:`timed_stretch` of a fresh :func:`mmfeed_loader` after ``warmup`` batches; its workers are gone
     when this returns (so the next repeat of either side has the CPUs to itself). ``timer``: also the loader's
     :class:`~mmfeed.loaders.StepTimer` report (worker seconds per batch in read, decode and collate; the loop's
-    wait), for a profile; ``keep``: also the sample ids of each timed batch (``"batches"``), for the limit."""
+    wait) and the shapes and dtypes of a batch's tensors, for a profile; ``keep``: also the sample ids of each timed batch (``"batches"``), for the limit."""
     others = set(child_pids())  # children that are not this loader's workers (a test runner's, say)
     loader = mmfeed_loader(root, delta, timer=timer, **loader_args)
     batches = _forever(loader)
     for _ in range(warmup):
         next(batches)
     kept: list[np.ndarray] = []
+    tensors: list = []
 
     def count(batch: Any) -> int:
         if keep:
             kept.append(batch.metadata["sample"].numpy().copy())
+        if timer and not tensors:
+            tensors.extend(batch_tensors(batch))
         return batch.num_documents
 
     out = timed_stretch(batches, steps, count, exclude=others)
     if keep:
         out["batches"] = kept
+    if timer:
+        out["tensors"] = tensors
     if timer:
         out["timer"] = loader.timer.report()
     batches.close()
@@ -533,13 +538,16 @@ def profile_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]]
     """Where mmfeed's time goes per batch: one :func:`time_mmfeed` stretch with the loader's timer; each worker
     stage's mean seconds per batch and share (read: parquet rows and frame times; decode: demux, decode, colour
     conversion and the copy into the batch's buffers; collate), the loop's wait, and the main process's CPU per
-    batch (receiving the batches from the workers)."""
+    batch (receiving the batches from the workers), beside that of a bare torch loader whose workers send batches
+    of the same tensors (:func:`~mmfeed.bench.common.receive_floor`)."""
     got = time_mmfeed(root, delta, steps=steps, timer=True, **loader_args)
-    report = got.pop("timer")
+    report, tensors = got.pop("timer"), got.pop("tensors")
     stages = {name: {"ms_per_batch": 1e3 * v["mean_s"], "share": v["share"]} for name, v in report["stages"].items()}
+    floor = receive_floor(tensors, workers=max(1, loader_args.get("num_workers") or 1), steps=steps)
     return {**got, "stages": stages, "wait_ms_per_batch": 1e3 * report["wait_s"]["mean"],
             "main_cpu_ms_per_batch": 1e3 * got["cpu_s_main"] / got["batches"],
-            "worker_cpu_ms_per_batch": 1e3 * got["cpu_s_workers"] / got["batches"]}
+            "worker_cpu_ms_per_batch": 1e3 * got["cpu_s_workers"] / got["batches"],
+            "torch_main_cpu_ms_per_batch": floor["main_cpu_ms_per_batch"], "batch_bytes": floor["bytes"]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -630,7 +638,9 @@ def main(argv: list[str] | None = None) -> int:
         prof = results["mmfeed_profile"]
         stages = ", ".join(f"{k} {v['ms_per_batch']:.1f} ms ({v['share']:.0%})" for k, v in prof["stages"].items())
         print(f"mmfeed per batch: {stages} of worker time; loop wait {prof['wait_ms_per_batch']:.1f} ms; CPU "
-              f"{prof['worker_cpu_ms_per_batch']:.1f} ms workers, {prof['main_cpu_ms_per_batch']:.1f} ms main")
+              f"{prof['worker_cpu_ms_per_batch']:.1f} ms workers, {prof['main_cpu_ms_per_batch']:.1f} ms main (a bare "
+              f"torch loader's main process receiving batches of the same tensors, {prof['batch_bytes'] / 2**20:.1f} "
+              f"MiB: {prof['torch_main_cpu_ms_per_batch']:.1f} ms)")
     if args.cache:
         got = results["cache"]
         rates = ", ".join(f"{r:.1f}" for r in got["samples_per_s"])

@@ -249,6 +249,20 @@ def test_the_profile_splits_a_batch_into_worker_stages(two_cams):
     assert all(v["ms_per_batch"] > 0 for v in got["stages"].values())
     assert sum(v["share"] for v in got["stages"].values()) == pytest.approx(1.0)
     assert got["worker_cpu_ms_per_batch"] == pytest.approx(1e3 * got["cpu_s_workers"] / 3) and got["samples"] == 96
+    frames = 32 * 2 * 48 * 64 * 3  # a batch's two 48x64 frames of each of 32 windows, per camera
+    assert got["batch_bytes"] > 2 * frames and got["torch_main_cpu_ms_per_batch"] > 0
+
+
+def test_the_receive_floor_sends_batches_of_the_tensors_a_real_batch_holds():
+    """batch_tensors finds every tensor of a packed batch (payloads, attention, metadata); receive_floor times a
+    bare torch loader whose workers send batches of those shapes and dtypes."""
+    from mmfeed.bench.common import batch_tensors, receive_floor
+
+    tensors = batch_tensors({"a": torch.zeros(4, 3, dtype=torch.uint8), "b": [torch.ones(2, dtype=torch.int64)],
+                             "c": "text", "d": {"e": torch.zeros(1, 5)}})
+    assert tensors == [((4, 3), torch.uint8), ((2,), torch.int64), ((1, 5), torch.float32)]
+    got = receive_floor(tensors, workers=1, steps=3, warmup=1)
+    assert got["bytes"] == 12 + 16 + 20 and got["tensors"] == 3 and got["main_cpu_ms_per_batch"] >= 0
 
 
 def test_mmfeed_can_deliver_i420_planes_instead_of_rgb(two_cams):
