@@ -2,7 +2,10 @@
 dictionary-encoded strings, episodes out of order across files (a hypothesis test), with the per-episode task ids
 checked against a row-by-row reading in plain Python."""
 
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -94,3 +97,14 @@ def test_an_unknown_task_in_a_later_row_group_names_the_file_and_episode(base, t
     pq.write_table(table, path, row_group_size=2)
     with pytest.raises(ValueError, match=r"file-000\.parquet episode 5: task 'a task tasks.parquet does not list'"):
         LeRobotSource(root)
+
+
+def test_opening_a_dataset_imports_no_pandas(base, tmp_path):
+    """pyarrow's to_numpy, pa.array of strings and the scalars of compute functions import pandas, a quarter to
+    half a second of every first open; the open reads meta/episodes' buffers instead (in a fresh process, with a
+    fresh cache: the first open on a node)."""
+    code = ("import sys; from mmfeed.loaders import open_dataset; ds = open_dataset(sys.argv[1]); "
+            "print(len(ds), 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(base)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "MMFEED_CACHE": str(tmp_path / "cache")})
+    assert out.stdout.split() == [str(len(LeRobotSource(base))), "False"], out.stderr[-2000:]

@@ -248,8 +248,12 @@ class DatasetFiles:
 
     def parquet(self, relative: str) -> pq.ParquetFile:
         """The parquet file ``relative``, opened to read its footer, then whichever columns and row groups the
-        caller reads (remote: only those bytes are fetched)."""
+        caller reads (remote: only those bytes are fetched). A local file is read by Arrow's own file, outside
+        the GIL: through a Python file object every column chunk of every row group is a Python call under the
+        GIL, which at LeRobot's row groups of ten episodes is hundreds of thousands of calls in one file."""
         try:
+            if not self.remote:
+                return pq.ParquetFile(pa.OSFile(self._inside(relative)))
             return pq.ParquetFile(self.open(relative))
         except pa.ArrowInvalid as err:
             raise ValueError(f"{self.where(relative)}: not a readable parquet file: {err}") from err

@@ -788,7 +788,7 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
             return arrays, task, (came, extra["sources"])
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
     ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
-    lookup = pa.array(list(tasks), type=pa.large_string())
+    lookup = _large_strings(tasks)
     try:
         with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
             read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup), paths))
@@ -806,6 +806,42 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     if key is not None:
         derived.save(key, {**meta, "__task__": task, "__source__": came}, {"sources": sources})
     return meta, task, (came, sources)
+
+
+def _numbers(column: pa.ChunkedArray | pa.Array, fill: int | None = None) -> np.ndarray:
+    """A column of integers, floats or booleans as numpy, read from its buffers (``to_numpy`` and the scalars
+    of ``fill_null`` import pandas: a quarter to half a second of every first open); nulls become ``fill``
+    (int64 then), which must be given where there are any."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind, n = array.type, len(array)
+    buffers = array.buffers()
+    if pa.types.is_boolean(kind):
+        values = _bits(buffers[1], array.offset, n)
+    else:
+        letter = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
+        dtype = np.dtype(f"<{letter}{kind.bit_width // 8}")
+        values = np.frombuffer(buffers[1], dtype, count=n, offset=array.offset * dtype.itemsize) if n else \
+            np.zeros(0, dtype)
+    if array.null_count:
+        if fill is None:
+            raise ValueError(f"{array.null_count} empty values")
+        values = values.astype(np.int64)
+        values[~_bits(buffers[0], array.offset, n)] = fill
+    return values
+
+
+def _bits(buffer: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    """``n`` bits of an Arrow bitmap from bit ``offset``, as bools."""
+    return np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")[offset:offset + n].astype(bool)
+
+
+def _large_strings(texts: Sequence[str]) -> pa.Array:
+    """``texts`` as an Arrow large_string array, built from its buffers: ``pa.array`` of Python strings imports
+    pandas (half a second) to ask whether they are a pandas object."""
+    encoded = [t.encode("utf-8") for t in texts]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded)))
 
 
 def _read_episode_file(files: DatasetFiles, relative: str, wanted: Sequence[str], ends: Sequence[str],
@@ -833,7 +869,7 @@ def _read_episode_file(files: DatasetFiles, relative: str, wanted: Sequence[str]
         if not (pa.types.is_integer(kind) or c.endswith("timestamp") and pa.types.is_floating(kind)):
             raise ValueError(f"{where}: column {c!r} holds {kind}; expected "
                              f"{'seconds (numbers)' if c.endswith('timestamp') else 'integers'}")
-        out[c] = table[c].to_numpy()
+        out[c] = _numbers(table[c])
     if "tasks" in present:
         task = _episode_task_ids(table["tasks"], lookup, table["episode_index"], where)
     else:
@@ -846,19 +882,23 @@ def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.Ch
     missing from tasks.parquet is an error naming the episode. Chunk by chunk (row groups), whatever the list
     and string types and encoding."""
     out, seen = [], 0
+    try:  # one chunk: LeRobot's row groups of ten episodes are 100k chunks at a million episodes
+        column = pa.chunked_array([column.combine_chunks()])
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # dictionaries that differ between row groups, say
+        pass
     for chunk in column.chunks:
         kind = chunk.type
         if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-            counts = pc.fill_null(pc.list_value_length(chunk), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+            counts = _numbers(pc.list_value_length(chunk), fill=0).astype(np.int64)
             values = pc.list_flatten(chunk)
         elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
-            counts, values = chunk.is_valid().to_numpy(zero_copy_only=False).astype(np.int64), chunk.drop_null()
+            counts, values = _numbers(chunk.is_valid()).astype(np.int64), chunk.drop_null()
         else:
             raise ValueError(f"{where}: column 'tasks' is {kind}; expected a list of task texts")
         if pa.types.is_dictionary(values.type):
             values = values.dictionary_decode()
         values = values.cast(pa.large_string())
-        ids = pc.fill_null(pc.index_in(values, value_set=lookup), -1).to_numpy(zero_copy_only=False)
+        ids = _numbers(pc.index_in(values, value_set=lookup), fill=-1)
         if (ids < 0).any():
             k = int(np.flatnonzero(ids < 0)[0])
             row = int(np.searchsorted(np.cumsum(counts), k, side="right"))
