@@ -323,3 +323,28 @@ def test_cli_fills_the_cache_ahead_then_reads_never_decode(lerobot, tmp_path, ca
     assert "3 segments" in capsys.readouterr().out
     assert main(["cache", "--dir", str(tmp_path / "c"), "--clear"]) == 0
     assert FrameStore(tmp_path / "c").info().segments == 0
+
+
+def test_reads_go_by_pread_into_the_slot_and_map_nothing(tmp_path):
+    """A read copies the asked frames (runs of consecutive ones, repeats, any order) from the segment's file into
+    the slot given, contiguous or not, mapping nothing into the process; a file whose header or size no longer
+    fits the segment is deleted and reported missing, even after its frames' offset was kept."""
+    store = FrameStore(tmp_path)
+    segment = Segment(("video", 9), frames=10, shape=(3, 4, 3))
+    rng = np.random.default_rng(4)
+    want = rng.integers(0, 256, (10, 3, 4, 3), dtype=np.uint8)
+    store.fill(segment, lambda out: out.__setitem__(slice(None), want))
+    reader = FrameStore(tmp_path)  # another process's view: nothing filled, nothing mapped
+    idx = np.array([2, 3, 4, 9, 0, 0, 5])
+    assert np.array_equal(reader.read(segment, idx), want[idx])
+    slot = np.zeros((len(idx), 3, 8, 3), np.uint8)[:, :, ::2]  # not contiguous
+    assert reader.read(segment, idx, slot) is slot and np.array_equal(slot, want[idx])
+    assert len(reader._mapped) == 0 and reader.hits == 2
+    path = tmp_path / LAYOUT / f"{segment.key}.npy"
+    path.write_bytes(path.read_bytes()[:-40])  # truncated after its offset was kept
+    assert reader.read(segment, np.array([9])) is None and not path.exists()
+    with open(path, "wb") as f:  # as many bytes, another shape in its header
+        np.save(f, want.reshape(10, 4, 3, 3))
+    assert FrameStore(tmp_path).read(segment, np.array([1])) is None and not path.exists()
+    FrameStore(tmp_path).fill(segment, lambda out: out.__setitem__(slice(None), want))  # a process that maps none
+    assert np.array_equal(FrameStore(tmp_path).read(segment, np.array([1])), want[[1]])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import math
 import os
 import shutil
 import time
@@ -51,10 +52,7 @@ LAYOUT = "mmfeed-frames-v1"
 """The folder inside ``DIR`` holding the store (a new layout gets a new name, so old files never mislead)."""
 
 _TOUCH_EVERY_S = 60.0
-_MAPPED = 8192
-"""Segment files a process keeps mapped (no file descriptor each; a mapping costs address space, not memory):
-enough for a global shuffle's working set, whose misses each map a file and parse its header again (an OXE
-dataset of 200 episodes and two cameras is 400 segments; at 256, a third of the reads mapped their file anew)."""
+_MAPPED = 256  # segment files a process keeps mapped (those it filled; reads go by pread, see FrameStore.read)
 
 
 @dataclass(frozen=True)
@@ -101,6 +99,7 @@ class FrameStore:
         self.root = os.path.join(self.directory, LAYOUT)
         self._budget = budget_bytes
         self._mapped: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._offsets: dict[str, int] = {}  # key -> where its frames start in its file (after the .npy header)
         self._touched: dict[str, float] = {}
         self.filled = 0  # segments this process decoded into the store
         self.hits = 0  # segment reads served from the store
@@ -140,6 +139,55 @@ class FrameStore:
                 self._mapped.popitem(last=False)
         else:
             self._mapped.move_to_end(key)
+        self._hit(key)
+        return frames
+
+    def read(self, segment: Segment, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+        """Frames ``idx`` of the segment read from its file into ``out`` (allocated when None) and returned, or
+        None when the store lacks it. One ``preadv`` per run of consecutive frames, straight into ``out``: no
+        mapping, so a process that reads a large store holds none of it (a map of every segment a global
+        shuffle touches is the whole store in the process's RSS), and no header parsed again (its frames'
+        offset is kept per segment). A file of the wrong header or size is deleted and reported missing."""
+        key = segment.key
+        path = os.path.join(self.root, key + ".npy")
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        shape = tuple(segment.shape)
+        if out is None:
+            out = np.empty((len(idx), *shape), np.uint8)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        try:
+            offset = self._offsets.get(key)
+            if offset is None:
+                offset = _frames_offset(fd, segment)
+                if offset is None:
+                    _remove(path)
+                    return None
+                self._offsets[key] = offset
+            frame = math.prod(shape)
+            into = out if out.flags.c_contiguous else np.empty(out.shape, np.uint8)
+            flat = memoryview(into.reshape(-1))
+            k, steps = 0, idx.tolist()
+            while k < len(steps):
+                run = 1
+                while k + run < len(steps) and steps[k + run] == steps[k] + run:
+                    run += 1
+                want = run * frame
+                if os.preadv(fd, [flat[k * frame:k * frame + want]], offset + steps[k] * frame) != want:
+                    self._offsets.pop(key, None)  # truncated or replaced since: filled again
+                    _remove(path)
+                    return None
+                k += run
+        finally:
+            os.close(fd)
+        if into is not out:
+            out[...] = into
+        self._hit(key)
+        return out
+
+    def _hit(self, key: str) -> None:
         now = time.monotonic()
         if now - self._touched.get(key, -_TOUCH_EVERY_S) >= _TOUCH_EVERY_S:  # least recently used goes first
             self._touched[key] = now
@@ -148,7 +196,6 @@ class FrameStore:
             except OSError:
                 pass
         self.hits += 1
-        return frames
 
     def fill(self, segment: Segment, decode: Callable[[np.ndarray], None]) -> np.ndarray | None:
         """Decode the segment into the store with ``decode(out)`` (it writes every frame into ``out``,
@@ -259,8 +306,7 @@ def stored(store: FrameStore | None, segment: Segment | None, idx: np.ndarray, o
     """Frames ``idx`` of ``segment`` from the store (into ``out`` when given), or None when it lacks them."""
     if store is None or segment is None or (len(idx) and int(np.max(idx)) >= segment.frames):
         return None
-    frames = store.get(segment)
-    return None if frames is None else take(frames, idx, out)
+    return store.read(segment, idx, out)
 
 
 def decode_stored(store: FrameStore | None, cache: VideoReaderCache, requests: Sequence[FrameRequest],
@@ -278,10 +324,11 @@ def decode_stored(store: FrameStore | None, cache: VideoReaderCache, requests: S
         for i, segment in enumerate(segments):
             frames = None
             if segment is not None and (not len(idx[i]) or int(np.max(idx[i])) < segment.frames):
-                frames = store.get(segment)
-                if frames is None:
-                    frames = store.fill(segment, lambda out, i=i: decode_with_context(cache, [whole(i, out)],
-                                                                                      [where[i]]))
+                got[i] = store.read(segment, idx[i], requests[i].out)
+                if got[i] is not None:
+                    continue
+                frames = store.fill(segment, lambda out, i=i: decode_with_context(cache, [whole(i, out)],
+                                                                                  [where[i]]))
             if frames is None:
                 missed.append(i)
             else:
@@ -291,6 +338,24 @@ def decode_stored(store: FrameStore | None, cache: VideoReaderCache, requests: S
         for i, frames in zip(missed, decoded):
             got[i] = frames
     return got  # type: ignore[return-value]
+
+
+def _frames_offset(fd: int, segment: Segment) -> int | None:
+    """Where the frames start in a segment's ``.npy`` file (open as ``fd``): after a header that declares
+    ``uint8 [frames, *shape]`` in C order, with exactly those bytes after it; None for anything else."""
+    with os.fdopen(os.dup(fd), "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+        except (ValueError, OSError, EOFError, SyntaxError):
+            return None
+        offset = f.tell()
+        size = os.fstat(fd).st_size
+    if shape != (segment.frames, *segment.shape) or fortran or dtype != np.uint8 or \
+            size != offset + math.prod(shape):
+        return None
+    return offset
 
 
 class _Lock:
