@@ -370,7 +370,8 @@ def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *
     """:func:`timed_stretch` of a fresh :func:`mmfeed_loader` after ``warmup`` batches; its workers are gone
     when this returns (so the next repeat of either side has the CPUs to itself). ``timer``: also the loader's
     :class:`~mmfeed.loaders.StepTimer` report (worker seconds per batch in read, decode and collate; the loop's
-    wait) and the shapes and dtypes of a batch's tensors, for a profile; ``keep``: also the sample ids of each timed batch (``"batches"``), for the limit."""
+    wait) and the shapes and dtypes of a batch's tensors, for a profile; ``keep``: also the sample ids of each
+    timed batch (``"batches"``), for the limit."""
     others = set(child_pids())  # children that are not this loader's workers (a test runner's, say)
     loader = mmfeed_loader(root, delta, timer=timer, **loader_args)
     batches = _forever(loader)

@@ -29,8 +29,8 @@ spread::
 
 ``--cache`` then reads three whole epochs with mmfeed through a cold decoded-frame cache (``cache=``): each epoch's
 samples/s and memory, and epoch 3 over tf.data. ``--epochs N`` reads N whole epochs with one persistent mmfeed
-loader (no cache) and reports the memory of the training process and its workers after each: how flat it stays. ``--quick`` is the test's mode: a 12-episode dataset, short
-stretches, one repeat.
+loader (no cache) and reports the memory of the training process and its workers after each: how flat it stays.
+``--quick`` is the test's mode: a 12-episode dataset, short stretches, one repeat.
 """
 
 from __future__ import annotations

@@ -22,12 +22,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mmfeed.loaders.formats.rlds.tfrecord import crc32c, crc32c_spans
+from mmfeed.loaders.formats.rlds.tfrecord import _HEADER, crc32c, crc32c_spans
 from mmfeed.loaders.transport.errors import SampleError
 
 __all__ = ["RecordRanges"]
 
-_HEADER = 12  # a record's payload starts this far into its frame (u64 length and its masked CRC)
 _GAP = 1 << 16  # pictures asked together are read in one range while what lies between them is at most this
 
 
@@ -76,9 +75,7 @@ class RecordRanges:
         n = stop - start
         data = os.pread(self._fd(shard), n, record + _HEADER + start)
         if len(data) != n:
-            raise SampleError(f"{self._describe(episode)}: bytes {start}..{stop} of the record end {n - len(data)} "
-                              "bytes short: the shard is truncated or changed since it was indexed; download it "
-                              "again")
+            raise SampleError(f"{self._describe(episode)}: bytes {start}..{stop} of the record {_short(n - len(data))}")
         return data
 
     def checked(self, episode: int, shard: int, record: int, start: int, stop: int, crc: int, what: str) -> bytes:
@@ -118,9 +115,8 @@ class RecordRanges:
                                                    sizes.tolist(), order[starts].tolist())):
             got = os.preadv(self._fd(s), [view[int(at[g]):int(at[g]) + size]], a)
             if got != size:
-                raise SampleError(f"{self._describe(int(pieces[k, 0]))}: {name(k)}: bytes {a}..{b} of the shard end "
-                                  f"{size - got} bytes short: the shard is truncated or changed since it was "
-                                  "indexed; download it again")
+                raise SampleError(f"{self._describe(int(pieces[k, 0]))}: {name(k)}: bytes {a}..{b} of the shard "
+                                  f"{_short(size - got)}")
         shift = np.empty(n, np.int64)  # from an offset in the shard to one in the buffer
         shift[order] = np.repeat(at[:-1] - group_low, np.diff(np.append(starts, n)))
         where = np.column_stack([low + shift, high + shift])
@@ -129,14 +125,20 @@ class RecordRanges:
         if bad.size:
             k = int(bad[0])
             episode, _, _, start, stop, crc = pieces[k].tolist()
-            raise SampleError(f"{self._describe(episode)}: {name(k)} (bytes {start}..{stop} of the record) fails its "
-                              f"CRC-32C check (indexed {crc:#010x}, read {int(crcs[k]):#010x}): the shard is corrupt "
-                              "or changed since it was indexed; download it again")
+            self._fail(episode, name(k), start, stop, crc, int(crcs[k]))
         return buffer, where
 
     def _check(self, data: bytes | memoryview, crc: int, episode: int, what: str, start: int, stop: int) -> None:
         actual = crc32c(data)
         if actual != crc:
-            raise SampleError(f"{self._describe(episode)}: {what} (bytes {start}..{stop} of the record) fails its "
-                              f"CRC-32C check (indexed {crc:#010x}, read {actual:#010x}): the shard is corrupt or "
-                              "changed since it was indexed; download it again")
+            self._fail(episode, what, start, stop, crc, actual)
+
+    def _fail(self, episode: int, what: str, start: int, stop: int, indexed: int, read: int) -> None:
+        raise SampleError(f"{self._describe(episode)}: {what} (bytes {start}..{stop} of the record) fails its CRC-32C "
+                          f"check (indexed {indexed:#010x}, read {read:#010x}): the shard is corrupt or changed since "
+                          "it was indexed; download it again")
+
+
+def _short(missing: int) -> str:
+    return (f"end {missing} bytes short: the shard is truncated or changed since it was indexed; download it "
+            "again")

@@ -61,6 +61,7 @@ __all__ = ["RldsSource"]
 
 log = logging.getLogger(__name__)
 
+
 class RldsSource(EpisodeSource):
     """The episodes of one split of an RLDS dataset, in file order (shard by shard, record by record: TFDS's
     order with ``shuffle_files=False``).
@@ -370,8 +371,8 @@ class RldsSource(EpisodeSource):
         return [memoryview(buffer)[a:b] for a, b in spans.tolist()]
 
     def episode(self, index: int) -> dict:
-        """The whole episode (every feature, pictures decoded; its record read whole), ``task``, ``fps`` (None without ``fps=``) and each
-        ragged feature as an object array of one array per step."""
+        """The whole episode (every feature, pictures decoded; its record read whole), ``task``, ``fps`` (None
+        without a rate) and each ragged feature as an object array of one array per step."""
         index = self._check_episode(index)
         request = EpisodeRequest(index, {f: np.arange(self._lengths[index], dtype=np.int64) for f in self.features})
         data = self._read([request], ranged=False)[0]  # every byte of the record wanted: one read, its CRC

@@ -31,8 +31,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["TFRecordError", "check_record", "crc32c", "crc32c_spans", "framed_size", "masked_crc32c", "scan_records",
-           "split_record"]
+__all__ = ["TFRecordError", "check_record", "crc32c", "crc32c_spans", "framed_size", "masked_crc32c",
+           "scan_records", "split_record"]
 
 _HEADER = 12  # u64 length and its masked crc
 _FOOTER = 4  # the payload's masked crc
