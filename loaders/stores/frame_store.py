@@ -39,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -126,12 +127,16 @@ class FrameStore:
         if frames is None:
             path = os.path.join(self.root, key + ".npy")
             try:
-                frames = np.load(path, mmap_mode="r")
+                with open(path, "rb", buffering=0) as f:
+                    offset = self._offset(segment, path, f)
+                    if offset is None:
+                        return None
+                    frames = np.memmap(f, np.uint8, "r", offset=offset, shape=(segment.frames, *segment.shape))
             except FileNotFoundError:
+                self._offsets.pop(key, None)
                 return None
-            except (ValueError, OSError, EOFError):
-                frames = None
-            if frames is None or frames.shape != (segment.frames, *segment.shape) or frames.dtype != np.uint8:
+            except (ValueError, OSError):  # shorter than its header says, since its offset was kept
+                self._offsets.pop(key, None)
                 _remove(path)
                 return None
             self._mapped[key] = frames
@@ -155,17 +160,15 @@ class FrameStore:
         if out is None:
             out = np.empty((len(idx), *shape), np.uint8)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            f = open(path, "rb", buffering=0)
         except FileNotFoundError:
+            self._offsets.pop(key, None)
             return None
-        try:
-            offset = self._offsets.get(key)
+        with f:
+            offset = self._offset(segment, path, f)
             if offset is None:
-                offset = _frames_offset(fd, segment)
-                if offset is None:
-                    _remove(path)
-                    return None
-                self._offsets[key] = offset
+                return None
+            fd = f.fileno()
             frame = math.prod(shape)
             into = out if out.flags.c_contiguous else np.empty(out.shape, np.uint8)
             flat = memoryview(into.reshape(-1))
@@ -180,12 +183,24 @@ class FrameStore:
                     _remove(path)
                     return None
                 k += run
-        finally:
-            os.close(fd)
         if into is not out:
             out[...] = into
         self._hit(key)
         return out
+
+    def _offset(self, segment: Segment, path: str, f: Any) -> int | None:
+        """Where the segment's frames start in its file ``path``, open as ``f`` (kept once known); None for a
+        file whose header or size does not fit the segment (damaged outside mmfeed), which is deleted, so it is
+        filled again."""
+        offset = self._offsets.get(segment.key)
+        if offset is not None:
+            return offset
+        offset = _frames_offset(f, segment)
+        if offset is None:
+            _remove(path)
+            return None
+        self._offsets[segment.key] = offset
+        return offset
 
     def _hit(self, key: str) -> None:
         now = time.monotonic()
@@ -340,18 +355,17 @@ def decode_stored(store: FrameStore | None, cache: VideoReaderCache, requests: S
     return got  # type: ignore[return-value]
 
 
-def _frames_offset(fd: int, segment: Segment) -> int | None:
-    """Where the frames start in a segment's ``.npy`` file (open as ``fd``): after a header that declares
+def _frames_offset(f: Any, segment: Segment) -> int | None:
+    """Where the frames start in a segment's ``.npy`` file (open as ``f``): after a header that declares
     ``uint8 [frames, *shape]`` in C order, with exactly those bytes after it; None for anything else."""
-    with os.fdopen(os.dup(fd), "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read(f)
-        except (ValueError, OSError, EOFError, SyntaxError):
-            return None
-        offset = f.tell()
-        size = os.fstat(fd).st_size
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+    except (ValueError, OSError, EOFError, SyntaxError):
+        return None
+    offset = f.tell()
+    size = os.fstat(f.fileno()).st_size
     if shape != (segment.frames, *segment.shape) or fortran or dtype != np.uint8 or \
             size != offset + math.prod(shape):
         return None
