@@ -808,33 +808,6 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     return meta, task, (came, sources)
 
 
-def _numbers(column: pa.ChunkedArray | pa.Array, fill: int | None = None) -> np.ndarray:
-    """A column of integers, floats or booleans as numpy, read from its buffers (``to_numpy`` and the scalars
-    of ``fill_null`` import pandas: a quarter to half a second of every first open); nulls become ``fill``
-    (int64 then), which must be given where there are any."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    kind, n = array.type, len(array)
-    buffers = array.buffers()
-    if pa.types.is_boolean(kind):
-        values = _bits(buffers[1], array.offset, n)
-    else:
-        letter = "f" if pa.types.is_floating(kind) else "i" if pa.types.is_signed_integer(kind) else "u"
-        dtype = np.dtype(f"<{letter}{kind.bit_width // 8}")
-        values = np.frombuffer(buffers[1], dtype, count=n, offset=array.offset * dtype.itemsize) if n else \
-            np.zeros(0, dtype)
-    if array.null_count:
-        if fill is None:
-            raise ValueError(f"{array.null_count} empty values")
-        values = values.astype(np.int64)
-        values[~_bits(buffers[0], array.offset, n)] = fill
-    return values
-
-
-def _bits(buffer: pa.Buffer, offset: int, n: int) -> np.ndarray:
-    """``n`` bits of an Arrow bitmap from bit ``offset``, as bools."""
-    return np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")[offset:offset + n].astype(bool)
-
-
 def _large_strings(texts: Sequence[str]) -> pa.Array:
     """``texts`` as an Arrow large_string array, built from its buffers: ``pa.array`` of Python strings imports
     pandas (half a second) to ask whether they are a pandas object."""
@@ -869,7 +842,7 @@ def _read_episode_file(files: DatasetFiles, relative: str, wanted: Sequence[str]
         if not (pa.types.is_integer(kind) or c.endswith("timestamp") and pa.types.is_floating(kind)):
             raise ValueError(f"{where}: column {c!r} holds {kind}; expected "
                              f"{'seconds (numbers)' if c.endswith('timestamp') else 'integers'}")
-        out[c] = _numbers(table[c])
+        out[c] = numpy_of(table[c])
     if "tasks" in present:
         task = _episode_task_ids(table["tasks"], lookup, table["episode_index"], where)
     else:
@@ -889,16 +862,16 @@ def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.Ch
     for chunk in column.chunks:
         kind = chunk.type
         if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-            counts = _numbers(pc.list_value_length(chunk), fill=0).astype(np.int64)
+            counts = numpy_of(pc.list_value_length(chunk), fill=0).astype(np.int64)
             values = pc.list_flatten(chunk)
         elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
-            counts, values = _numbers(chunk.is_valid()).astype(np.int64), chunk.drop_null()
+            counts, values = numpy_of(chunk.is_valid()).astype(np.int64), chunk.drop_null()
         else:
             raise ValueError(f"{where}: column 'tasks' is {kind}; expected a list of task texts")
         if pa.types.is_dictionary(values.type):
             values = values.dictionary_decode()
         values = values.cast(pa.large_string())
-        ids = _numbers(pc.index_in(values, value_set=lookup), fill=-1)
+        ids = numpy_of(pc.index_in(values, value_set=lookup), fill=-1)
         if (ids < 0).any():
             k = int(np.flatnonzero(ids < 0)[0])
             row = int(np.searchsorted(np.cumsum(counts), k, side="right"))
