@@ -191,10 +191,4 @@ def receive_floor(tensors: Sequence[tuple[tuple[int, ...], Any]], *, workers: in
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     del batches, loader
     return {"main_cpu_ms_per_batch": 1e3 * cpu / steps, "wall_ms_per_batch": 1e3 * wall / steps,
-            "tensors": len(tensors), "bytes": sum(int(np.prod(s)) * _itemsize(d) for s, d in tensors)}
-
-
-def _itemsize(dtype: Any) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
+            "tensors": len(tensors), "bytes": sum(int(np.prod(s)) * d.itemsize for s, d in tensors)}
