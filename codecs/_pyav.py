@@ -21,8 +21,9 @@ import numpy as np
 
 from mmfeed.codecs.demux import MAX_FRAME_PIXELS, VideoInfo, VideoSource, pixel_limit, frames_of, open_container
 from mmfeed.codecs.errors import DecodeError
-from mmfeed.codecs._sws import DirectRGB
+from mmfeed.codecs._sws import DirectRGB, one_thread
 from mmfeed.codecs.nt_copy import copy_into
+from mmfeed.codecs._nvdec import open_on_device, pyav_cuda_error, upload_nv12
 
 __all__ = ["PyAVReader", "decode_totals", "seek_cost_frames"]
 
@@ -62,20 +63,26 @@ class PyAVReader:
 
     def __init__(
         self, source: VideoSource, info: VideoInfo, *, threads: int = 1, size: tuple[int, int] | None = None,
-        frame_format: str = "rgb24", max_frame_pixels: int | None = MAX_FRAME_PIXELS,
+        frame_format: str = "rgb24", max_frame_pixels: int | None = MAX_FRAME_PIXELS, device: str | None = None,
     ) -> None:
         if frame_format not in ("rgb24", "yuv420"):
             raise ValueError(f"frame_format must be 'rgb24' or 'yuv420', got {frame_format!r}")
         h, w = size if size is not None else (info.height, info.width)
         if frame_format == "yuv420" and (h % 2 or w % 2):
             raise ValueError(f"{info.path}: frame_format='yuv420' needs an even frame size, got {h}x{w}")
+        self.device = None if device is None else _device_decoding(info, device, frame_format)
+        self.cpu_fallback = False  # device: FFmpeg decoded a frame on the CPU instead of NVDEC (logged once)
         self.info = info
         self._size = size
         self.frame_format = frame_format
         self.colour: tuple[str, bool] | None = None  # yuv420: (matrix, full_range) of the frames, once one is seen
         self._scratch: np.ndarray | None = None  # yuv420: the [H * 3 // 2, W] array each frame's planes go to
         self._planes: tuple[np.ndarray, ...] | None = None
-        self._container = open_container(source, max_frame_pixels)
+        if self.device is None:
+            self._container = open_container(source, max_frame_pixels)
+        else:
+            self._container = open_on_device(self.device, lambda accel: open_container(source, max_frame_pixels,
+                                                                                       hwaccel=accel))
         if not self._container.streams.video:
             self._container.close()
             raise DecodeError(f"{info.path}: holds no video stream", path=info.path)
@@ -102,7 +109,9 @@ class PyAVReader:
 
     def decode(self, indices: np.ndarray) -> np.ndarray:
         """Frames at the sorted, unique, in-range ``indices`` as uint8 ``[N, H, W, 3]`` (yuv420:
-        ``[N, H * 3 // 2, W]``)."""
+        ``[N, H * 3 // 2, W]``); with a ``device``, a torch tensor ``[N, H, W, 3]`` on that GPU."""
+        if self.device is not None:
+            return self._decode_on_device(indices)
         h, w = self.out_shape
         step = (h, w, 3) if self.frame_format == "rgb24" else (h * 3 // 2, w)
         out = np.empty((len(indices), *step), dtype=np.uint8)
@@ -134,6 +143,36 @@ class PyAVReader:
                 self._yuv(frame, out)
             elif not direct.convert_into(frame, out, convert):
                 sink(k, convert(frame))
+
+    def _decode_on_device(self, indices: np.ndarray):
+        """:meth:`decode` with NVDEC (:mod:`mmfeed.codecs._nvdec`): every frame's NV12 planes copied into one
+        device tensor, converted to RGB in one pass, then resized where a ``size`` asks."""
+        import torch
+
+        from mmfeed.codecs._torchcodec import resize_on_device
+        from mmfeed.codecs.colour import nv12_to_rgb_torch
+
+        info, device = self.info, torch.device(self.device)
+        current, default = torch.cuda.current_stream(device), torch.cuda.default_stream(device)
+        with torch.cuda.stream(default):  # FFmpeg's copies out of the decoder run on this stream
+            nv12 = torch.empty((len(indices), info.height * 3 // 2, info.width), dtype=torch.uint8, device=device)
+            on_gpu = True
+            for k, target in enumerate(indices.tolist()):
+                frame = self._decode_one(int(target))
+                if self.colour is None:
+                    self.colour = _colour_of(frame)
+                on_gpu = upload_nv12(frame, nv12[k]) and on_gpu
+                del frame  # the decoder's surface goes back to FFmpeg's pool (after the copy, on the same stream)
+            matrix, full = self.colour if self.colour is not None else ("bt601", False)
+            rgb = nv12_to_rgb_torch(nv12, matrix=matrix, full_range=full)
+            if self.out_shape != (info.height, info.width):
+                rgb = resize_on_device(rgb, self.out_shape)
+        current.wait_stream(default)
+        if not on_gpu and not self.cpu_fallback:
+            self.cpu_fallback = True
+            log.warning("%s: FFmpeg decodes this %s video on the CPU, not with NVDEC (a codec or profile this GPU "
+                        "does not decode); frames are still delivered on %s", info.path, info.codec, self.device)
+        return rgb.contiguous()
 
     def close(self) -> None:
         """Close the container (idempotent)."""
@@ -235,7 +274,7 @@ class PyAVReader:
         # The converted frame's plane is viewed, not copied (to_ndarray() would copy it once more): the caller's
         # sink makes the one copy, into the batch, while the frame is alive.
         h, w = self.out_shape
-        plane = self._reformatter.reformat(frame, format="rgb24", width=w, height=h, **_one_thread()).planes[0]
+        plane = self._reformatter.reformat(frame, format="rgb24", width=w, height=h, **one_thread()).planes[0]
         return np.frombuffer(plane, np.uint8).reshape(h, plane.line_size)[:, : w * 3].reshape(h, w, 3)
 
     def _yuv(self, frame, out: np.ndarray | None = None) -> np.ndarray:
@@ -245,7 +284,7 @@ class PyAVReader:
         # 96x128 frame).
         h, w = self.out_shape
         if frame.format.name != "yuv420p" or frame.height != h or frame.width != w:
-            frame = self._reformatter.reformat(frame, format="yuv420p", width=w, height=h, **_one_thread())
+            frame = self._reformatter.reformat(frame, format="yuv420p", width=w, height=h, **one_thread())
         if self.colour is None:
             self._note_colour(frame)
         if out is None:
@@ -262,16 +301,34 @@ class PyAVReader:
     def _note_colour(self, frame) -> None:
         """Record the matrix and range the frames are tagged with; the RGB path (swscale) converts with them, so
         ``yuv420_to_rgb`` must be given the same to match it (BT.601 limited range is its default)."""
-        matrix = _MATRICES.get(int(frame.colorspace), "bt601")
-        full = int(frame.color_range) == 2  # AVCOL_RANGE_JPEG
-        self.colour = (matrix, full)
+        matrix, full = self.colour = _colour_of(frame)
         if matrix != "bt601" or full:
             log.warning("%s: frames are tagged %s%s; convert its yuv420 frames with yuv420_to_rgb(matrix=%r, "
                         "full_range=%s) to match the RGB path", self.info.path, matrix,
                         ", full range" if full else "", matrix, full)
 
 
-_ONE_THREAD: dict | None = None
+def _colour_of(frame) -> tuple[str, bool]:
+    """(matrix, full_range) a frame is tagged with, as swscale reads them (untagged: BT.601, limited range)."""
+    return _MATRICES.get(int(frame.colorspace), "bt601"), int(frame.color_range) == 2  # 2: AVCOL_RANGE_JPEG
+
+
+def _device_decoding(info: VideoInfo, device: str, frame_format: str) -> str:
+    """``device`` checked for this reader: RGB frames of even size, a GPU PyAV can decode onto, the training
+    process (DecodeError naming the file and what is missing otherwise)."""
+    from mmfeed.codecs._torchcodec import check_device, device_refusal
+
+    device = check_device(device)
+    if frame_format != "rgb24":
+        raise ValueError(f"{info.path}: device={device!r} delivers RGB frames; frame_format={frame_format!r} is "
+                         "for host frames converted later (leave device unset)")
+    if info.height % 2 or info.width % 2:
+        raise DecodeError(f"{info.path}: device={device!r} decodes 4:2:0 frames of even size, but this video is "
+                          f"{info.height}x{info.width}; leave device unset", path=info.path)
+    reason = pyav_cuda_error(device) or device_refusal()
+    if reason is not None:
+        raise DecodeError(f"{info.path}: device={device!r} is unavailable: {reason}", path=info.path)
+    return device
 
 
 def _plane_views(frame: np.ndarray, h: int, w: int) -> tuple[np.ndarray, ...]:
@@ -279,23 +336,6 @@ def _plane_views(frame: np.ndarray, h: int, w: int) -> tuple[np.ndarray, ...]:
     flat, q = frame.reshape(-1), h * w // 4
     return (flat[: h * w].reshape(h, w), flat[h * w : h * w + q].reshape(h // 2, w // 2),
             flat[h * w + q :].reshape(h // 2, w // 2))
-
-
-def _one_thread() -> dict:
-    """``{"threads": 1}`` where PyAV's reformat takes it (its default there, 0, lets swscale pick a thread
-    count per call: measured here 70-80 us of overhead per frame, 81 -> 9 us for a 48x64 frame, 142 -> 42 us at
-    240x320, identical pixels), else nothing. One thread per call suits a worker that decodes on one thread."""
-    global _ONE_THREAD
-    if _ONE_THREAD is None:
-        import av
-        from av.video.reformatter import VideoReformatter
-
-        try:
-            VideoReformatter().reformat(av.VideoFrame(16, 16, "yuv420p"), format="rgb24", threads=1)
-            _ONE_THREAD = {"threads": 1}
-        except TypeError:
-            _ONE_THREAD = {}
-    return _ONE_THREAD
 
 
 # AVColorSpace -> the matrix swscale converts with (anything else, unspecified included, is BT.601).

@@ -73,8 +73,9 @@ from mmfeed.codecs.errors import DecodeError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TorchCodecReader", "check_device", "cuda_decode_error", "device_refusal", "link_pyav_ffmpeg",
-           "resize_on_device", "torchcodec_available", "torchcodec_error", "torchcodec_has_cuda"]
+__all__ = ["TorchCodecReader", "check_device", "cuda_decode_error", "device_error", "device_refusal",
+           "link_pyav_ffmpeg", "resize_on_device", "torch_cuda_missing", "torchcodec_available", "torchcodec_error",
+           "torchcodec_has_cuda"]
 
 log = logging.getLogger(__name__)
 
@@ -160,13 +161,7 @@ def cuda_decode_error(device: str = "cuda") -> str | None:
     """None when torchcodec can decode onto ``device`` in this process, else everything that is missing, each with
     its fix: a CUDA device visible to torch, torchcodec installed and loading, torchcodec built with CUDA, the
     device index in range."""
-    import torch
-
-    missing = []
-    if not torch.cuda.is_available():
-        build = "a CPU build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
-        missing.append(f"CUDA is not available to torch ({build}, {torch.cuda.device_count()} devices visible): GPU "
-                       "decode needs a CUDA build of torch on a machine with an NVIDIA GPU")
+    missing = torch_cuda_missing()
     if importlib.util.find_spec("torchcodec") is None:
         missing.append(f"torchcodec is not installed: {CUDA_TORCHCODEC}")
     else:
@@ -176,10 +171,29 @@ def cuda_decode_error(device: str = "cuda") -> str | None:
         reason = torchcodec_error()
         if reason is not None:
             missing.append(reason)
+    return device_error(device, missing)
+
+
+def torch_cuda_missing() -> list[str]:
+    """``[]`` when torch sees a CUDA device, else the one line saying it does not and what GPU decode needs."""
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    build = "a CPU build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+    return [f"CUDA is not available to torch ({build}, {torch.cuda.device_count()} devices visible): GPU decode "
+            "needs a CUDA build of torch on a machine with an NVIDIA GPU"]
+
+
+def device_error(device: str, missing: list[str]) -> str | None:
+    """None when nothing is ``missing`` to decode onto ``device`` and its index is in range, else one message
+    of everything missing, ending with the way out."""
     if not missing:
+        import torch
+
         index = _DEVICE.match(device).group("index")
         if index is not None and int(index) >= torch.cuda.device_count():
-            missing.append(f"{device} does not exist: torch sees {torch.cuda.device_count()} CUDA devices")
+            missing = [f"{device} does not exist: torch sees {torch.cuda.device_count()} CUDA devices"]
     if not missing:
         return None
     return "; ".join(missing) + "; leave device unset to decode on the CPU"

@@ -30,8 +30,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-__all__ = ["FRAME_FORMATS", "MATRICES", "frame_step_shape", "swscale_coefficients", "yuv420_planes", "yuv420_to_rgb",
-           "yuv420_to_rgb_swscale", "yuv420_to_rgb_torch"]
+__all__ = ["FRAME_FORMATS", "MATRICES", "frame_step_shape", "nv12_to_rgb_torch", "swscale_coefficients", "yuv420_planes",
+           "yuv420_to_rgb", "yuv420_to_rgb_swscale", "yuv420_to_rgb_torch"]
 
 FRAME_FORMATS = ("rgb24", "yuv420")
 """How decoded frames are delivered: ``"rgb24"`` uint8 ``[H, W, 3]``, ``"yuv420"`` I420 planes ``[H * 3 // 2, W]``."""
@@ -140,8 +140,27 @@ def yuv420_to_rgb_torch(planes: torch.Tensor, *, matrix: str = "bt601", full_ran
     no loop over frames."""
     if planes.dtype != torch.uint8:
         raise TypeError(f"yuv420 frames must be uint8, got {planes.dtype}")
+    return _planes_to_rgb(*yuv420_planes(planes), matrix=matrix, full_range=full_range)
+
+
+def nv12_to_rgb_torch(frames: torch.Tensor, *, matrix: str = "bt601", full_range: bool = False) -> torch.Tensor:
+    """RGB frames uint8 ``[..., H, W, 3]`` from NV12 frames uint8 ``[..., H * 3 // 2, W]`` (the luma plane, then
+    one plane of interleaved U, V pairs ``[H / 2, W / 2, 2]``: what NVDEC decodes to), with the same arithmetic as
+    :func:`yuv420_to_rgb_torch`: the same pixels as swscale's rgb24 of the same samples."""
+    if frames.dtype != torch.uint8:
+        raise TypeError(f"nv12 frames must be uint8, got {frames.dtype}")
+    rows, w = int(frames.shape[-2]), int(frames.shape[-1])
+    if frames.dim() < 2 or rows % 3 or (rows * 2 // 3) % 2 or w % 2 or rows == 0:
+        raise ValueError(f"nv12 frames are [..., H * 3 // 2, W] with H and W even, got shape {tuple(frames.shape)}")
+    h = rows * 2 // 3
+    uv = frames[..., h:, :].reshape(*frames.shape[:-2], h // 2, w // 2, 2)
+    return _planes_to_rgb(frames[..., :h, :], uv[..., 0], uv[..., 1], matrix=matrix, full_range=full_range)
+
+
+def _planes_to_rgb(y: torch.Tensor, u: torch.Tensor, v: torch.Tensor, *, matrix: str,
+                   full_range: bool) -> torch.Tensor:
+    """RGB ``[..., H, W, 3]`` from a luma plane ``[..., H, W]`` and chroma planes ``[..., H/2, W/2]``."""
     y_offset, cy, crv, cbu, cgu, cgv = swscale_coefficients(matrix, bool(full_range))
-    y, u, v = yuv420_planes(planes)
     *lead, h, w = y.shape
     # int32 throughout: every product fits (8 * 255 * 2**15 < 2**31) and >> is an arithmetic (floor) shift, as
     # the high half of the 16-bit multiply is. The chroma terms are computed once per 2x2 block and broadcast
@@ -177,7 +196,7 @@ def yuv420_to_rgb_swscale(planes: np.ndarray, *, matrix: str = "bt601", full_ran
     frame_step_shape(h, w, "yuv420")
     if rows % 3:
         raise ValueError(f"yuv420 frames are [..., H * 3 // 2, W] with H and W even, got shape {planes.shape}")
-    from mmfeed.codecs._pyav import _one_thread
+    from mmfeed.codecs._sws import one_thread
 
     flat = planes.reshape(-1, rows * w)
     out = np.empty((len(flat), h, w, 3), dtype=np.uint8)
@@ -192,5 +211,5 @@ def yuv420_to_rgb_swscale(planes: np.ndarray, *, matrix: str = "bt601", full_ran
         for view, a, b in zip(views, starts, starts[1:]):
             view[...] = flat[k, a:b].reshape(view.shape)
         out[k] = reformatter.reformat(frame, format="rgb24", src_colorspace=space, src_color_range=color_range,
-                                      **_one_thread()).to_ndarray()
+                                      **one_thread()).to_ndarray()
     return out.reshape(*planes.shape[:-2], h, w, 3)

@@ -21,7 +21,7 @@ import os
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -228,10 +228,11 @@ def pixel_limit(max_frame_pixels: int | None) -> dict[str, str]:
     return {} if max_frame_pixels is None else {"max_pixels": str(min(int(max_frame_pixels), 2**31 - 1))}
 
 
-def open_container(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME_PIXELS
+def open_container(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME_PIXELS, *, hwaccel: Any = None
                    ) -> "av.container.InputContainer":
     """``av.open`` on a path or in-memory bytes, turning every failure into a :class:`DecodeError`; a first video
-    stream whose frames exceed ``max_frame_pixels`` (from its header: nothing of it is decoded) is refused."""
+    stream whose frames exceed ``max_frame_pixels`` (from its header: nothing of it is decoded) is refused.
+    ``hwaccel``: PyAV's hardware decoding setting (:func:`mmfeed.codecs._nvdec.open_on_device`), or None."""
     import av
 
     name = source_name(source)
@@ -249,8 +250,11 @@ def open_container(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME
         target = io.BytesIO(source)
     try:
         container = av.open(target, mode="r", options=pixel_limit(max_frame_pixels),
-                            container_options=input_options(VIDEO_FORMATS, path=isinstance(target, str)))
-    except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+                            container_options=input_options(VIDEO_FORMATS, path=isinstance(target, str)),
+                            **({} if hwaccel is None else {"hwaccel": hwaccel}))
+    except (av.error.FFmpegError, OSError, UnicodeDecodeError, RuntimeError) as exc:  # RuntimeError: PyAV's hwaccel
+        if hwaccel is not None:
+            _refuse_device(source, exc, name, max_frame_pixels)
         _refuse_other_format(source, exc, name)  # an HLS playlist, a concat list: not a video container
         # FFmpeg's words without the errno and the file name PyAV adds to them (the message names the file)
         why = exc.strerror if isinstance(exc, av.error.FFmpegError) and exc.strerror else exc
@@ -265,6 +269,22 @@ def open_container(source: VideoSource, max_frame_pixels: int | None = MAX_FRAME
             container.close()
             raise
     return container
+
+
+def _refuse_device(source: VideoSource, exc: BaseException, name: str, max_frame_pixels: int | None) -> None:
+    """After ``av.open`` with a hardware decoder failed: where the file opens without one, raise a DecodeError
+    saying it is the GPU decoder that failed (else return, and the file's own error follows)."""
+    import av
+
+    if isinstance(source, FileOpener):
+        return
+    try:
+        open_container(source, max_frame_pixels).close()
+    except DecodeError:
+        return
+    why = exc.strerror if isinstance(exc, av.error.FFmpegError) and exc.strerror else exc
+    raise DecodeError(f"{name}: FFmpeg could not open a decoder on the CUDA device for it: {why}; leave device "
+                      "unset to decode on the CPU", path=name) from exc
 
 
 def packets_of(container: "av.container.InputContainer", stream: "av.video.stream.VideoStream") -> Iterator:

@@ -31,6 +31,7 @@ from numpy.typing import ArrayLike
 
 from mmfeed.codecs._decord import DecordReader
 from mmfeed.codecs._pyav import PyAVReader
+from mmfeed.codecs._nvdec import pyav_cuda_error
 from mmfeed.codecs._torchcodec import TorchCodecReader, check_device, cuda_decode_error
 from mmfeed.codecs.colour import FRAME_FORMATS, frame_step_shape
 from mmfeed.codecs.demux import check_container
@@ -94,10 +95,11 @@ class DecodeOptions:
     - ``frame_format``: ``"rgb24"`` (uint8 ``[H, W, 3]``) or ``"yuv420"`` (I420 planes ``[H * 3 // 2, W]``, as
       decoded, without a colour conversion; PyAV only, not decord or torchcodec; even sizes and crops;
       :func:`mmfeed.codecs.colour.yuv420_to_rgb` converts them later, on the device).
-    - ``device``: ``"cuda"`` or ``"cuda:N"`` to decode with NVDEC through torchcodec (``backend="torchcodec"``
-      only) and deliver torch uint8 tensors on that GPU instead of numpy arrays; checked here, so a machine that
-      cannot (no CUDA, no torchcodec, torchcodec's CPU build) fails when the options are made, saying what is
-      missing. See :mod:`mmfeed.codecs._torchcodec`.
+    - ``device``: ``"cuda"`` or ``"cuda:N"`` to decode with NVDEC and deliver torch uint8 tensors ``[N, H, W, 3]``
+      on that GPU instead of numpy arrays: through PyAV's bundled FFmpeg (``backend="pyav"`` or ``"auto"``; RGB
+      equal to the CPU path's, :mod:`mmfeed.codecs._nvdec`) or torchcodec's CUDA build (``backend="torchcodec"``,
+      :mod:`mmfeed.codecs._torchcodec`); not decord. Checked here, so a machine that cannot (no CUDA, PyAV without
+      hardware decoding, no torchcodec or its CPU build) fails when the options are made, saying what is missing.
     - ``max_frame_pixels``: the largest frame area (height x width) a video may have (default
       :data:`~mmfeed.codecs.demux.MAX_FRAME_PIXELS`, 4096x4096); a larger stream is refused from its header when
       it is probed, before any frame is decoded, whatever the backend. None lifts the limit.
@@ -118,6 +120,9 @@ class DecodeOptions:
         if self.backend != "auto" and self.backend not in BACKENDS:
             raise ValueError(f"unknown video backend {self.backend!r}; choose 'auto' or one of {sorted(BACKENDS)}")
         if self.device is not None:
+            if self.frame_format != "rgb24":
+                raise ValueError(f"device={self.device!r} delivers RGB frames on the GPU; frame_format="
+                                 f"{self.frame_format!r} is for host frames converted later: drop one of them")
             object.__setattr__(self, "device", check_device_option(self.device, self.backend))
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {self.threads!r}")
@@ -163,13 +168,15 @@ class DecodeOptions:
 
 
 def check_device_option(device: object, backend: str) -> str:
-    """The ``device`` option checked against ``backend`` and this machine: only torchcodec decodes onto a GPU;
-    ValueError naming the option, what is missing and the fix otherwise."""
+    """The ``device`` option checked against ``backend`` and this machine: PyAV (``"pyav"`` or ``"auto"``, NVDEC
+    through PyAV's bundled FFmpeg) and torchcodec decode onto a GPU, decord does not; ValueError naming the option,
+    what is missing and the fix otherwise."""
     device = check_device(device)
-    if backend != "torchcodec":
-        raise ValueError(f"device={device!r} decodes on the GPU through torchcodec only, but backend is {backend!r}; "
-                         "pass backend='torchcodec' with device=, or leave device unset")
-    reason = cuda_decode_error(device)
+    if backend not in ("auto", "pyav", "torchcodec"):
+        raise ValueError(f"device={device!r} decodes on the GPU through PyAV or torchcodec only, but backend is "
+                         f"{backend!r}; pass backend='pyav' (or 'auto', or 'torchcodec') with device=, or leave "
+                         "device unset")
+    reason = cuda_decode_error(device) if backend == "torchcodec" else pyav_cuda_error(device)
     if reason is not None:
         raise ValueError(f"device={device!r} cannot decode here: {reason}")
     return device

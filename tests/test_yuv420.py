@@ -4,6 +4,7 @@ The conversion (mmfeed.codecs.colour) reproduces swscale's x86 arithmetic, so on
 the same planes (mmfeed's RGB path) within one level, in fact bit for bit, on real H.264 and AV1 video.
 """
 
+import itertools
 import os
 import platform
 
@@ -237,3 +238,18 @@ def test_batched_requests_write_planes_in_place_as_one_by_one(video, tmp_path):
             got = cache.decode_batch([FrameRequest(path, np.array(ask), out=o) for ask, o in zip(asks, outs)])
         for a, g, o in zip(alone, got, outs):
             assert g is o and np.array_equal(g, a)
+
+
+def test_nv12_frames_convert_as_swscale_converts_them(video):
+    """NVDEC's layout (interleaved chroma) converts to the same pixels as PyAV's rgb24 of the same frames; a frame
+    decoded on the CPU goes into an NV12 slot as the GPU path's software fallback puts it there."""
+    from mmfeed.codecs._nvdec import upload_nv12
+    from mmfeed.codecs.colour import nv12_to_rgb_torch
+
+    with av.open(video) as container:
+        for frame in itertools.islice(container.decode(video=0), 3):
+            slot = torch.empty((frame.height * 3 // 2, frame.width), dtype=torch.uint8)
+            assert upload_nv12(frame, slot) is False
+            assert np.array_equal(nv12_to_rgb_torch(slot).numpy(), frame.to_ndarray(format="rgb24"))
+    with pytest.raises(ValueError, match=r"nv12 frames are \[..., H \* 3 // 2, W\] with H and W even"):
+        nv12_to_rgb_torch(torch.zeros((5, 4), dtype=torch.uint8))

@@ -54,12 +54,14 @@ class ReadOptions:
         webdataset shards and RLDS datasets (each camera of an episode decoded whole into it at its first read).
     cache_bytes: the most bytes of decoded frames ``cache`` holds (least recently used segments go first;
         default half the free space there). With ``cache``.
-    device: ``"cuda"`` or ``"cuda:N"``: decode with NVDEC through torchcodec (``backend="torchcodec"`` only) and
-        deliver video features as torch uint8 tensors on that GPU (same layout as CPU frames). Checked when the
-        dataset is opened: without CUDA, torchcodec or its CUDA build the error says which and how to get it.
+    device: ``"cuda"`` or ``"cuda:N"``: decode with NVDEC, through PyAV's bundled FFmpeg (``backend="pyav"`` or
+        ``"auto"``: frames equal the CPU path's, :mod:`mmfeed.codecs._nvdec`) or torchcodec's CUDA build
+        (``backend="torchcodec"``), and deliver video features as torch uint8 tensors on that GPU (same layout as
+        CPU frames). Checked when the dataset is opened: without CUDA (or torchcodec's CUDA build, for that
+        backend) the error says which and how to get it.
         Decode in the training process (``num_workers=0`` or ``worker_mode="thread"``; a worker process refuses),
         through ``read_many``/``episode``/``windows()``; the packed loader's host payloads and ``cache`` refuse
-        device frames, and ``pin_memory`` must stay off. See :mod:`mmfeed.codecs._torchcodec`. Every format.
+        device frames, and ``pin_memory`` must stay off. Every format.
     errors: what an episode whose metadata disagrees with the data does when the dataset opens
         (:mod:`~mmfeed.loaders.sources.consistency`: row ranges, lengths, rates, frame counts): ``"raise"`` (the
         default) refuses the dataset with an error naming the file, the episode and both values; ``"skip"``
