@@ -22,7 +22,7 @@ the same cores; on a GPU they leave the workers alone (``mmfeed bench gpu``).
 ::
 
     python -m mmfeed.bench.device_transforms [--episodes 24] [--rounds 5] [--workers 2] [--threads 1]
-        [--size 128x96] [--crop 64] [--json out.json]      (or: mmfeed bench device-transforms ...)
+        [--size 128x96] [--crop 64] [--device cpu] [--json out.json]   (or: mmfeed bench device-transforms ...)
 """
 
 from __future__ import annotations
@@ -83,11 +83,11 @@ def _ops(crop: int) -> tuple[ColorJitter, RandomResizedCrop]:
     return ColorJitter(0.4, 0.4, 0.4), RandomResizedCrop(crop, scale=(0.5, 1.0))
 
 
-def loader(root: str, way: str, workers: int, crop: int) -> DataLoader:
+def loader(root: str, way: str, workers: int, crop: int, device: str = "cpu") -> DataLoader:
     source = open_dataset(root)
     jitter, rrc = _ops(crop)
     plan = PlanConfig(capacity=512, rows_per_batch=4)
-    kw: dict[str, Any] = dict(num_workers=workers, persistent_workers=workers > 0, device="cpu", timer=StepTimer())
+    kw: dict[str, Any] = dict(num_workers=workers, persistent_workers=workers > 0, device=device, timer=StepTimer())
     if way == "workers":
         transform = Compose(Normalize(source), CameraDropout(0.3), OneSample(jitter), OneSample(rrc))
         return DataLoader(source, packing=Packing(layout=LAYOUT, window=SPEC, plan=plan, transform=transform), **kw)
@@ -97,8 +97,8 @@ def loader(root: str, way: str, workers: int, crop: int) -> DataLoader:
     return DataLoader(source, packing=pack, **kw)
 
 
-def _build(root: str, way: str, workers: int, crop: int) -> DataLoader:
-    dl = loader(root, way, workers, crop)
+def _build(root: str, way: str, workers: int, crop: int, device: str) -> DataLoader:
+    dl = loader(root, way, workers, crop, device)
     dl.chain_epochs = False  # each timed epoch drains: no epoch's batches load during another's clock
     return dl
 
@@ -111,6 +111,8 @@ def one_epoch(dl: DataLoader) -> dict[str, float]:
     samples = 0
     for batch in dl:
         samples += len(batch.metadata["sample"])
+    if dl.device is not None and dl.device.type == "cuda":
+        torch.cuda.synchronize(dl.device)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() + cpu_seconds(pids) - cpu0
     transform = dl.timer.report()["transform_s"]
@@ -127,22 +129,22 @@ def synthetic(root: Path, episodes: int, height: int, width: int) -> str:
 
 
 def run(episodes: int = 24, rounds: int = 5, workers: int = 2, height: int = 96, width: int = 128,
-        crop: int = 64, root: str | None = None, threads: int = 1) -> dict[str, Any]:
+        crop: int = 64, root: str | None = None, threads: int = 1, device: str = "cpu") -> dict[str, Any]:
     """The table; ``threads``: torch's intra-op threads in the training process (where the device transforms
-    run on a CPU device), as each worker has one."""
+    run on a CPU device), as each worker has one; ``device``: where batches go (``"cuda"``: ``mmfeed bench gpu``)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _run(episodes, rounds, workers, height, width, crop, root, threads)
+        return _run(episodes, rounds, workers, height, width, crop, root, threads, device)
     finally:
         torch.set_num_threads(before)
 
 
 def _run(episodes: int, rounds: int, workers: int, height: int, width: int, crop: int, root: str | None,
-         threads: int) -> dict[str, Any]:
+         threads: int, device: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         root = root or synthetic(Path(tmp), episodes, height, width)
-        loaders = {way: _build(root, way, workers, crop) for way in WAYS}
+        loaders = {way: _build(root, way, workers, crop, device) for way in WAYS}
         for dl in loaders.values():  # workers started, the first epoch's refill paid
             for _ in dl:
                 pass
@@ -160,7 +162,7 @@ def _run(episodes: int, rounds: int, workers: int, height: int, width: int, crop
             row[f"{key}_spread"] = spread(values) if values else None
         rows.append(row)
     return {"episodes": episodes, "frame": [height, width], "crop": crop, "rounds": rounds, "workers": workers,
-            "threads": threads, "rows": rows, "environment": environment()}
+            "threads": threads, "device": device, "rows": rows, "environment": environment()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,11 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crop", type=int, default=64, help="the random resized crop's output side")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch's intra-op threads in the training process (each worker has one)")
+    parser.add_argument("--device", default="cpu", help="where batches go and device transforms run (default cpu; "
+                                                         "cuda: as mmfeed bench gpu runs it)")
     parser.add_argument("--json", help="write the table here")
     args = parser.parse_args(argv)
     report = run(args.episodes, args.rounds, args.workers, args.size.height, args.size.width, args.crop,
-                 threads=args.threads)
+                 threads=args.threads, device=args.device)
     print(f"{report['episodes']} episodes, {args.size.width}x{args.size.height} frames, {args.workers} workers, "
+          f"batches on {args.device}, "
           f"{args.threads} torch thread(s) in the training process, median of {args.rounds} interleaved rounds "
           "(spread = (max - min) / median)")
     print(f"{'way':>8} {'samples/s':>10} {'spread':>7} {'CPU-s/1000':>11} {'spread':>7} {'transform ms/batch':>19}")

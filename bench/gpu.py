@@ -4,13 +4,14 @@
 
 Four parts, each guarded on its own (a part that cannot run says why in its row and the run goes on):
 
-1. ``decode``: NVDEC (torchcodec, ``device="cuda"``, frames left on the GPU) against PyAV on the CPU, on synthetic
-   H.264 videos (GOP 30) written here at 224x224 and 1280x720, read through :class:`mmfeed.codecs.VideoReaderCache`
-   as :mod:`mmfeed.bench.gpu_decode` reads them (its request batches and outputs allocated outside the timing):
-   every frame in order (``sequential``) and random windows of 2 frames (``windows``). Figures: frames per wall
-   second and CPU seconds of this process per 1000 frames, medians of the repeats, the decoders interleaved;
-   ``nvdec`` False says torchcodec fell back to the CPU for that video. Without torchcodec's CUDA build the part
-   prints why and is skipped.
+1. ``decode``: NVDEC against PyAV on the CPU, on synthetic H.264 videos (GOP 30) written here at 224x224 and
+   1280x720, read through :class:`mmfeed.codecs.VideoReaderCache` as :mod:`mmfeed.bench.gpu_decode` reads them
+   (its request batches and outputs allocated outside the timing): every frame in order (``sequential``) and random
+   windows of 2 frames (``windows``). The GPU decoders are those of :data:`GPU_DECODERS` that run here: PyAV's
+   bundled FFmpeg (``backend="pyav", device="cuda"``; a plain ``pip install av``) and torchcodec's CUDA build
+   (``backend="torchcodec"``, skipped with its reason where it is not installed), frames left on the GPU as RGB.
+   Figures: frames per wall second and CPU seconds of this process per 1000 frames, medians of the repeats, the
+   decoders interleaved; ``nvdec`` False says the decoder fell back to the CPU for that video.
 2. ``prefetch``: a packed loader (:class:`mmfeed.DataLoader` with ``packing=``, an in-memory robot dataset of
    224x224 frames, 4 worker processes) feeding a model step of known GPU time (a loop of bf16 matmuls calibrated to
    :data:`STEP_MS`, then a synchronize, as ``loss.item()`` would), once with ``device="cuda", prefetch=2`` (the
@@ -24,21 +25,19 @@ Four parts, each guarded on its own (a part that cannot run says why in its row 
    ``scaled_dot_product_attention`` with the dense ``attention_mask()`` where it fits in memory (rows up to
    32k tokens), with the largest absolute difference of the two; and on a small row (1024 tokens, float32) whether
    the two outputs agree (``torch.allclose``, atol = rtol = 1e-3).
-4. ``device transforms``: only where ``mmfeed.DataLoader`` takes ``device_transform=`` (found with
-   ``inspect.signature``; skipped with a note otherwise): frames resized and normalized per sample in the workers
-   against the same function on the batch on the device; samples/s, wait and copy ms, and whether the first
-   batches agree.
+4. ``device transforms``: :mod:`mmfeed.bench.device_transforms` with ``device="cuda"``: a packed loader of
+   640x480 frames (240x320 with ``--quick``) with normalize, camera dropout, colour jitter and a random resized
+   crop to 224 in the workers, one sample at a time, against the same chain on each batch on the GPU after the
+   copy (``device_transform=``), and no transform as the floor; samples/s, CPU seconds per 1000 samples (the
+   training process and its workers) and the transform's ms per batch, medians of interleaved rounds.
 
 Without CUDA it prints one line and exits 0. ``--quick`` runs the smallest sizes (224x224 decode, an 8k row, a
-small loader). The full run takes under 5 minutes on one H100 (most of it compiling FlexAttention and writing the
-720p video); it has not run on a GPU yet, and CI has none. For the decode part install torchcodec's CUDA build as
-:mod:`mmfeed.bench.gpu_decode` says.
+small loader). CI has no GPU; the README gives the figures of a run on one H100 and its time.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import math
@@ -54,9 +53,9 @@ import numpy as np
 
 from mmfeed.bench.common import environment, median_time, table
 
-__all__ = ["NO_CUDA", "Frames", "attention_rows", "augment", "decode_rows", "device_transform_rows",
-           "device_transform_supported", "flex_matches_sdpa", "main", "matmul_step", "measure_decode",
-           "measure_overlap", "overlap_rows", "packed_row", "run_parts", "write_videos"]
+__all__ = ["GPU_DECODERS", "NO_CUDA", "attention_rows", "decode_rows", "device_transform_rows", "flex_matches_sdpa",
+           "main", "matmul_step", "measure_decode", "measure_overlap", "overlap_rows", "packed_row", "run_parts",
+           "write_videos"]
 
 NO_CUDA = "mmfeed bench gpu: no CUDA device (torch.cuda.is_available() is False); nothing to measure"
 """The one line printed where there is no CUDA device."""
@@ -112,7 +111,7 @@ def write_videos(folder: str | Path, sizes: list[tuple[int, int]], frames: Mappi
 def measure_decode(path: str, decoders: Mapping[str, Mapping[str, Any]], repeats: int, seed: int = 0) -> list[Row]:
     """One row per workload (``sequential``, ``windows``) of one video: per decoder (name -> VideoReaderCache
     options), the median frames per wall second and CPU seconds per 1000 frames over ``repeats`` passes, the
-    decoders interleaved with their order rotating; ``nvdec`` for a ``torchcodec_cuda`` decoder."""
+    decoders interleaved with their order rotating; ``nvdec``: per GPU decoder, whether NVDEC decoded the video."""
     from mmfeed.bench.gpu_decode import _reader_run, nvdec_used, window_batches
     from mmfeed.codecs import VideoReaderCache, probe
 
@@ -139,8 +138,9 @@ def measure_decode(path: str, decoders: Mapping[str, Mapping[str, Any]], repeats
             for name in names:
                 row[f"{name}_frames_per_s"] = statistics.median(wall[name])
                 row[f"{name}_cpu_s_per_1000"] = statistics.median(cpu[name])
-            if "torchcodec_cuda" in caches:
-                row["nvdec"] = nvdec_used(caches["torchcodec_cuda"], path)
+            gpus = [name for name, options in decoders.items() if options.get("device")]
+            if gpus:
+                row["nvdec"] = {name: nvdec_used(caches[name], path) for name in gpus}
             rows.append(row)
     finally:
         for cache in caches.values():
@@ -148,33 +148,43 @@ def measure_decode(path: str, decoders: Mapping[str, Mapping[str, Any]], repeats
     return rows
 
 
-GPU_DECODER = ("torchcodec_cuda", {"backend": "torchcodec", "device": "cuda"})
+GPU_DECODERS = {"pyav_nvdec": {"backend": "pyav", "device": "cuda"},
+                "torchcodec_cuda": {"backend": "torchcodec", "device": "cuda"}}
+"""The GPU decoders part 1 runs where each can: NVDEC through PyAV's bundled FFmpeg, and through torchcodec."""
 
 
-def decode_rows(quick: bool, repeats: int = 3, *, gpu: tuple[str, Mapping[str, Any]] = GPU_DECODER,
+def decode_rows(quick: bool, repeats: int = 3, *, gpus: Mapping[str, Mapping[str, Any]] | None = None,
                 sizes: list[tuple[int, int]] | None = None, frames: int | None = None) -> list[Row]:
-    """Part 1's rows, PyAV against ``gpu`` (a name and its VideoReaderCache options); a single skipped row saying
-    why where the GPU decoder is unavailable."""
+    """Part 1's rows: PyAV on the CPU against each GPU decoder of ``gpus`` (name -> VideoReaderCache options;
+    default :data:`GPU_DECODERS`) that can run here, interleaved; one skipped row per one that cannot, saying why."""
+    from mmfeed.codecs._nvdec import pyav_cuda_error
     from mmfeed.codecs._torchcodec import cuda_decode_error
 
-    name, options = gpu
-    reason = cuda_decode_error(options["device"]) if options.get("device") else None
-    if reason is not None:
-        print(f"decode: skipped, GPU decode is unavailable here: {reason}")
-        return [{"part": "decode", "case": "-", "note": f"skipped: {reason}"}]
+    rows: list[Row] = []
+    usable = {}
+    for name, options in (GPU_DECODERS if gpus is None else gpus).items():
+        check = cuda_decode_error if options.get("backend") == "torchcodec" else pyav_cuda_error
+        reason = check(options["device"]) if options.get("device") else None  # no device: a CPU stand-in
+        if reason is None:
+            usable[name] = options
+        else:
+            print(f"decode: {name} skipped, GPU decode is unavailable here: {reason}")
+            rows.append({"part": "decode", "case": name, "note": f"skipped: {reason}"})
+    if not usable:
+        return rows
     sizes = sizes or (DECODE_SIZES[:1] if quick else DECODE_SIZES)
     counts: Mapping[tuple[int, int], int] | int = frames or ({s: 60 for s in sizes} if quick else DECODE_FRAMES)
-    rows = []
     with tempfile.TemporaryDirectory(prefix="mmfeed-bench-gpu-") as folder:
         for path in write_videos(folder, sizes, counts):
-            for r in measure_decode(path, {"pyav": {"backend": "pyav"}, name: options}, repeats):
-                rows.append({"part": "decode", "case": f"{r['video']} {r['workload']}",
-                             "baseline": f"pyav {r['pyav_frames_per_s']:.0f} f/s, "
-                                         f"{r['pyav_cpu_s_per_1000']:.2f} CPU-s/1000 f",
-                             "gpu": f"{name} {r[f'{name}_frames_per_s']:.0f} f/s, "
-                                    f"{r[f'{name}_cpu_s_per_1000']:.2f} CPU-s/1000 f",
-                             "gain": r[f"{name}_frames_per_s"] / r["pyav_frames_per_s"],
-                             "note": f"nvdec={r.get('nvdec')}", **r})
+            for r in measure_decode(path, {"pyav": {"backend": "pyav"}, **usable}, repeats):
+                for name in usable:
+                    rows.append({"part": "decode", "case": f"{r['video']} {r['workload']}",
+                                 "baseline": f"pyav {r['pyav_frames_per_s']:.0f} f/s, "
+                                             f"{r['pyav_cpu_s_per_1000']:.2f} CPU-s/1000 f",
+                                 "gpu": f"{name} {r[f'{name}_frames_per_s']:.0f} f/s, "
+                                        f"{r[f'{name}_cpu_s_per_1000']:.2f} CPU-s/1000 f",
+                                 "gain": r[f"{name}_frames_per_s"] / r["pyav_frames_per_s"],
+                                 "note": f"nvdec={r.get('nvdec', {}).get(name)}", "decoder": name, **r})
     return rows
 
 
@@ -424,95 +434,28 @@ def attention_rows(quick: bool, device: str = "cuda", *, flex: Callable[..., Any
 # ------------------------------------------------------------------------------------------------ 4. device transforms
 
 
-TRANSFORM_IN, TRANSFORM_OUT = 256, 224
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+def device_transform_rows(quick: bool, device: str = "cuda", **sizes: Any) -> list[Row]:
+    """Part 4's rows: :mod:`mmfeed.bench.device_transforms` with batches going to ``device``: the same augmentation
+    chain (normalize, camera dropout, colour jitter, random resized crop to 224) in the workers, one sample at a
+    time, against on the batch after the copy, and the loader with no transform as the floor; one row per way.
+    ``sizes`` override its episodes, rounds, workers, height, width and crop."""
+    from mmfeed.bench import device_transforms
 
-
-def augment(batch: Any, *args: Any, **kwargs: Any) -> Any:
-    """Resize uint8 ``[B, 3, H, W]`` frames to 224x224 (bilinear) and normalize them (ImageNet mean and std) as
-    float32, the frames of a mapping's ``"image"`` too; the same function per sample in a worker or on a batch on
-    the device (extra arguments a device transform may be given are ignored)."""
-    import torch
-
-    if isinstance(batch, Mapping):
-        return {**batch, "image": augment(batch["image"])}
-    x = batch.float().div_(255.0)
-    x = torch.nn.functional.interpolate(x, size=(TRANSFORM_OUT, TRANSFORM_OUT), mode="bilinear",
-                                        align_corners=False)
-    mean = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=x.device).view(1, 3, 1, 1)
-    return (x - mean) / std
-
-
-class Frames:
-    """A map-style dataset of ``n`` seeded pattern frames ``{"image": uint8 [3, H, W]}``; with ``per_sample``
-    each sample goes through :func:`augment` in the worker."""
-
-    def __init__(self, n: int, side: int = TRANSFORM_IN, per_sample: bool = False, seed: int = 0) -> None:
-        import torch
-
-        from mmfeed.testing import frame_pattern
-
-        self.frames = torch.from_numpy(frame_pattern(n, height=side, width=side, seed=seed)).permute(0, 3, 1, 2)
-        self.frames = self.frames.contiguous()
-        self.per_sample = per_sample
-
-    def __len__(self) -> int:
-        return len(self.frames)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        x = self.frames[i]
-        return {"image": augment(x[None])[0] if self.per_sample else x}
-
-
-def device_transform_supported() -> bool:
-    """Whether :class:`mmfeed.DataLoader` takes ``device_transform=``."""
-    from mmfeed import DataLoader
-
-    return "device_transform" in inspect.signature(DataLoader).parameters
-
-
-def device_transform_rows(quick: bool, device: str = "cuda", workers: int | None = None) -> list[Row]:
-    """Part 4's rows: worker-side :func:`augment` against ``device_transform=augment``, or one skipped row where
-    the DataLoader has no ``device_transform=``."""
-    import torch
-
-    from mmfeed import DataLoader
-    from mmfeed.loaders.observe.timing import StepTimer
-
-    if not device_transform_supported():
-        reason = "mmfeed.DataLoader takes no device_transform= here (inspect.signature)"
-        print(f"device transforms: skipped, {reason}")
-        return [{"part": "device transforms", "case": "-", "note": f"skipped: {reason}"}]
-    n, batch_size = (128, 32) if quick else (1024, 64)
-    workers = (2 if quick else 4) if workers is None else workers
+    options = dict(episodes=8, rounds=2, workers=2, height=240, width=320, crop=224) if quick else \
+        dict(episodes=24, rounds=3, workers=4, height=480, width=640, crop=224)
+    report = device_transforms.run(**{**options, **sizes}, device=device)
     rows: list[Row] = []
-    firsts = []
-    for case, per_sample in (("worker-side", True), ("device-side", False)):
-        timer = StepTimer(warmup=WARMUP_STEPS)
-        extra = {} if per_sample else {"device_transform": augment}
-        loader = DataLoader(Frames(n, per_sample=per_sample), batch_size=batch_size, num_workers=workers,
-                            device=device, prefetch=2, timer=timer, **extra)
-        t0, samples, first = time.perf_counter(), 0, None
-        for batch in loader:
-            image = batch["image"]
-            if first is None:
-                first = image.float().cpu()
-            samples += len(image)
-            _sync(device)
-        seconds = time.perf_counter() - t0
-        firsts.append(first)
-        report = timer.report()
-        phases = report["phases"]
-        rows.append({"part": "device transforms", "case": case, "samples_per_s": samples / seconds,
-                     "wait_ms": phases["wait"] * 1e3,
-                     "copy_ms": None if phases["copy"] is None else phases["copy"] * 1e3,
-                     "gpu": f"{samples / seconds:.0f} samples/s, wait {phases['wait'] * 1e3:.2f} ms"})
-    equal = (firsts[0] is not None and firsts[1] is not None and firsts[0].shape == firsts[1].shape
-             and bool(torch.allclose(firsts[0], firsts[1], atol=1e-4, rtol=1e-4)))
-    rows[1]["gain"] = rows[1]["samples_per_s"] / rows[0]["samples_per_s"]
-    rows[1]["note"] = f"first batches equal={equal}"
-    rows[1]["equal"] = equal
+    per_way = {row["way"]: row for row in report["rows"]}
+    floor = per_way["none"]["samples_per_s"]
+    for way, row in per_way.items():
+        transform = row["transform_ms_per_batch"]
+        rows.append({"part": "device transforms", "case": f"{way} ({report['frame'][1]}x{report['frame'][0]} -> "
+                                                          f"{report['crop']})",
+                     "baseline": f"no transform {floor:.0f} samples/s",
+                     "gpu": f"{row['samples_per_s']:.0f} samples/s, {row['cpu_s_per_1000']:.2f} CPU-s/1000"
+                            + ("" if transform is None else f", transform {transform:.2f} ms/batch"),
+                     "gain": row["samples_per_s"] / per_way["workers"]["samples_per_s"],
+                     "note": f"spread {row['samples_per_s_spread']['range']:.2f}", **row})
     return rows
 
 

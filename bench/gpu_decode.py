@@ -185,7 +185,8 @@ if __name__ == "__main__":
 
 
 def nvdec_used(cache: Any, path: str) -> bool | None:
-    """Whether the torchcodec CUDA reader of ``path`` in ``cache`` decoded on NVDEC (False: it fell back to the
-    CPU; None: torchcodec does not say)."""
-    status = getattr(cache.reader(path)._decoder, "cpu_fallback", None)
+    """Whether the GPU reader of ``path`` in ``cache`` (PyAV's or torchcodec's) decoded on NVDEC (False: it fell
+    back to the CPU; None: torchcodec does not say)."""
+    reader = cache.reader(path)
+    status = getattr(getattr(reader, "_decoder", reader), "cpu_fallback", None)
     return None if status is None else not bool(status)

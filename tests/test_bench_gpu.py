@@ -1,8 +1,7 @@
 """``mmfeed bench gpu``: without CUDA one line and exit 0 (through the CLI entry, in this process), its help, and
 the CPU side of every part on tiny sizes: the videos it writes and their decode figures (PyAV), the packed rows
 and their block masks, the FlexAttention-against-SDPA check (and that it fails on a wrong attention), the
-prefetch-overlap measurement on the CPU, and the device-transform row (skipped while the DataLoader lacks
-``device_transform=``)."""
+prefetch-overlap measurement on the CPU, and the device-transform rows on the CPU."""
 
 from __future__ import annotations
 
@@ -110,20 +109,14 @@ def test_bad_sizes_are_refused_naming_the_value():
         gpu.packed_row(100)
 
 
-def test_augment_on_a_batch_equals_augment_per_sample():
-    frames = gpu.Frames(4, side=64).frames
-    batched = gpu.augment({"image": frames})["image"]
-    single = torch.stack([gpu.augment(f[None])[0] for f in frames])
-    assert batched.shape == (4, 3, gpu.TRANSFORM_OUT, gpu.TRANSFORM_OUT) and batched.dtype == torch.float32
-    torch.testing.assert_close(batched, single, atol=1e-6, rtol=0)
-    assert torch.equal(gpu.Frames(4, side=64, per_sample=True)[2]["image"], single[2])
-
-
-@pytest.mark.skipif(gpu.device_transform_supported(), reason="the DataLoader takes device_transform=: the row runs")
-def test_device_transform_row_is_skipped_saying_why(capsys):
-    rows = gpu.device_transform_rows(quick=True, device="cpu")
-    assert len(rows) == 1 and rows[0]["note"].startswith("skipped: ") and "device_transform=" in rows[0]["note"]
-    assert capsys.readouterr().out.startswith("device transforms: skipped, ")
+def test_device_transform_rows_on_the_cpu_give_one_row_per_way():
+    rows = gpu.device_transform_rows(quick=True, device="cpu", episodes=2, rounds=1, workers=0, height=48, width=64,
+                                     crop=32)
+    assert [r["case"] for r in rows] == ["none (64x48 -> 32)", "workers (64x48 -> 32)", "device (64x48 -> 32)"]
+    for row in rows:
+        assert row["part"] == "device transforms" and row["samples_per_s"] > 0 and row["samples"] > 0
+        assert row["gpu"].startswith(f"{row['samples_per_s']:.0f} samples/s")
+    assert rows[1]["gain"] == 1.0 and rows[2]["transform_ms_per_batch"] > 0 and "transform" in rows[2]["gpu"]
 
 
 def test_every_part_that_runs_on_the_cpu_fills_its_rows_and_a_failing_part_is_one_row():
@@ -134,7 +127,7 @@ def test_every_part_that_runs_on_the_cpu_fills_its_rows_and_a_failing_part_is_on
     def broken(quick):
         raise RuntimeError("no\nluck")
 
-    parts = {"decode": partial(gpu.decode_rows, repeats=1, gpu=("pyav_again", {"backend": "pyav"}),
+    parts = {"decode": partial(gpu.decode_rows, repeats=1, gpus={"pyav_again": {"backend": "pyav"}},
                                sizes=[(224, 224)], frames=6),
              "attention": partial(gpu.attention_rows, device="cpu", flex=eager_flex, sizes=[512], check_tokens=256,
                                   heads=2, dim=8, dtype=torch.float64),

@@ -7,7 +7,7 @@
   so a block that lacks an import it needs fails here, as it would for a reader who copies it alone. What the
   README promises of the results (shapes in its comments, keys) is asserted after the block that promises it.
 - Nothing is skipped silently: a block is skipped only under an HTML comment ``<!-- readme-test: skip: REASON -->``
-  right above it, and only where that reason holds (the GPU-decode block where CUDA and torchcodec are missing);
+  right above it, and only where that reason holds (the GPU-decode block where CUDA is missing);
   the test asserts how many blocks carry a marker, so a new skip fails until it is counted here.
 - Every ```bash block's command runs, less its ``pip install ... &&`` prefix (CI installs the package for real):
   ``mmfeed bench`` runs in this process through the CLI's ``main`` with ``--quick`` and a few flags that make it
@@ -336,7 +336,7 @@ CHECKS = {  # the start of a line of one block -> what the block promises
     "frames = read_frames(": check_frames,
     'ds = open_dataset("shards/")': check_datasets,
     'ds = open_dataset("lerobot/", frame_size=': check_cache,
-    'gpu_ds = open_dataset("lerobot/", backend="torchcodec", device="cuda")': check_gpu_decode,
+    'gpu_ds = open_dataset("lerobot/", device="cuda")': check_gpu_decode,
     "windows = ds.windows(window)": check_windows,
     "print(loader.timer.summary())": check_packed,
     "report = timer.report()": check_timer,
@@ -402,8 +402,10 @@ def test_readme_python_blocks_run_in_order(readme_dir, monkeypatch):
 
 
 def gpu_decodes() -> bool:
-    """Whether the GPU-decode block can run here: CUDA and torchcodec."""
-    return torch.cuda.is_available() and importlib.util.find_spec("torchcodec") is not None
+    """Whether the GPU-decode block can run here: CUDA (it decodes through PyAV's bundled FFmpeg)."""
+    from mmfeed.codecs._nvdec import pyav_cuda_error
+
+    return pyav_cuda_error("cuda") is None
 
 
 def test_a_block_without_its_imports_fails_and_skips_are_marked(tmp_path):
