@@ -123,6 +123,38 @@ def test_the_index_is_kept_in_the_cache_and_keyed_by_the_shards(tmp_path, cache_
     assert len(set((cache_dir / "index" / "rlds").glob("*.npz")) - before) == 2
 
 
+def test_the_indexs_step_arrays_are_mapped_from_its_file_and_read_the_same(tmp_path, cache_dir, monkeypatch):
+    """Loaded, the per-step arrays (tasks, pictures' ranges) map the cached file read-only (every one here, with the
+    size threshold at 0) and the episodes read the same; a member whose header disagrees with its size is refused."""
+    import zipfile
+
+    from mmfeed.loaders.formats.rlds import index as index_mod
+
+    copy = tmp_path / "ds"
+    shutil.copytree(VERSION, copy)
+    read = open_dataset(copy)
+    path = max((cache_dir / "index" / "rlds").glob("*.npz"), key=lambda p: p.stat().st_mtime)
+    monkeypatch.setattr(index_mod, "MAPPED_BYTES", 0)
+    loaded = index_mod.RecordIndex.load(path)
+    for array in (loaded.task_flat, *loaded.pictures.values()):
+        assert isinstance(array, np.memmap) and not array.flags.writeable and str(array.filename) == str(path)
+    with np.load(path) as z:
+        assert np.array_equal(loaded.task_flat, z["task_flat"])
+        assert all(np.array_equal(a, z[f"pictures_{i}"]) for i, a in enumerate(loaded.pictures.values()))
+    mapped = open_dataset(copy)
+    for e in range(len(read)):
+        ours, theirs = mapped.episode(e), read.episode(e)
+        assert set(ours) == set(theirs) and all(np.array_equal(ours[k], theirs[k]) for k in ours
+                                                if isinstance(ours[k], np.ndarray) and ours[k].dtype != object)
+    bad = tmp_path / "bad.npz"
+    with zipfile.ZipFile(path) as z, zipfile.ZipFile(bad, "w") as out:
+        for info in z.infolist():
+            data = z.read(info)
+            out.writestr(info, data[:-12] if info.filename == "pictures_0.npy" else data)  # a step short
+    with pytest.raises(ValueError, match="member 'pictures_0' does not hold the array its header describes"):
+        index_mod.RecordIndex.load(bad)
+
+
 def test_crc32c_and_the_example_decoder_agree_with_the_formats_definitions():
     from mmfeed.loaders.formats.rlds import tfrecord
 
