@@ -245,6 +245,23 @@ def test_a_segment_another_process_is_filling_is_decoded_as_asked_without_waitin
     assert store.fill(segment, lambda out: out.fill(1)) is not None  # its lock died with it
 
 
+def test_a_segment_another_process_evicted_is_filled_again_not_served_from_an_old_map(tmp_path):
+    """This process filled (and so mapped) a segment; another process's eviction deletes its file. The next fill
+    here finds it missing and stores it again, rather than taking the old map for a stored segment."""
+    store = FrameStore(tmp_path)
+    segment = Segment(("video", 7), frames=3, shape=(2, 2, 3))
+    assert store.fill(segment, lambda out: out.fill(5)) is not None and store.filled == 1
+    code = ("import sys; from mmfeed.loaders.stores.frame_store import FrameStore; "
+            "store = FrameStore(sys.argv[1], budget_bytes=1); print(store.evict())")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and int(done.stdout) == segment.nbytes + 128, done.stderr[-2000:]
+    assert store.info().segments == 0 and store.read(segment, np.arange(3)) is None
+    again = store.fill(segment, lambda out: out.fill(6))
+    assert again is not None and (again == 6).all() and store.filled == 2 and store.info().segments == 1
+    assert (store.read(segment, np.arange(3)) == 6).all()
+
+
 @settings(max_examples=40, deadline=None)
 @given(reads=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=25),
        budget=st.integers(1, 300))

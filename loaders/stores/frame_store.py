@@ -99,7 +99,7 @@ class FrameStore:
         self.directory = os.path.abspath(os.fspath(directory))
         self.root = os.path.join(self.directory, LAYOUT)
         self._budget = budget_bytes
-        self._mapped: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._mapped: OrderedDict[str, tuple[np.ndarray, tuple[int, int]]] = OrderedDict()  # key -> (map, file id)
         self._offsets: dict[str, int] = {}  # key -> where its frames start in its file (after the .npy header)
         self._touched: dict[str, float] = {}
         self.filled = 0  # segments this process decoded into the store
@@ -121,16 +121,29 @@ class FrameStore:
     # -- reading and filling ---------------------------------------------------------------------------------
     def get(self, segment: Segment) -> np.ndarray | None:
         """The segment's frames (a read-only map of its complete file), or None when the store lacks it. A file of
-        the wrong size (damaged outside mmfeed) is deleted and reported missing, so it is filled again."""
+        the wrong size (damaged outside mmfeed) is deleted and reported missing, so it is filled again. A map kept
+        from earlier serves only while its file is still the one in the store: once another process evicted it
+        (or replaced it), the segment is missing here too, so it is filled again."""
         key = segment.key
-        frames = self._mapped.get(key)
-        if frames is None:
-            path = os.path.join(self.root, key + ".npy")
+        path = os.path.join(self.root, key + ".npy")
+        kept = self._mapped.get(key)
+        if kept is not None:
+            try:
+                st = os.stat(path)
+                current = (st.st_dev, st.st_ino) == kept[1]
+            except OSError:
+                current = False
+            if not current:
+                del self._mapped[key]
+                self._offsets.pop(key, None)
+                kept = None
+        if kept is None:
             try:
                 with open(path, "rb", buffering=0) as f:
                     offset = self._offset(segment, path, f)
                     if offset is None:
                         return None
+                    st = os.fstat(f.fileno())
                     frames = np.memmap(f, np.uint8, "r", offset=offset, shape=(segment.frames, *segment.shape))
             except FileNotFoundError:
                 self._offsets.pop(key, None)
@@ -139,13 +152,13 @@ class FrameStore:
                 self._offsets.pop(key, None)
                 _remove(path)
                 return None
-            self._mapped[key] = frames
+            self._mapped[key] = kept = (frames, (st.st_dev, st.st_ino))
             while len(self._mapped) > _MAPPED:
                 self._mapped.popitem(last=False)
         else:
             self._mapped.move_to_end(key)
         self._hit(key)
-        return frames
+        return kept[0]
 
     def read(self, segment: Segment, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
         """Frames ``idx`` of the segment read from its file into ``out`` (allocated when None) and returned, or
