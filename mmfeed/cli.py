@@ -47,7 +47,7 @@ NAMED_BENCHMARKS = {
                           "augmentation in the workers vs batched after the copy (device='cpu'): samples/s, CPU"),
     "startup": ("mmfeed.bench.startup", "iter() + first batch with worker processes, mmfeed vs torch"),
     "reuse": ("mmfeed.bench.reuse", "decode reuse k = 1, 2, 4, 8: frames per CPU-second against episodes per batch"),
-    "gpu-decode": ("mmfeed.bench.gpu_decode", "NVDEC through torchcodec against CPU decode (one line without a GPU)"),
+    "gpu-decode": ("mmfeed.bench.gpu_decode", "NVDEC (PyAV, torchcodec) against CPU decode (one line without a GPU)"),
     "gpu": ("mmfeed.bench.gpu", "NVDEC, prefetch overlap, FlexAttention and device transforms on one CUDA device "
             "(one line without CUDA)"),
     "soak": ("mmfeed.bench.soak", "memory of the training process and each persistent worker over 100 epochs"),
