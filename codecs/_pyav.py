@@ -161,6 +161,10 @@ class PyAVReader:
                 frame = self._decode_one(int(target))
                 if self.colour is None:
                     self.colour = _colour_of(frame)
+                if (frame.height, frame.width) != (info.height, info.width):
+                    raise DecodeError(f"{info.path}: frame {target} is {frame.height}x{frame.width}, but the stream's "
+                                      f"header says {info.height}x{info.width}; leave device unset to decode it on "
+                                      "the CPU", path=info.path, index=int(target))
                 on_gpu = upload_nv12(frame, nv12[k]) and on_gpu
                 del frame  # the decoder's surface goes back to FFmpeg's pool (after the copy, on the same stream)
             matrix, full = self.colour if self.colour is not None else ("bt601", False)
