@@ -11,9 +11,9 @@ arithmetic: since H.264, HEVC and AV1 decoders are bit-exact, the frames equal t
 (``tests/test_gpu_decode.py`` checks it on a GPU). A ``size`` is applied after the conversion, on the device, as
 the torchcodec path does (:func:`mmfeed.codecs._torchcodec.resize_on_device`).
 
-FFmpeg's CUDA device is opened on torch's context of the device (:func:`open_on_device`), and FFmpeg copies each decoded
-surface out on the legacy default stream; the copies into the batch's tensor run on torch's default stream of the
-device (that same stream), and the caller's current stream then waits for them. Where NVDEC cannot decode a stream
+FFmpeg's CUDA device is opened on torch's context of the device (:func:`open_on_device`), and FFmpeg copies each
+decoded surface out on the legacy default stream; the copies into the batch's tensor run on torch's default stream
+of the device (that same stream), and the caller's current stream then waits for them. Where NVDEC cannot decode a stream
 (a codec or profile this GPU lacks), FFmpeg decodes it on the CPU instead; those frames are converted to NV12 on the
 CPU and uploaded, so the pixels are the same, and the reader logs a warning once per file.
 """

@@ -30,8 +30,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-__all__ = ["FRAME_FORMATS", "MATRICES", "frame_step_shape", "nv12_to_rgb_torch", "swscale_coefficients", "yuv420_planes",
-           "yuv420_to_rgb", "yuv420_to_rgb_swscale", "yuv420_to_rgb_torch"]
+__all__ = ["FRAME_FORMATS", "MATRICES", "frame_step_shape", "nv12_to_rgb_torch", "swscale_coefficients",
+           "yuv420_planes", "yuv420_to_rgb", "yuv420_to_rgb_swscale", "yuv420_to_rgb_torch"]
 
 FRAME_FORMATS = ("rgb24", "yuv420")
 """How decoded frames are delivered: ``"rgb24"`` uint8 ``[H, W, 3]``, ``"yuv420"`` I420 planes ``[H * 3 // 2, W]``."""

@@ -116,7 +116,8 @@ def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray:
         local = f.read(30)
         if len(local) != 30 or local[:4] != b"PK\x03\x04":
             raise ValueError(f"{path}: member {name!r} has no local header where the archive says")
-        start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+        name_length, extra_length = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
+        start = info.header_offset + 30 + name_length + extra_length
         f.seek(start)
         version = np.lib.format.read_magic(f)
         header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
