@@ -231,8 +231,8 @@ def read_frames(
     max_frame_pixels: int | None = MAX_FRAME_PIXELS,
 ) -> np.ndarray:
     """Decode frames of one video as uint8 ``[N, H, W, 3]`` (C-contiguous: ``torch.from_numpy`` shares it), or
-    as I420 planes ``[N, H * 3 // 2, W]`` with ``frame_format="yuv420"``, or with ``device="cuda"`` (and
-    ``backend="torchcodec"``) as a torch uint8 tensor ``[N, H, W, 3]`` on that GPU.
+    as I420 planes ``[N, H * 3 // 2, W]`` with ``frame_format="yuv420"``, or with ``device="cuda"`` (NVDEC, through
+    PyAV or torchcodec) as a torch uint8 tensor ``[N, H, W, 3]`` on that GPU.
 
     Give ``indices`` (frame numbers in presentation order) or ``timestamps`` (seconds; the nearest frame by
     presentation time, an error when farther than ``tolerance_s``), or neither for every frame. Frames come back in

@@ -42,9 +42,9 @@ def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
     the device with :func:`mmfeed.codecs.colour.yuv420_to_rgb`), ``decoder_threads=2`` for FFmpeg threads per
     open video (they can pay only for long sequential reads with fewer workers than cores; see
     ``WebDatasetSource``), ``cache=DIR`` (and ``cache_bytes=``) to keep decoded frames in a local store that later
-    epochs read instead of decoding (:mod:`mmfeed.loaders.stores.frame_store`), ``backend="torchcodec",
-    device="cuda"`` to decode with NVDEC and get video features as torch tensors on the GPU (decoding in the
-    training process: ``num_workers=0`` or ``worker_mode="thread"``; see
+    epochs read instead of decoding (:mod:`mmfeed.loaders.stores.frame_store`), ``device="cuda"`` to decode with
+    NVDEC (through PyAV, or ``backend="torchcodec"``) and get video features as torch tensors on the GPU (decoding
+    in the training process: ``num_workers=0`` or ``worker_mode="thread"``; see
     :class:`~mmfeed.loaders.sources.options.ReadOptions`), ``max_frame_pixels`` (default 4096x4096; None lifts it)
     for the largest frames a dataset may declare or a video hold, refused before any is decoded; shards also take
     ``cache_episodes`` and ``check_index``, LeRobot directories ``tolerance_s``. Each dataset of a mixture gets the options its format takes; an option that no dataset of
