@@ -7,7 +7,7 @@ Four parts, each guarded on its own (a part that cannot run says why in its row 
 1. ``decode``: NVDEC against PyAV on the CPU, on synthetic H.264 videos (GOP 30) written here at 224x224 and
    1280x720, read through :class:`mmfeed.codecs.VideoReaderCache` as :mod:`mmfeed.bench.gpu_decode` reads them
    (its request batches and outputs allocated outside the timing): every frame in order (``sequential``) and random
-   windows of 2 frames (``windows``). The GPU decoders are those of :data:`GPU_DECODERS` that run here: PyAV's
+   windows of 2 frames (``windows``). The GPU decoders are :mod:`mmfeed.bench.gpu_decode`'s that run here: PyAV's
    bundled FFmpeg (``backend="pyav", device="cuda"``; a plain ``pip install av``) and torchcodec's CUDA build
    (``backend="torchcodec"``, skipped with its reason where it is not installed), frames left on the GPU as RGB.
    Figures: frames per wall second and CPU seconds of this process per 1000 frames, medians of the repeats, the
@@ -53,8 +53,8 @@ import numpy as np
 
 from mmfeed.bench.common import environment, median_time, table
 
-__all__ = ["GPU_DECODERS", "NO_CUDA", "attention_rows", "decode_rows", "device_transform_rows", "flex_matches_sdpa",
-           "main", "matmul_step", "measure_decode", "measure_overlap", "overlap_rows", "packed_row", "run_parts",
+__all__ = ["NO_CUDA", "attention_rows", "decode_rows", "device_transform_rows", "flex_matches_sdpa", "main",
+           "matmul_step", "measure_decode", "measure_overlap", "overlap_rows", "packed_row", "run_parts",
            "write_videos"]
 
 NO_CUDA = "mmfeed bench gpu: no CUDA device (torch.cuda.is_available() is False); nothing to measure"
@@ -148,36 +148,29 @@ def measure_decode(path: str, decoders: Mapping[str, Mapping[str, Any]], repeats
     return rows
 
 
-GPU_DECODERS = {"pyav_nvdec": {"backend": "pyav", "device": "cuda"},
-                "torchcodec_cuda": {"backend": "torchcodec", "device": "cuda"}}
-"""The GPU decoders part 1 runs where each can: NVDEC through PyAV's bundled FFmpeg, and through torchcodec."""
-
-
 def decode_rows(quick: bool, repeats: int = 3, *, gpus: Mapping[str, Mapping[str, Any]] | None = None,
                 sizes: list[tuple[int, int]] | None = None, frames: int | None = None) -> list[Row]:
-    """Part 1's rows: PyAV on the CPU against each GPU decoder of ``gpus`` (name -> VideoReaderCache options;
-    default :data:`GPU_DECODERS`) that can run here, interleaved; one skipped row per one that cannot, saying why."""
-    from mmfeed.codecs._nvdec import pyav_cuda_error
-    from mmfeed.codecs._torchcodec import cuda_decode_error
+    """Part 1's rows: PyAV on the CPU against each GPU decoder, interleaved. ``gpus``: name -> VideoReaderCache
+    options; default, the GPU decoders of :func:`mmfeed.bench.gpu_decode.usable_decoders` that run here, with one
+    skipped row, saying why, per one that cannot."""
+    from mmfeed.bench.gpu_decode import usable_decoders
 
     rows: list[Row] = []
-    usable = {}
-    for name, options in (GPU_DECODERS if gpus is None else gpus).items():
-        check = cuda_decode_error if options.get("backend") == "torchcodec" else pyav_cuda_error
-        reason = check(options["device"]) if options.get("device") else None  # no device: a CPU stand-in
-        if reason is None:
-            usable[name] = options
-        else:
-            print(f"decode: {name} skipped, GPU decode is unavailable here: {reason}")
-            rows.append({"part": "decode", "case": name, "note": f"skipped: {reason}"})
-    if not usable:
+    if gpus is None:
+        usable, why = usable_decoders()
+        gpus = {name: options for name, options in usable.items() if options.get("device")}
+        for name in ("pyav_cuda", "torchcodec_cuda"):
+            if name in why:
+                print(f"decode: {name} skipped, GPU decode is unavailable here: {why[name]}")
+                rows.append({"part": "decode", "case": name, "note": f"skipped: {why[name]}"})
+    if not gpus:
         return rows
     sizes = sizes or (DECODE_SIZES[:1] if quick else DECODE_SIZES)
     counts: Mapping[tuple[int, int], int] | int = frames or ({s: 60 for s in sizes} if quick else DECODE_FRAMES)
     with tempfile.TemporaryDirectory(prefix="mmfeed-bench-gpu-") as folder:
         for path in write_videos(folder, sizes, counts):
-            for r in measure_decode(path, {"pyav": {"backend": "pyav"}, **usable}, repeats):
-                for name in usable:
+            for r in measure_decode(path, {"pyav": {"backend": "pyav"}, **gpus}, repeats):
+                for name in gpus:
                     rows.append({"part": "decode", "case": f"{r['video']} {r['workload']}",
                                  "baseline": f"pyav {r['pyav_frames_per_s']:.0f} f/s, "
                                              f"{r['pyav_cpu_s_per_1000']:.2f} CPU-s/1000 f",
