@@ -47,7 +47,7 @@ from mmfeed.codecs.batch import FrameRequest, VideoReaderCache
 from mmfeed.codecs.nt_copy import copy_into
 from mmfeed.loaders.transport.errors import decode_with_context
 
-__all__ = ["FrameStore", "Segment", "StoreInfo", "decode_stored", "stored", "take"]
+__all__ = ["FrameStore", "Segment", "StoreInfo", "decode_stored", "npy_header", "stored", "take"]
 
 LAYOUT = "mmfeed-frames-v1"
 """The folder inside ``DIR`` holding the store (a new layout gets a new name, so old files never mislead)."""
@@ -371,18 +371,27 @@ def decode_stored(store: FrameStore | None, cache: VideoReaderCache, requests: S
 def _frames_offset(f: Any, segment: Segment) -> int | None:
     """Where the frames start in a segment's ``.npy`` file (open as ``f``): after a header that declares
     ``uint8 [frames, *shape]`` in C order, with exactly those bytes after it; None for anything else."""
+    header = npy_header(f)
+    if header is None:
+        return None
+    shape, fortran, dtype, offset = header
+    size = os.fstat(f.fileno()).st_size
+    if shape != (segment.frames, *segment.shape) or fortran or dtype != np.uint8 or \
+            size != offset + math.prod(shape):
+        return None
+    return offset
+
+
+def npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """The header of the ``.npy`` array that file ``f`` is positioned at: its shape, whether it is in Fortran
+    order, its dtype, and where its data starts in the file; None where no header can be read there."""
     try:
         version = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read(f)
     except (ValueError, OSError, EOFError, SyntaxError):
         return None
-    offset = f.tell()
-    size = os.fstat(f.fileno()).st_size
-    if shape != (segment.frames, *segment.shape) or fortran or dtype != np.uint8 or \
-            size != offset + math.prod(shape):
-        return None
-    return offset
+    return shape, fortran, dtype, f.tell()
 
 
 class _Lock:

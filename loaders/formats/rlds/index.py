@@ -35,6 +35,7 @@ from mmfeed.loaders.formats.rlds.example import ExampleError, bytes_spans, parse
 from mmfeed.loaders.formats.rlds.metadata import FEATURES, Leaf, check_record, decode_leaf
 from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c_spans, scan_records
 from mmfeed.loaders.stores import stats as stats_mod
+from mmfeed.loaders.stores.frame_store import npy_header
 from mmfeed.loaders.stores.index_arrays import index_cache_dir
 from mmfeed.loaders.transport.files import DatasetFiles
 from mmfeed.loaders.transport.tar import stat_file
@@ -106,12 +107,17 @@ MAPPED_BYTES = 1 << 20
 
 def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray:
     """Member ``name`` of the uncompressed ``.npz`` at ``path`` as a read-only map of its bytes in the file (read
-    whole where it is small or stored compressed). The member's header and bounds are checked against the file."""
+    whole where it is small, stored compressed or has a header only numpy's own reader takes). The member's header
+    and bounds are checked against the file."""
     info = archive.getinfo(f"{name}.npy")
+
+    def whole() -> np.ndarray:
+        with archive.open(info) as member:
+            return np.lib.format.read_array(member, allow_pickle=False)
+
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size < MAPPED_BYTES:
+        return whole()
     with open(path, "rb") as f:
-        if info.compress_type != zipfile.ZIP_STORED or info.file_size < MAPPED_BYTES:
-            with archive.open(info) as member:
-                return np.lib.format.read_array(member, allow_pickle=False)
         f.seek(info.header_offset)
         local = f.read(30)
         if len(local) != 30 or local[:4] != b"PK\x03\x04":
@@ -119,15 +125,12 @@ def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray:
         name_length, extra_length = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
         start = info.header_offset + 30 + name_length + extra_length
         f.seek(start)
-        version = np.lib.format.read_magic(f)
-        header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in header:
-            with archive.open(info) as member:
-                return np.lib.format.read_array(member, allow_pickle=False)
-        shape, fortran, dtype = header[version](f)
-        offset = f.tell()
-        if fortran or dtype.hasobject or offset - start + dtype.itemsize * int(np.prod(shape)) != info.file_size:
-            raise ValueError(f"{path}: member {name!r} does not hold the array its header describes")
+        header = npy_header(f)
+    if header is None:
+        return whole()
+    shape, fortran, dtype, offset = header
+    if fortran or dtype.hasobject or offset - start + dtype.itemsize * int(np.prod(shape)) != info.file_size:
+        raise ValueError(f"{path}: member {name!r} does not hold the array its header describes")
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
