@@ -13,9 +13,9 @@ the torchcodec path does (:func:`mmfeed.codecs._torchcodec.resize_on_device`).
 
 FFmpeg's CUDA device is opened on torch's context of the device (:func:`open_on_device`), and FFmpeg copies each
 decoded surface out on the legacy default stream; the copies into the batch's tensor run on torch's default stream
-of the device (that same stream), and the caller's current stream then waits for them. Where NVDEC cannot decode a stream
-(a codec or profile this GPU lacks), FFmpeg decodes it on the CPU instead; those frames are converted to NV12 on the
-CPU and uploaded, so the pixels are the same, and the reader logs a warning once per file.
+of the device (that same stream), and the caller's current stream then waits for them. Where NVDEC cannot decode
+a stream (a codec or profile this GPU lacks), FFmpeg decodes it on the CPU instead; those frames are converted to
+NV12 on the CPU and uploaded, so the pixels are the same, and the reader logs a warning once per file.
 """
 
 from __future__ import annotations
@@ -113,5 +113,5 @@ def upload_nv12(frame: Any, out: Any) -> bool:
         out[h:].view(h // 2, w // 2, 2).copy_(chroma)
         return True
     planes = frame.reformat(format="nv12").to_ndarray()
-    out.copy_(torch.from_numpy(planes), non_blocking=False)
+    out.copy_(torch.from_numpy(planes))
     return False
