@@ -247,11 +247,11 @@ class PyAVReader:
     def _advance_to(self, target: int):
         import av
 
+        counts, index_of, decoded = _counts(), self._index_of, 0
         try:
             for frame in self._frames:
-                self.frames_decoded += 1
-                _counts()["frames_decoded"] += 1
-                idx = self._index_of.get(frame.pts, -1) if frame.pts is not None else -1
+                decoded += 1
+                idx = index_of.get(frame.pts, -1) if frame.pts is not None else -1
                 if idx < 0:
                     continue
                 self._pos = idx
@@ -269,6 +269,9 @@ class PyAVReader:
                 num_frames=self.info.num_frames,
                 duration=self.info.duration,
             ) from exc
+        finally:  # counted once per call, not per frame
+            self.frames_decoded += decoded
+            counts["frames_decoded"] += decoded
         self._stop_decoding()
         return None
 

@@ -303,7 +303,7 @@ def packets_of(container: "av.container.InputContainer", stream: "av.video.strea
 def frames_of(container: "av.container.InputContainer", stream: "av.video.stream.VideoStream") -> Iterator:
     """``container.decode(stream)`` (each packet of :func:`packets_of`, decoded), its demuxing closed whenever it
     stops (``container.decode`` cannot close the demux generator it runs)."""
-    packets = packets_of(container, stream)
+    packets = container.demux(stream)  # one generator layer, not packets_of's two: this runs once per frame
     try:
         for packet in packets:
             yield from packet.decode()
