@@ -102,6 +102,7 @@ def test_consecutive_chunks_hold_every_frame_of_every_feature_once(lengths, fps,
 SHORTFALL = st.integers(-3, 2)
 
 
+@pytest.mark.kernels
 @given(length=st.integers(1, 80), fps=RATES, rate=RATES, shortfall=SHORTFALL, tol=st.sampled_from([0.0, 1e-4, 1e-3]),
        deltas=st.lists(st.floats(-3.0, 3.0, allow_nan=False), min_size=1, max_size=6))
 def test_window_indices_are_the_naive_frame_by_frame_rule(length, fps, rate, shortfall, tol, deltas):
@@ -117,6 +118,30 @@ def test_window_indices_are_the_naive_frame_by_frame_rule(length, fps, rate, sho
         for k, d in enumerate(deltas):
             want = naive.window_frame(t, d, fps=fps, length=length, rate=rate, frames=frames, tol=tol)
             assert (int(idx[t, k]), bool(pad[t, k])) == want, (t, d)
+
+
+@pytest.mark.kernels
+@given(episodes=st.lists(st.tuples(st.integers(0, 60), RATES, RATES, SHORTFALL), min_size=1, max_size=5),
+       tol=st.sampled_from([0.0, 1e-4, 1e-3]), seed=st.integers(0, 2**16),
+       deltas=st.lists(st.floats(-3.0, 3.0, allow_nan=False), min_size=1, max_size=6))
+def test_window_indices_of_a_batch_are_each_samples_own(episodes, tol, seed, deltas):
+    """A batch of anchors from episodes of their own lengths, clocks, rates and streams (as a shuffled batch's
+    windows are, each argument ``[N]``) reads, sample by sample, what the naive rule gives that sample alone."""
+    rng = np.random.default_rng(seed)
+    length = np.array([e[0] for e in episodes])
+    fps, rate = np.array([e[1] for e in episodes]), np.array([e[2] for e in episodes])
+    implied = np.array([naive.implied_frames(int(n), f, r) for n, f, r in zip(length, fps, rate)])
+    frames = np.maximum(1, implied - np.array([e[3] for e in episodes]))
+    which = rng.integers(0, len(episodes), 12)
+    anchors = rng.integers(0, np.maximum(length[which], 1))
+    idx, pad = window_indices(deltas, anchor_steps=anchors, fps=fps[which], length=length[which],
+                              rate=rate[which], frames=frames[which], tolerance_s=tol)
+    assert idx.shape == pad.shape == (len(which), len(deltas))
+    for i, (e, t) in enumerate(zip(which.tolist(), anchors.tolist())):
+        for k, d in enumerate(deltas):
+            want = naive.window_frame(t, d, fps=fps[e], length=int(length[e]), rate=rate[e], frames=int(frames[e]),
+                                      tol=tol)
+            assert (int(idx[i, k]), bool(pad[i, k])) == want, (e, t, d)
 
 
 @given(length=st.integers(1, 80), fps=RATES, rate=RATES, shortfall=SHORTFALL,

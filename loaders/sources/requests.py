@@ -61,20 +61,26 @@ def window_requests(source: Indexed, spec: WindowSpec, episodes: np.ndarray, anc
     episodes = np.asarray(episodes, dtype=np.int64)
     anchors = np.asarray(anchors, dtype=np.int64)
     lengths, fps = source.lengths[episodes], source.fps[episodes]
-    idx, pad, present = {}, {}, {}
+    rows, flags, here = {}, {}, {}
     for feature, deltas in spec.deltas.items():
-        idx[feature], pad[feature] = window_indices(
+        idx, pad = window_indices(
             deltas, anchor_steps=anchors, fps=fps, length=lengths, rate=source.rates(feature)[episodes],
             frames=source.frames(feature)[episodes], tolerance_s=spec.tolerance_s)
-        present[feature] = source.present(feature)[episodes]
         filled = source.filled(feature)
         if filled is not None:  # delivered as zeros: every frame is padding
-            pad[feature] = pad[feature] | filled[episodes][:, None]
-    # per-sample rows and flags taken out as lists once: indexing numpy per sample and feature costs more
-    rows, flags = {f: list(v) for f, v in idx.items()}, {f: list(v) for f, v in pad.items()}
-    here = {f: p.tolist() for f, p in present.items()}
-    return [(EpisodeRequest(e, {f: v[k] for f, v in rows.items() if here[f][k]}),
-             {f: v[k] for f, v in flags.items() if here[f][k]}) for k, e in enumerate(episodes.tolist())]
+            pad = pad | filled[episodes][:, None]
+        # per-sample rows and flags taken out as lists once: indexing numpy per sample and feature costs more
+        rows[feature], flags[feature] = list(idx), list(pad)
+        present = source.present(feature)[episodes]
+        if not present.all():
+            here[feature] = present.tolist()
+    names, ids = list(rows), episodes.tolist()
+    if not here:  # the usual batch: every sample reads every feature
+        return [(EpisodeRequest(e, dict(zip(names, r))), dict(zip(names, p)))
+                for e, r, p in zip(ids, zip(*rows.values()), zip(*flags.values()))]
+    keep = [[f for f in names if f not in here or here[f][k]] for k in range(len(ids))]
+    return [(EpisodeRequest(e, {f: rows[f][k] for f in fs}), {f: flags[f][k] for f in fs})
+            for k, (e, fs) in enumerate(zip(ids, keep))]
 
 
 def chunk_requests(source: Indexed, features: Sequence[str], episodes: np.ndarray, starts: np.ndarray,
