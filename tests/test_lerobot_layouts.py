@@ -108,3 +108,83 @@ def test_opening_a_dataset_imports_no_pandas(base, tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(base)], capture_output=True, text=True, check=True,
                          env={**os.environ, "MMFEED_CACHE": str(tmp_path / "cache")})
     assert out.stdout.split() == [str(len(LeRobotSource(base))), "False"], out.stderr[-2000:]
+
+
+def written_layout(base, root, files: int, row_group: int, kind: str) -> None:
+    """``base`` copied to ``root`` with meta/episodes rewritten in ``files`` files of ``row_group`` rows a group,
+    its task lists of ``kind`` (:func:`task_column`)."""
+    shutil.copytree(base, root)
+    meta = root / "meta" / "episodes"
+    table = pq.read_table(meta / "chunk-000" / "file-000.parquet")
+    shutil.rmtree(meta)
+    table = table.set_column(table.column_names.index("tasks"), "tasks",
+                             task_column(table["tasks"].to_pylist(), kind))
+    (meta / "chunk-000").mkdir(parents=True)
+    for k, part in enumerate(np.array_split(np.arange(table.num_rows), files)):
+        pq.write_table(table.take(pa.array(part)), meta / "chunk-000" / f"file-{k:03d}.parquet",
+                       row_group_size=row_group)
+
+
+@pytest.mark.parametrize("kind", ["list", "large_list", "dictionary"])
+def test_meta_episodes_read_in_child_processes_read_the_same(base, tmp_path, monkeypatch, kind):
+    """Large local meta/episodes are read in child processes (forced here for a small one): the same columns and
+    task ids as read in this process; where a child cannot read a file (task lists of dictionary strings over
+    several row groups, which Arrow reads only row group by row group), this process reads it instead."""
+    from mmfeed.loaders.formats.lerobot import source
+
+    root = tmp_path / "ds"
+    written_layout(base, root, files=3, row_group=2, kind=kind)
+    here = LeRobotSource(root)
+    got = []
+
+    def spy(*args, **kwargs):
+        got.append(source_read_columns(*args, **kwargs))
+        return got[-1]
+
+    source_read_columns = source.read_columns
+    monkeypatch.setattr(source, "CHILDREN_MIN_BYTES", 0)
+    monkeypatch.setattr(source, "read_columns", spy)
+    ds = LeRobotSource(root)
+    assert len(got) == 1 and (got[0] is None) == (kind == "dictionary")
+    if got[0] is not None:
+        assert [t.num_rows for t in got[0]] == [3, 2, 2]
+    assert ds.lengths.tolist() == here.lengths.tolist()
+    assert ds.episode_tasks.tolist() == here.episode_tasks.tolist()
+    assert sorted(ds._meta) == sorted(here._meta)
+    for column, values in here._meta.items():
+        assert np.array_equal(ds._meta[column], values), column
+
+
+def test_an_unknown_task_read_in_a_child_names_the_file_and_episode(base, tmp_path, monkeypatch):
+    from mmfeed.loaders.formats.lerobot import source
+
+    root = tmp_path / "ds"
+    written_layout(base, root, files=2, row_group=2, kind="list")
+    path = root / "meta/episodes/chunk-000/file-001.parquet"
+    table = pq.read_table(path)
+    tasks = table["tasks"].to_pylist()
+    tasks[1] = ["a task tasks.parquet does not list"]
+    pq.write_table(table.set_column(table.column_names.index("tasks"), "tasks", pa.array(tasks)), path)
+    monkeypatch.setattr(source, "CHILDREN_MIN_BYTES", 0)
+    episode = table["episode_index"][1].as_py()
+    with pytest.raises(ValueError, match=rf"file-001\.parquet episode {episode}: task 'a task tasks.parquet does"):
+        LeRobotSource(root)
+
+
+def test_child_processes_read_parquet_columns_and_give_up_on_a_broken_file(base, tmp_path, monkeypatch):
+    """read_columns: each file's columns that it has (a missing one left out, for the caller to name), files
+    dealt to fewer processes than files; None when a child fails (a file that is no parquet) or cannot start."""
+    from mmfeed.loaders.stores.parquet_children import read_columns
+
+    root = tmp_path / "ds"
+    written_layout(base, root, files=3, row_group=2, kind="list")
+    paths = [str(p) for p in sorted((root / "meta/episodes/chunk-000").glob("*.parquet"))]
+    tables = read_columns(paths, ["episode_index", "length", "no such column"], processes=2)
+    assert [t.column_names for t in tables] == [["episode_index", "length"]] * 3
+    for path, table in zip(paths, tables):
+        assert table.equals(pq.read_table(path, columns=["episode_index", "length"]).combine_chunks())
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"PAR1 not a parquet file")
+    assert read_columns([paths[0], str(broken)], ["episode_index"]) is None
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    assert read_columns(paths, ["episode_index"]) is None

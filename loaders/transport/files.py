@@ -188,6 +188,12 @@ class DatasetFiles:
         read (:class:`~mmfeed.loaders.transport.confine.Confined`; no request is made)."""
         return self._confined.outside(relative)
 
+    def local_path(self, relative: str) -> str:
+        """The path of ``relative`` on this machine (a local dataset's file), which must lie inside the dataset."""
+        if self.remote:
+            raise ValueError(f"{self.where(relative)} is not on this machine")
+        return self._inside(relative)
+
     def _inside(self, relative: str) -> str:
         """The full path or URL of ``relative``, which must lie inside the dataset."""
         reason = self._confined.outside(relative)

@@ -63,6 +63,7 @@ from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.sources.readers import ReaderCaches
 from mmfeed.loaders.stores import derived
 from mmfeed.loaders.stores.index_arrays import numpy_of, reading_pool
+from mmfeed.loaders.stores.parquet_children import read_columns
 from mmfeed.loaders.transport.tar import stat_file
 from mmfeed.loaders.stores.stats import step_shaped
 from mmfeed.packing.bins import split_rows
@@ -758,6 +759,11 @@ CACHE_MIN_BYTES = 1 << 20
 """meta/episodes files smaller than this in all are read at every open; larger ones are derived once per node and
 mapped after (:mod:`mmfeed.loaders.stores.derived`)."""
 
+CHILDREN_MIN_BYTES = 64 << 20
+"""Local meta/episodes files this large in all (about 90k episodes in LeRobot's layout) are read in child processes
+(:mod:`mmfeed.loaders.stores.parquet_children`): their footers are parsed side by side and what the parse leaves
+stays out of this process. Smaller ones are read here, in threads."""
+
 
 def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str], tasks: Sequence[str]
                    ) -> tuple[dict[str, np.ndarray], np.ndarray, tuple[np.ndarray, list[str]]]:
@@ -769,9 +775,11 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     say.
 
     LeRobot flushes meta/episodes every ten episodes, so a million episodes carry footers of 100k row groups that
-    pyarrow parses in seconds: the files are read in parallel threads (parquet decoding runs outside the GIL)
-    through Arrow's jemalloc pool, which gives its pages back after, the C heap the parsed footers leave is given
-    back to the system (``malloc_trim``), and what is derived is kept once per node
+    pyarrow parses in seconds: large local files (:data:`CHILDREN_MIN_BYTES`) are read in child processes, which
+    parse their footers side by side and keep what the parse leaves
+    (:mod:`~mmfeed.loaders.stores.parquet_children`); others, or all where a child fails, in parallel threads
+    through Arrow's jemalloc pool, which gives its pages back after, the C heap the parsed footers leave then given
+    back to the system (``malloc_trim``). What is derived is kept once per node
     (:mod:`~mmfeed.loaders.stores.derived`, keyed by every file's size and mtime) for every later open to map."""
     paths = _episode_files(files, info)
     if not paths:
@@ -789,11 +797,19 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
     ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
     lookup = _large_strings(tasks)
-    try:
-        with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
-            read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup), paths))
-    finally:  # the parsed footers are freed into glibc's heap, which keeps them (a GB at a million episodes)
-        release_free_heap()
+    tables = None
+    if not files.remote and sum(size for _, size, _ in stamps) >= CHILDREN_MIN_BYTES:
+        tables = read_columns([files.local_path(p) for p in paths], [*wanted, *ends, "tasks"],
+                              processes=min(len(paths), os.cpu_count() or 1, 4))
+    if tables is not None:
+        read = [_episode_columns(t, files.where(p), wanted, ends, lookup) for t, p in zip(tables, paths)]
+    else:
+        try:
+            with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
+                read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup),
+                                     paths))
+        finally:  # the parsed footers are freed into glibc's heap, which keeps them (a GB at a million episodes)
+            release_free_heap()
     kept = [c for c in ends if all(c in columns for columns, _ in read)]  # ends kept only where every file has them
     meta = {c: np.concatenate([columns[c] for columns, _ in read]) for c in [*wanted, *kept]}
     task = np.concatenate([t for _, t in read])
@@ -823,17 +839,25 @@ def _read_episode_file(files: DatasetFiles, relative: str, wanted: Sequence[str]
     ids; ValueError naming the file for a missing, empty or mistyped column."""
     where = files.where(relative)
     parquet = files.parquet(relative)
-    present = parquet.schema_arrow.names
-    missing = [c for c in wanted if c not in present]
-    if missing:
-        raise ValueError(f"{where}: meta/episodes has no columns {missing}")
-    has = [c for c in ends if c in present]
-    columns = [*wanted, *has, *(["tasks"] if "tasks" in present else [])]
+    present = set(parquet.schema_arrow.names)
+    columns = [c for c in (*wanted, *ends, "tasks") if c in present]  # a missing one is named after the read
     try:
         table = parquet.read(columns=columns)
     except pa.ArrowNotImplementedError:  # a list of dictionary strings over several row groups, which the
         # file reader cannot return as one array: read it row group by row group
         table = pq.read_table(files.open(relative), columns=columns)
+    return _episode_columns(table, where, wanted, ends, lookup)
+
+
+def _episode_columns(table: pa.Table, where: str, wanted: Sequence[str], ends: Sequence[str], lookup: pa.Array
+                     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """:func:`_read_episode_file` of a meta/episodes file's columns already read (``table``: those of ``wanted``,
+    ``ends`` and ``tasks`` it has); ``where`` names the file."""
+    present = table.column_names
+    missing = [c for c in wanted if c not in present]
+    if missing:
+        raise ValueError(f"{where}: meta/episodes has no columns {missing}")
+    has = [c for c in ends if c in present]
     out = {}
     for c in [*wanted, *has]:
         if table[c].null_count:
