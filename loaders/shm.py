@@ -52,7 +52,7 @@ import torch
 from mmfeed.loaders.clock import TimedBatch
 from mmfeed.packing.batch import PackedBatch, map_tensors
 
-__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "pooled_buffer"]
+__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "pooled_buffer"]
 
 _MAGIC = b"mmfeed/shm/pool\x00"  # 16 bytes
 _TRAILER = 32  # magic (16), state (int64), the pool's nonce (8)
@@ -135,6 +135,13 @@ class BufferPool:
             buffers[buffer.storage.data_ptr()] = buffer  # most recently taken last
         return torch.empty(0, dtype=dtype).set_(buffer.storage, 0, shape)
 
+    def give_back(self, tensor: torch.Tensor) -> None:
+        """Free ``tensor``'s buffer again when it is one of this pool's, taken and never sent."""
+        with self._lock:
+            buffer = self._by_ptr.get(tensor.untyped_storage().data_ptr())
+            if buffer is not None and not buffer.sent and _state(buffer.storage).value == IN_WORKER:
+                _state(buffer.storage).value = FREE
+
     def ref(self, tensor: torch.Tensor) -> _PoolRef | None:
         """``tensor`` (a view of one of this pool's buffers) as the training process will rebuild it: its buffer
         named, with the buffer's storage the first time only; None for a tensor of no buffer the pool holds."""
@@ -170,6 +177,13 @@ def pooled_buffer(key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.u
     if _pool is None or _pool_pid != os.getpid():  # never use a pool inherited through fork
         return None
     return _pool.take(key, shape, dtype)
+
+
+def give_back(tensor: object) -> None:
+    """Return a pooled buffer this worker took but never sent (a batch abandoned before it was made) to its pool:
+    it is free again. Anything else is left as it is."""
+    if _pool is not None and _pool_pid == os.getpid() and isinstance(tensor, torch.Tensor):
+        _pool.give_back(tensor)
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,9 @@ from mmfeed.loaders.planned.steps import (
     transform_each,
     without_failures,
 )
-from mmfeed.loaders.shm import pooled_buffer
+from mmfeed.loaders.shm import give_back, pooled_buffer
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
+from mmfeed.loaders.sources.requests import WindowArrays
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
 from mmfeed.packing.layout import TEXT, SampleLayout, TokenLayout
@@ -77,7 +78,7 @@ def collate_batch(reads: EpisodeReads | RecordReads, rows: Sequence[np.ndarray],
         return collate_records(reads.records, rows, capacity, **kwargs)
     if isinstance(reads, EpisodeReads):
         return collate(reads.source, reads.samples, rows, capacity, layout=reads.layout, features=reads.features,
-                       names=reads.names, **kwargs)
+                       names=reads.names, windows=reads.windows, **kwargs)
     raise TypeError(f"collate_batch takes EpisodeReads or RecordReads (what items.reads(samples) returns), got "
                     f"{type(reads).__name__}")
 
@@ -85,7 +86,8 @@ def collate_batch(reads: EpisodeReads | RecordReads, rows: Sequence[np.ndarray],
 def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[np.ndarray], capacity: int, *,
             layout: TokenLayout, features: Sequence[str], num_rows: int | None = None, static_shapes: bool = False,
             max_documents: int | None = None, errors: ErrorCounter | None = None, epoch: int = 0, seed: int = 0,
-            transform: Callable | None = None, names: DocumentNames | None = None) -> PackedBatch:
+            transform: Callable | None = None, names: DocumentNames | None = None,
+            windows: WindowArrays | None = None) -> PackedBatch:
     """Read the samples ``reads`` describe (one :class:`SampleRead` per sample id of
     ``rows``, row after row) from ``source`` and pack them into a PackedBatch whose modalities are the task text
     and ``features``, laid out by ``layout``.
@@ -97,6 +99,8 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
         "skip"/"warn" are left out of their rows (the batch still goes out) and listed in ``metadata["errors"]``.
     names: how the documents are named in ``metadata`` when not by ``rows``' ids and the source
         (:class:`~mmfeed.loaders.planned.reads.DocumentNames`).
+    windows: the same samples' windows as arrays, where every one reads every feature: without a transform the
+        source reads them in one call (``read_windows``) where it can, else request by request.
     """
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = samples_of(rows)
@@ -104,13 +108,16 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     pads = [r.pads for r in reads]
     plans = _payload_plans(reads, layout, [TEXT, *features])
     requests, direct = [r.request for r in reads], {}
-    if transform is None:
-        requests, direct = _decode_in_place(source, requests, plans)
-
     places = Places([r.sample for r in reads], source.describe, [r.episode for r in requests])
-    # read under the error policy
-    read, failures = read_under_policy(requests, source.read_many, None, places, errors)
-    _fill_direct(requests, read, direct)
+    whole = _read_windows(source, windows, plans) if windows is not None and transform is None else None
+    if whole is not None:  # the batch read in one call
+        read, failures, direct = whole
+    else:
+        if transform is None:
+            requests, direct = _decode_in_place(source, requests, plans)
+        # read under the error policy
+        read, failures = read_under_policy(requests, source.read_many, None, places, errors)
+        _fill_direct(requests, read, direct)
     # check
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
     found = find_nonfinite(read, pads, floats, policy.nonfinite == "mask")
@@ -280,6 +287,44 @@ def _payload_plan(lay: SampleLayout, layout,
     # Every read position of a feature appears once, so 0, 1, 2, ... means "the read array as it is".
     positions = {k: _IN_ORDER if v == list(range(len(v))) else np.asarray(v, dtype=np.int64) for k, v in order.items()}
     return positions, segments, np.asarray(lay.step_sizes, dtype=np.int64)
+
+
+def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list) -> tuple[list, list, dict] | None:
+    """The batch's windows read in one call (``source.read_windows``): each sample's data (views of the
+    batch's arrays), no failures, and each camera's payload buffer, which the frames were decoded into. None
+    where the source reads request by request, where a sample takes a feature's frames out of read order, or
+    where anything fails (a pooled buffer taken is given back): the request path then reads the batch, naming
+    a failing request and applying the error policy."""
+    features = list(windows.indices)
+    if any(plan[0].get(f) is not _IN_ORDER for plan in plans for f in features):
+        return None
+    steps = {}
+    for feature in features:
+        spec = source.features[feature]
+        if spec.kind == "video":
+            shapes = {source.frame_shape(e, feature) for e in np.unique(windows.episodes).tolist()}
+            if len(shapes) != 1 or None in shapes:
+                return None
+            steps[feature] = frame_step_shape(*shapes.pop(), spec.frame_format or "rgb24")
+    batch, taken = len(windows.episodes), {}
+
+    def buffer(feature: str) -> np.ndarray:
+        n = windows.indices[feature].shape[1]
+        taken[feature] = _alloc(feature, (batch * n, *steps[feature]))
+        view = taken[feature].numpy() if isinstance(taken[feature], torch.Tensor) else taken[feature]
+        return view.reshape(batch, n, *steps[feature])
+
+    try:
+        data = source.read_windows(windows, buffer)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 (the request path meets it again and names the request)
+        data = None
+    if data is None:
+        for value in taken.values():
+            give_back(value)
+        return None
+    return [{f: data[f][k] for f in features} for k in range(batch)], [], taken
 
 
 def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:

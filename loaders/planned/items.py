@@ -28,7 +28,7 @@ from mmfeed.loaders.planned.reads import EpisodeReads, SampleRead
 from mmfeed.loaders.planned.records import RecordItems
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.options import device_of
-from mmfeed.loaders.sources.requests import chunk_requests, window_requests
+from mmfeed.loaders.sources.requests import WindowArrays, chunk_requests, per_sample, window_arrays
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.mixture import Weights
 from mmfeed.packing.samples import LONG_EPISODES, EpisodeIndex, SampleTable
@@ -106,12 +106,19 @@ class EpisodeItems:
     # -- reading -------------------------------------------------------------------------------------------------
     def requests(self, samples: np.ndarray) -> list[SampleRead]:
         """What each sample reads and how it is laid out (:class:`SampleRead`), in the order given."""
+        return self._requests(samples)[0]
+
+    def _requests(self, samples: np.ndarray) -> tuple[list[SampleRead], WindowArrays | None]:
+        """:meth:`requests`, and the windows as arrays where every sample reads every feature (else None)."""
         samples = np.asarray(samples, dtype=np.int64)
         tasks = self.table.tasks(samples)
         episodes, starts = self.table.locate(samples)
         tasks = np.asarray(tasks).tolist()
+        windows = None
         if self.window is not None:
-            reads = window_requests(self.source, self.window, episodes, starts)
+            windows, here = window_arrays(self.source, self.window, episodes, starts)
+            reads = per_sample(windows, here)
+            windows = None if here else windows
             layouts = [self._window_layout(tuple(request.indices), task) for task, (request, _) in zip(tasks, reads)]
             pads = [p for _, p in reads]
         else:
@@ -120,7 +127,7 @@ class EpisodeItems:
             pads = [p for _, p, _ in reads]
         return [SampleRead(s, read[0], pad, lay, task, self._text(task), start)
                 for s, read, pad, lay, task, start in zip(samples.tolist(), reads, pads, layouts, tasks,
-                                                          np.asarray(starts).tolist())]
+                                                          np.asarray(starts).tolist())], windows
 
     def _window_layout(self, names: tuple[str, ...], task: int) -> SampleLayout:
         """:meth:`sample_layout` of a window: its pieces are the spec's times of the features present, so the
@@ -146,8 +153,10 @@ class EpisodeItems:
         return cached
 
     def reads(self, samples: np.ndarray) -> EpisodeReads:
-        """What ``samples`` read, for collation: the source, their :meth:`requests`, the layout and features."""
-        return EpisodeReads(self.source, self.requests(samples), self.layout, self.features)
+        """What ``samples`` read, for collation: the source, their :meth:`requests`, the layout and features (and
+        windows as arrays, where every sample reads every feature)."""
+        reads, windows = self._requests(samples)
+        return EpisodeReads(self.source, reads, self.layout, self.features, windows=windows)
 
 
 _NO_TEXT = np.zeros(0, np.int32)

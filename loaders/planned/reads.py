@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
+from mmfeed.loaders.sources.requests import WindowArrays
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.samples import SampleTable
 
@@ -65,13 +66,16 @@ class DocumentNames:
 class EpisodeReads:
     """The episode samples of one batch: ``samples`` (one :class:`SampleRead` each, in row order) read from
     ``source``, laid out by ``layout`` over the modalities task text and ``features``; ``names``: how the
-    documents are named, when not by their sample ids and the source's episodes (:class:`DocumentNames`)."""
+    documents are named, when not by their sample ids and the source's episodes (:class:`DocumentNames`);
+    ``windows``: the same samples' windows as arrays (:class:`~mmfeed.loaders.sources.requests.WindowArrays`),
+    where they are windows and every one reads every feature, which collation reads in one call."""
 
     source: EpisodeSource
     samples: list[SampleRead]
     layout: TokenLayout
     features: list[str]
     names: DocumentNames | None = None
+    windows: WindowArrays | None = None
 
 
 @runtime_checkable

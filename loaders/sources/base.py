@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from mmfeed.loaders.sources.requests import EpisodeRequest
+from mmfeed.loaders.sources.requests import EpisodeRequest, WindowArrays
 from mmfeed.packing.windows import frames_at_rate
 
 __all__ = ["FEATURE_KINDS", "LRU", "EpisodeRequest", "EpisodeSource", "Feature"]
@@ -222,6 +222,28 @@ class EpisodeSource:
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
         """The requested frames of each request, in request order: feature -> ``[n, *shape]``."""
         raise NotImplementedError
+
+    def read_windows(self, windows: WindowArrays, buffer: Callable[[str], np.ndarray]
+                     ) -> dict[str, np.ndarray] | None:
+        """The frames of a batch of windows in one call, where this source can: feature -> ``[B, n, *shape]``
+        (:class:`~mmfeed.loaders.sources.requests.WindowArrays`: every sample reads every feature), a video
+        feature's frames decoded into ``buffer(feature)`` (uint8 ``[B, n, H, W, 3]``, yuv420 ``[B, n, H * 3 // 2,
+        W]``; called only for a batch it reads). None (before calling ``buffer``) where it reads them one request
+        at a time: the caller then uses :meth:`read_many`, as it does after any error here, so that an error names
+        the request it concerns. This default: None."""
+        return None
+
+    def _windows_in_range(self, windows: WindowArrays) -> bool:
+        """Every episode and frame of ``windows`` inside the dataset (what :meth:`_check_requests` checks)."""
+        episodes = windows.episodes
+        if len(episodes) and (episodes.min() < 0 or episodes.max() >= len(self)):
+            return False
+        for feature, idx in windows.indices.items():
+            if feature not in self.features:
+                return False
+            if idx.size and ((idx < 0).any() or (idx >= self.frames(feature)[episodes][:, None]).any()):
+                return False
+        return True
 
     def episode_arrays(self, episodes: Sequence[int], features: Sequence[str]) -> dict[str, np.ndarray]:
         """Every frame of each array feature of ``features`` over ``episodes`` (ints, in order), the episodes back

@@ -17,7 +17,8 @@ import numpy as np
 
 from mmfeed.packing.windows import WindowSpec, chunk_frames, clamp_to_stream, window_indices
 
-__all__ = ["EpisodeRequest", "Indexed", "chunk_requests", "window_requests"]
+__all__ = ["EpisodeRequest", "Indexed", "WindowArrays", "chunk_requests", "per_sample", "window_arrays",
+           "window_requests"]
 
 
 class Indexed(Protocol):
@@ -53,15 +54,26 @@ class EpisodeRequest:
     out: Mapping[str, np.ndarray] | None = None
 
 
-def window_requests(source: Indexed, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray
-                    ) -> list[tuple[EpisodeRequest, dict[str, np.ndarray]]]:
-    """What each window ``(episode, anchor step)`` reads (frame indices per feature at its own rate) and its
-    ``is_pad`` flags per feature; the one place where windows become reads, for the packed loader and
-    ``ds.windows`` alike."""
+@dataclass(frozen=True, eq=False)
+class WindowArrays:
+    """The windows of a batch whose every sample reads every feature, as arrays: each sample's ``episodes``
+    (int64 ``[B]``) and, per feature, the frame ``indices`` (int64 ``[B, n]``) and ``pads`` (bool ``[B, n]``)
+    it reads, in sample order: what a source reads a batch from in one call
+    (:meth:`~mmfeed.loaders.sources.base.EpisodeSource.read_windows`)."""
+
+    episodes: np.ndarray
+    indices: dict[str, np.ndarray]
+    pads: dict[str, np.ndarray]
+
+
+def window_arrays(source: Indexed, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray
+                  ) -> tuple[WindowArrays, dict[str, list[bool]]]:
+    """What the windows ``(episode, anchor step)`` read, as arrays (:class:`WindowArrays`), and, for each feature
+    some of their episodes lack (a mixture's), which samples hold it (empty: every sample reads every feature)."""
     episodes = np.asarray(episodes, dtype=np.int64)
     anchors = np.asarray(anchors, dtype=np.int64)
     lengths, fps = source.lengths[episodes], source.fps[episodes]
-    rows, flags, here = {}, {}, {}
+    indices, pads, here = {}, {}, {}
     for feature, deltas in spec.deltas.items():
         idx, pad = window_indices(
             deltas, anchor_steps=anchors, fps=fps, length=lengths, rate=source.rates(feature)[episodes],
@@ -69,12 +81,29 @@ def window_requests(source: Indexed, spec: WindowSpec, episodes: np.ndarray, anc
         filled = source.filled(feature)
         if filled is not None:  # delivered as zeros: every frame is padding
             pad = pad | filled[episodes][:, None]
-        # per-sample rows and flags taken out as lists once: indexing numpy per sample and feature costs more
-        rows[feature], flags[feature] = list(idx), list(pad)
+        indices[feature], pads[feature] = idx, pad
         present = source.present(feature)[episodes]
         if not present.all():
             here[feature] = present.tolist()
-    names, ids = list(rows), episodes.tolist()
+    return WindowArrays(episodes, indices, pads), here
+
+
+def window_requests(source: Indexed, spec: WindowSpec, episodes: np.ndarray, anchors: np.ndarray
+                    ) -> list[tuple[EpisodeRequest, dict[str, np.ndarray]]]:
+    """What each window ``(episode, anchor step)`` reads (frame indices per feature at its own rate) and its
+    ``is_pad`` flags per feature; the one place where windows become reads, for the packed loader and
+    ``ds.windows`` alike."""
+    return per_sample(*window_arrays(source, spec, episodes, anchors))
+
+
+def per_sample(windows: WindowArrays, here: Mapping[str, list[bool]]
+               ) -> list[tuple[EpisodeRequest, dict[str, np.ndarray]]]:
+    """:func:`window_requests` of arrays: each sample's request and ``is_pad`` flags (``here``: which samples hold
+    the features only some hold)."""
+    # per-sample rows and flags taken out as lists once: indexing numpy per sample and feature costs more
+    rows = {f: list(v) for f, v in windows.indices.items()}
+    flags = {f: list(v) for f, v in windows.pads.items()}
+    names, ids = list(rows), windows.episodes.tolist()
     if not here:  # the usual batch: every sample reads every feature
         return [(EpisodeRequest(e, dict(zip(names, r))), dict(zip(names, p)))
                 for e, r, p in zip(ids, zip(*rows.values()), zip(*flags.values()))]

@@ -34,7 +34,7 @@ import io
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ from mmfeed.codecs.demux import IMAGE_FORMATS, input_options
 from mmfeed.codecs.errors import DecodeError
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.requests import WindowArrays
 from mmfeed.loaders.heap import release_free_heap
 from mmfeed.loaders.formats.lerobot.metadata import (check_info, file_codes, lerobot_episodes, lerobot_rows,
                                                      parquet_rows)
@@ -56,7 +57,7 @@ from mmfeed.loaders.formats.lerobot.v21 import (PATH_FIELDS, aggregate_stats, ep
                                                 read_episodes as read_v2_episodes, read_tasks as read_v2_tasks)
 from mmfeed.loaders.sources.consistency import settle
 from mmfeed.loaders.transport.confine import PathTemplate, UnsafePathError, shorten
-from mmfeed.loaders.transport.errors import SampleError, reason_of
+from mmfeed.loaders.transport.errors import SampleError, decode_with_context, reason_of
 from mmfeed.loaders.transport.files import DatasetFiles, RemoteFile, is_url
 from mmfeed.loaders.stores.frame_store import Segment, decode_stored, stored
 from mmfeed.loaders.sources.options import ReadOptions
@@ -241,6 +242,82 @@ class LeRobotSource(EpisodeSource):
                                         lambda k, into: self._whole(requests[items[k][0]].episode, items[k][1], into))
                 for (r, feature, *_), frames in zip(items, decoded):
                     out[r][feature] = frames
+        return out
+
+    def read_windows(self, windows: WindowArrays, buffer: Callable[[str], np.ndarray]
+                     ) -> dict[str, np.ndarray] | None:
+        """A batch of windows in one call (see :meth:`EpisodeSource.read_windows`): each array feature one gather
+        per data file, each camera's frames one request per video file for a run of samples in it (decoded
+        straight into the batch's buffer). Videos through the frame store, image and text features, and anything
+        out of range are read request by request."""
+        if self._store is not None or not len(windows.episodes) or not self._windows_in_range(windows):
+            return None
+        for feature in windows.indices:
+            spec = self.features[feature]
+            if not (feature in self._video_keys or spec.kind == "array" and self._specs[feature]["dtype"] != "image"
+                    and np.dtype(spec.dtype).kind in "biuf"):
+                return None
+        episodes, out = windows.episodes, {}
+        with stage("read"):
+            for feature, idx in windows.indices.items():
+                if feature not in self._video_keys:
+                    out[feature] = self._rows_window(feature, episodes, idx)
+                    if out[feature] is None:
+                        return None
+        with stage("decode"):
+            for feature, idx in windows.indices.items():
+                if feature in self._video_keys:
+                    out[feature] = self._frames_window(feature, episodes, idx, buffer(feature))
+        return out
+
+    def _rows_window(self, feature: str, episodes: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+        """Rows ``idx`` (``[B, n]``) of an array feature for each sample's episode, ``[B, n, *shape]``: one gather
+        per data file (None where a file's rows disagree with meta/episodes: the request path names them)."""
+        chunk, number = self._meta["data/chunk_index"], self._meta["data/file_index"]
+        files = chunk[episodes].astype(np.int64) << 32 | number[episodes].astype(np.int64)
+        if (files == files[0]).all():
+            groups = [np.arange(len(episodes))]
+        else:
+            _, inverse = np.unique(files, return_inverse=True)
+            groups = [np.flatnonzero(inverse == g) for g in range(int(inverse.max()) + 1)]
+        want = self._meta["dataset_from_index"][episodes].astype(np.int64)[:, None] + idx
+        got = None
+        for members in groups:
+            e0 = int(episodes[members[0]])
+            relative = self.data_file(e0)
+            columns = self._data_file(relative, f"{self.describe(e0)} feature {feature!r}")
+            values = columns.get(feature)
+            if self._bad_rows.get(relative) or values is None or isinstance(values, Exception):
+                return None
+            at = _positions(columns["index"], want[members].reshape(-1))
+            if at is None or (got is not None and values.dtype != got.dtype):
+                return None
+            if got is None:
+                got = np.empty((*idx.shape, *values.shape[1:]), values.dtype)
+            got[members] = values[at].reshape(len(members), idx.shape[1], *values.shape[1:])
+        return got
+
+    def _frames_window(self, feature: str, episodes: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Frames ``idx`` (``[B, n]``) of a camera for each sample's episode, decoded into ``out`` (``[B, n, ...]``):
+        one request per video file for each run of consecutive samples in it."""
+        chunk, number, start = self._video_columns[feature]
+        times = start[episodes].astype(np.float64)[:, None] + idx.astype(np.float64) / self._fps[episodes][:, None]
+        files = chunk[episodes].astype(np.int64) << 32 | number[episodes].astype(np.int64)
+        cuts = [0, *np.flatnonzero(files[1:] != files[:-1]) + 1, len(files)]
+        cache = self._videos.get(self._sizes[feature], self.options.decode, lambda: [
+            self.features[k].frame_size for k in self._video_keys
+            if self._sizes.get(k) is None and self.features[k].frame_size is not None])
+        requests, where = [], []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            e0 = int(episodes[lo])
+            path = self._video(e0, feature)
+            place = _Where(self, e0, feature, path)
+            self._check_stream(cache, feature, path, place)
+            frames = out[lo:hi]
+            requests.append(FrameRequest(path, timestamps=times[lo:hi].reshape(-1), tolerance_s=self.tolerance_s,
+                                         out=frames.reshape(-1, *frames.shape[2:])))
+            where.append(place)
+        decode_with_context(cache, requests, where)
         return out
 
     def episode_arrays(self, episodes: Sequence[int], features: Sequence[str]) -> dict[str, np.ndarray]:

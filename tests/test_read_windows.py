@@ -1,0 +1,119 @@
+"""A batch of windows read in one call (``EpisodeSource.read_windows``: the LeRobot reader's array gathers per data
+file and frame requests per video file) gives, byte for byte, the batches the request-by-request path gives, on
+the datasets real LeRobot wrote (tests/lerobot_corpus: data and videos over several files and chunks, row groups,
+1-step episodes), in process and from worker processes; and where the batch fails, the request path reads it
+again, so the error names the request and the error policy applies as before."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from house_digest import digest_of
+from mmfeed import DataLoader
+from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
+from mmfeed.loaders.formats.lerobot.source import LeRobotSource
+from mmfeed.loaders.planned.errors import ErrorPolicy
+from mmfeed.loaders.transport.errors import SampleError
+
+CORPUS = Path(__file__).parent / "lerobot_corpus"
+LAYOUTS = ["chunked", "edge", "rowgroups", "v21"]
+
+
+def loader(root, *, workers: int = 0, errors: ErrorPolicy | None = None) -> DataLoader:
+    """Windows of every camera (two frames) and every numeric array (the anchor and the next two steps) of
+    ``root``, shuffled, eight a batch."""
+    source = open_dataset(root)
+    cameras = [f for f, feat in source.features.items() if feat.kind == "video"]
+    arrays = [f for f, feat in source.features.items() if feat.kind == "array" and f not in cameras]
+    step = 1 / float(source.fps[0])
+    window = WindowSpec.from_delta_timestamps({**{c: [-step, 0.0] for c in cameras},
+                                               **{a: [0.0, step, 2 * step] for a in arrays}})
+    packing = Packing(layout=TokenLayout(tokens_per_frame=dict.fromkeys(cameras, 4)), window=window, seed=3,
+                      plan=PlanConfig(mode="fixed", batch_size=8, shuffle=True), errors=errors or ErrorPolicy())
+    return DataLoader(source, packing=packing, num_workers=workers)
+
+
+def epoch(loader: DataLoader) -> list[str]:
+    return [digest_of(batch) for batch in loader]
+
+
+@pytest.fixture
+def one_call(monkeypatch):
+    """Each batch's read in one call: True (read), False (left to the request path) or "raised"."""
+    calls = []
+    read = LeRobotSource.read_windows
+
+    def counted(self, windows, buffer):
+        calls.append("raised")
+        got = read(self, windows, buffer)
+        calls[-1] = got is not None
+        return got
+
+    monkeypatch.setattr(LeRobotSource, "read_windows", counted)
+    return calls
+
+
+def request_by_request(monkeypatch) -> None:
+    monkeypatch.setattr(LeRobotSource, "read_windows", lambda self, windows, buffer: None)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_windows_read_in_one_call_equal_those_read_request_by_request(name, one_call, monkeypatch):
+    fast = epoch(loader(CORPUS / name))
+    assert one_call and all(c is True for c in one_call)
+    request_by_request(monkeypatch)
+    assert epoch(loader(CORPUS / name)) == fast
+
+
+def test_windows_read_in_one_call_in_worker_processes(one_call, monkeypatch):
+    """From workers, frames decoded straight into pooled shared-memory buffers: the same batches again."""
+    fast = epoch(loader(CORPUS / "chunked", workers=2))
+    request_by_request(monkeypatch)
+    assert epoch(loader(CORPUS / "chunked")) == fast
+
+
+@pytest.fixture
+def broken(tmp_path):
+    """The chunked corpus with its first video file cut short: the episodes in it cannot all be decoded."""
+    root = tmp_path / "chunked"
+    shutil.copytree(CORPUS / "chunked", root)
+    video = sorted(root.glob("videos/*/chunk-000/file-000.mp4"))[0]
+    video.write_bytes(video.read_bytes()[: video.stat().st_size // 3])
+    return root
+
+
+def test_a_batch_that_fails_in_one_call_is_read_again_request_by_request(broken, one_call, monkeypatch):
+    """The error names the request's episode and feature, as the request path's does, and under a skip policy
+    the same samples are skipped and counted."""
+    with pytest.raises(SampleError) as fast:
+        epoch(loader(broken))
+    assert "raised" in one_call
+    request_by_request(monkeypatch)
+    with pytest.raises(SampleError) as slow:
+        epoch(loader(broken))
+    assert str(fast.value) == str(slow.value)
+    assert "episode" in str(fast.value)
+
+
+def test_a_failed_batch_skips_what_the_request_path_skips(broken, monkeypatch):
+    skip = ErrorPolicy(on_error="skip", max_consecutive_errors=10**6)
+    batches = [(b.metadata["sample"].tolist(), [e["sample"] for e in b.metadata.get("errors", [])])
+               for b in loader(broken, errors=skip)]
+    request_by_request(monkeypatch)
+    assert [(b.metadata["sample"].tolist(), [e["sample"] for e in b.metadata.get("errors", [])])
+            for b in loader(broken, errors=skip)] == batches
+    assert any(errors for _, errors in batches)
+
+
+def test_a_pooled_buffer_of_a_failed_batch_is_free_again():
+    from mmfeed.loaders import shm
+
+    pool = shm.BufferPool(per_key=2)
+    first = pool.take("frames", (4, 8))
+    pool.give_back(first)
+    again = pool.take("frames", (4, 8))
+    assert again.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+    assert (pool.allocated, pool.reused) == (1, 1)
+    assert isinstance(again, torch.Tensor)
