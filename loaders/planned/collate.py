@@ -57,8 +57,7 @@ from mmfeed.loaders.planned.steps import (
     without_failures,
 )
 from mmfeed.loaders.shm import give_back, pooled_buffer
-from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
-from mmfeed.loaders.sources.requests import WindowArrays
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, WindowArrays
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
 from mmfeed.packing.layout import TEXT, SampleLayout, TokenLayout

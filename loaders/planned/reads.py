@@ -22,8 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource
-from mmfeed.loaders.sources.requests import WindowArrays
+from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, WindowArrays
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.samples import SampleTable
 

@@ -23,7 +23,7 @@ import numpy as np
 from mmfeed.loaders.sources.requests import EpisodeRequest, WindowArrays
 from mmfeed.packing.windows import frames_at_rate
 
-__all__ = ["FEATURE_KINDS", "LRU", "EpisodeRequest", "EpisodeSource", "Feature"]
+__all__ = ["FEATURE_KINDS", "LRU", "EpisodeRequest", "EpisodeSource", "Feature", "WindowArrays"]
 
 FEATURE_KINDS = ("video", "array", "text")
 
