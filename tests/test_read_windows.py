@@ -35,8 +35,9 @@ def loader(root, *, workers: int = 0, errors: ErrorPolicy | None = None) -> Data
     return DataLoader(source, packing=packing, num_workers=workers)
 
 
-def epoch(loader: DataLoader) -> list[str]:
-    return [digest_of(batch) for batch in loader]
+def epoch(loader: DataLoader) -> list[tuple]:
+    """Each batch's digest (its public fields, tensors by bytes) and the order of its data and metadata keys."""
+    return [(digest_of(batch), list(batch.data), list(batch.metadata)) for batch in loader]
 
 
 @pytest.fixture
@@ -117,3 +118,39 @@ def test_a_pooled_buffer_of_a_failed_batch_is_free_again():
     assert again.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
     assert (pool.allocated, pool.reused) == (1, 1)
     assert isinstance(again, torch.Tensor)
+
+
+@pytest.fixture
+def with_nan(tmp_path):
+    """The chunked corpus with one state value NaN (the fourth row of its second data file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "chunked"
+    shutil.copytree(CORPUS / "chunked", root)
+    path = root / "data" / "chunk-000" / "file-001.parquet"
+    table = pq.read_table(path)
+    column = table.schema.get_field_index("observation.state")
+    values = table["observation.state"].to_pylist()
+    values[1][2] = float("nan")
+    table = table.set_column(column, table.schema.field(column), pa.array(values, type=table.schema.field(column).type))
+    pq.write_table(table, path)
+    return root
+
+
+@pytest.mark.parametrize("nonfinite", ["raise", "mask"])
+def test_a_nan_in_a_batch_read_in_one_call_is_met_as_sample_by_sample(with_nan, monkeypatch, nonfinite):
+    """NaN found in the batch's arrays: masked, or raised naming the episode, feature and frame, as the request
+    path does."""
+    policy = ErrorPolicy(nonfinite=nonfinite)
+    if nonfinite == "raise":
+        with pytest.raises(SampleError) as fast:
+            epoch(loader(with_nan, errors=policy))
+        request_by_request(monkeypatch)
+        with pytest.raises(SampleError) as slow:
+            epoch(loader(with_nan, errors=policy))
+        assert str(fast.value) == str(slow.value) and "NaN or inf" in str(fast.value)
+        return
+    fast = epoch(loader(with_nan, errors=policy))
+    request_by_request(monkeypatch)
+    assert epoch(loader(with_nan, errors=policy)) == fast

@@ -109,8 +109,9 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     requests, direct = [r.request for r in reads], {}
     places = Places([r.sample for r in reads], source.describe, [r.episode for r in requests])
     whole = _read_windows(source, windows, plans) if windows is not None and transform is None else None
+    arrays = None  # the batch's arrays, feature -> [B, n, ...], while its payload can be laid out from them
     if whole is not None:  # the batch read in one call
-        read, failures, direct = whole
+        read, failures, direct, arrays = whole
     else:
         if transform is None:
             requests, direct = _decode_in_place(source, requests, plans)
@@ -119,9 +120,12 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
         _fill_direct(requests, read, direct)
     # check
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
-    found = find_nonfinite(read, pads, floats, policy.nonfinite == "mask")
-    fail_nonfinite([(k, _episode_located(source, requests[k], key, bad)) for k, key, bad in found], read, places,
-                   errors, failures)
+    if arrays is not None and not all(np.isfinite(arrays[f]).all() for f in floats if f in arrays):
+        arrays = None  # masked or failed sample by sample below
+    if arrays is None:
+        found = find_nonfinite(read, pads, floats, policy.nonfinite == "mask")
+        fail_nonfinite([(k, _episode_located(source, requests[k], key, bad)) for k, key, bad in found], read,
+                       places, errors, failures)
     # transform
     if transform is not None:
         inputs = map(partial(episode_sample, source), reads, read)  # made as the transform asks, one at a time
@@ -135,7 +139,10 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
         direct = {}  # the decoded-in-place buffers now have holes: gather the kept pieces instead
     # lay out
     with stage("collate"):
-        payload, segments, steps, doc_tokens = _episode_payload(source, reads, read, pads, plans, direct)
+        if arrays is not None and not failures:
+            payload, segments, steps, doc_tokens = _window_payload(source, reads, arrays, windows, plans, direct)
+        else:
+            payload, segments, steps, doc_tokens = _episode_payload(source, reads, read, pads, plans, direct)
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
         _add_absent(payload, source, features, read)
@@ -288,9 +295,11 @@ def _payload_plan(lay: SampleLayout, layout,
     return positions, segments, np.asarray(lay.step_sizes, dtype=np.int64)
 
 
-def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list) -> tuple[list, list, dict] | None:
+def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list
+                  ) -> tuple[list, list, dict, dict | None] | None:
     """The batch's windows read in one call (``source.read_windows``): each sample's data (views of the
-    batch's arrays), no failures, and each camera's payload buffer, which the frames were decoded into. None
+    batch's arrays), no failures, each camera's payload buffer, which the frames were decoded into, and the
+    arrays (feature -> ``[B, n, ...]``; None where a mixture pads a feature, sample by sample). None
     where the source reads request by request, where a sample takes a feature's frames out of read order, or
     where anything fails (a pooled buffer taken is given back): the request path then reads the batch, naming
     a failing request and applying the error policy."""
@@ -323,7 +332,32 @@ def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list) -> 
         for value in taken.values():
             give_back(value)
         return None
-    return [{f: data[f][k] for f in features} for k in range(batch)], [], taken
+    if any(source.dim_mask(e, f) is not None for e in np.unique(windows.episodes).tolist() for f in features):
+        arrays = None  # padded by a mixture: each sample's mask rows are laid out with it
+    else:
+        arrays = data
+    direct = {f: taken[f] for f in source.features if f in taken}  # in the order the request path gives them
+    return [{f: data[f][k] for f in features} for k in range(batch)], [], direct, arrays
+
+
+def _window_payload(source: EpisodeSource, reads: list[SampleRead], arrays: dict[str, np.ndarray],
+                    windows: WindowArrays, plans: list, direct: dict) -> tuple[dict[str, Any], list, list, list]:
+    """:func:`_episode_payload` of a batch read in one call whose every sample takes every feature's frames in
+    read order (no per-sample work but the task texts): each feature's payload is its ``[B, n, ...]`` array as
+    rows (a camera's: the buffer its frames were decoded into), its ``_is_pad`` flags the batch's; the keys in
+    the order :func:`_episode_payload` gives them."""
+    texts = [r.text for r in reads if len(r.text)]
+    first = plans[0][0]  # every sample's features, in the order its token runs name them
+    payload: dict[str, Any] = {TEXT: _concat(texts)} if texts and len(reads[0].text) else {}
+    for feature in first:
+        if feature not in direct:
+            values = arrays[feature]
+            payload[feature] = _concat([values.reshape(-1, *values.shape[2:])])
+    if texts and TEXT not in payload:  # the first sample has no text: the key comes after its features
+        payload[TEXT] = _concat(texts)
+    payload.update(direct)
+    payload.update({f"{f}_is_pad": windows.pads[f].reshape(-1) for f in first})
+    return payload, [p[1] for p in plans], [p[2] for p in plans], [r.layout.num_tokens for r in reads]
 
 
 def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:
