@@ -1,8 +1,10 @@
 """A batch of windows read in one call (``EpisodeSource.read_windows``: the LeRobot reader's array gathers per data
-file and frame requests per video file) gives, byte for byte, the batches the request-by-request path gives, on
-the datasets real LeRobot wrote (tests/lerobot_corpus: data and videos over several files and chunks, row groups,
-1-step episodes), in process and from worker processes; and where the batch fails, the request path reads it
-again, so the error names the request and the error policy applies as before."""
+file and frame requests per video file; the RLDS reader's step arrays and one pass over the batch's pictures)
+gives, byte for byte, the batches the request-by-request path gives, on the datasets real LeRobot and TFDS wrote
+(tests/lerobot_corpus: data and videos over several files and chunks, row groups, 1-step episodes;
+tests/rlds_corpus: JPEG and PNG cameras, several shards), in process and from worker processes; and where the
+batch fails, the request path reads it again, so the error names the request and the error policy applies as
+before."""
 
 import shutil
 from pathlib import Path
@@ -14,19 +16,22 @@ from house_digest import digest_of
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.formats.lerobot.source import LeRobotSource
+from mmfeed.loaders.formats.rlds.source import RldsSource
 from mmfeed.loaders.planned.errors import ErrorPolicy
 from mmfeed.loaders.transport.errors import SampleError
 
 CORPUS = Path(__file__).parent / "lerobot_corpus"
-LAYOUTS = ["chunked", "edge", "rowgroups", "v21"]
+RLDS = Path(__file__).parent / "rlds_corpus" / "mmfeed_rlds_corpus" / "1.0.0"
+LAYOUTS = ["chunked", "edge", "rowgroups", "v21", "rlds"]
 
 
 def loader(root, *, workers: int = 0, errors: ErrorPolicy | None = None) -> DataLoader:
-    """Windows of every camera (two frames) and every numeric array (the anchor and the next two steps) of
+    """Windows of every camera (two frames) and every numeric step array (the anchor and the next two steps) of
     ``root``, shuffled, eight a batch."""
-    source = open_dataset(root)
+    source = open_dataset(root, **({"fps": 10} if Path(root).name == "1.0.0" else {}))
+    once = set(getattr(source, "episode_features", []))  # RLDS's episode_metadata: one value an episode
     cameras = [f for f, feat in source.features.items() if feat.kind == "video"]
-    arrays = [f for f, feat in source.features.items() if feat.kind == "array" and f not in cameras]
+    arrays = [f for f, feat in source.features.items() if feat.kind == "array" and f not in once]
     step = 1 / float(source.fps[0])
     window = WindowSpec.from_delta_timestamps({**{c: [-step, 0.0] for c in cameras},
                                                **{a: [0.0, step, 2 * step] for a in arrays}})
@@ -57,22 +62,42 @@ def one_call(monkeypatch):
 
 
 def request_by_request(monkeypatch) -> None:
-    monkeypatch.setattr(LeRobotSource, "read_windows", lambda self, windows, buffer: None)
+    for source in (LeRobotSource, RldsSource):
+        monkeypatch.setattr(source, "read_windows", lambda self, windows, buffer: None)
+
+
+@pytest.fixture
+def one_call_rlds(monkeypatch):
+    """Each batch's read in one call by the RLDS reader: True, False or "raised"."""
+    calls = []
+    read = RldsSource.read_windows
+
+    def counted(self, windows, buffer):
+        calls.append("raised")
+        got = read(self, windows, buffer)
+        calls[-1] = got is not None
+        return got
+
+    monkeypatch.setattr(RldsSource, "read_windows", counted)
+    return calls
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_windows_read_in_one_call_equal_those_read_request_by_request(name, one_call, monkeypatch):
-    fast = epoch(loader(CORPUS / name))
-    assert one_call and all(c is True for c in one_call)
+def test_windows_read_in_one_call_equal_those_read_request_by_request(name, one_call, one_call_rlds, monkeypatch):
+    root = RLDS if name == "rlds" else CORPUS / name
+    fast = epoch(loader(root))
+    calls = one_call_rlds if name == "rlds" else one_call
+    assert calls and all(c is True for c in calls)
     request_by_request(monkeypatch)
-    assert epoch(loader(CORPUS / name)) == fast
+    assert epoch(loader(root)) == fast
 
 
-def test_windows_read_in_one_call_in_worker_processes(one_call, monkeypatch):
+@pytest.mark.parametrize("root", [CORPUS / "chunked", RLDS], ids=["lerobot", "rlds"])
+def test_windows_read_in_one_call_in_worker_processes(root, monkeypatch):
     """From workers, frames decoded straight into pooled shared-memory buffers: the same batches again."""
-    fast = epoch(loader(CORPUS / "chunked", workers=2))
+    fast = epoch(loader(root, workers=2))
     request_by_request(monkeypatch)
-    assert epoch(loader(CORPUS / "chunked")) == fast
+    assert epoch(loader(root)) == fast
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ from mmfeed.loaders.formats.rlds.pictures import decode_picture
 from mmfeed.loaders.formats.rlds.ranges import RecordRanges
 from mmfeed.loaders.formats.rlds.rates import published_rate
 from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_size, split_record
-from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature
+from mmfeed.loaders.sources.base import LRU, EpisodeRequest, EpisodeSource, Feature, WindowArrays
 from mmfeed.loaders.sources.consistency import Verdict, settle
 from mmfeed.loaders.sources.options import ReadOptions
 from mmfeed.loaders.stores.frame_store import Segment, stored, take
@@ -297,7 +297,7 @@ class RldsSource(EpisodeSource):
                 out[r][feature] = value
         if pictures:
             start = clock()
-            buffer, spans = self._gather(requests, pictures)
+            buffer, spans = self._gather([(requests[r].episode, feature, idx) for r, feature, idx, _ in pictures])
             read_s += clock() - start
             with stage("decode"):
                 view, k = memoryview(buffer), 0
@@ -310,15 +310,54 @@ class RldsSource(EpisodeSource):
             record_stage("read", read_s)
         return out
 
-    def _gather(self, requests: Sequence[EpisodeRequest], pictures: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
-        """The encoded pictures of ``pictures`` (request, camera, steps, slot), back to back in their order: one
-        buffer and each picture's ``[start, stop)`` in it, read by range in as few reads as they allow, checked."""
-        episodes = np.array([requests[r].episode for r, _, _, _ in pictures], np.int64)
-        counts = np.array([len(idx) for _, _, idx, _ in pictures], np.int64)
-        steps = np.concatenate([idx for _, _, idx, _ in pictures])
+    def read_windows(self, windows: WindowArrays, buffer: Callable[[str], np.ndarray]
+                     ) -> dict[str, np.ndarray] | None:
+        """A batch of windows in one call (see :meth:`EpisodeSource.read_windows`), from a local split read by
+        range: each step feature gathered from its episodes' decoded arrays, every picture of the batch read in
+        one pass (:meth:`_gather`) and decoded straight into the batch's buffer. Remote splits, the frame store,
+        text and per-episode features are read request by request."""
+        if self._ranges is None or self._store is not None or not len(windows.episodes) \
+                or not self._windows_in_range(windows):
+            return None
+        for feature in windows.indices:
+            leaf = self._steps[feature]
+            if leaf.level != "step" or leaf.kind == "text" or leaf.kind != "image" \
+                    and np.dtype(self.features[feature].dtype).kind not in "biuf":
+                return None
+        ids, out, start = windows.episodes.tolist(), {}, time.perf_counter()
+        for feature, idx in windows.indices.items():
+            leaf = self._steps[feature]
+            if leaf.kind != "image":
+                got = None
+                for k, e in enumerate(ids):
+                    values = self._step_values(e, leaf, int(self._lengths[e]), _Where(self.describe, e))
+                    if got is None:
+                        got = np.empty((*idx.shape, *values.shape[1:]), values.dtype)
+                    got[k] = values[idx[k]]
+                out[feature] = got
+        cameras = [f for f in windows.indices if self._steps[f].kind == "image"]
+        if cameras:
+            data, spans = self._gather([(e, f, windows.indices[f][k]) for f in cameras for k, e in enumerate(ids)])
+        record_stage("read", time.perf_counter() - start)
+        with stage("decode"):
+            view, k = (memoryview(data), 0) if cameras else (None, 0)
+            for feature in cameras:
+                into, n = buffer(feature), windows.indices[feature].shape[1]
+                for sample, e in enumerate(ids):
+                    self._pictures(e, feature, [view[a:b] for a, b in spans[k:k + n].tolist()], into[sample])
+                    k += n
+                out[feature] = into
+        return out
+
+    def _gather(self, pictures: list[tuple[int, str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """The encoded pictures of ``pictures`` (episode, camera, steps), back to back in their order: one buffer
+        and each picture's ``[start, stop)`` in it, read by range in as few reads as they allow, checked."""
+        episodes = np.array([e for e, _, _ in pictures], np.int64)
+        counts = np.array([len(idx) for _, _, idx in pictures], np.int64)
+        steps = np.concatenate([idx for _, _, idx in pictures])
         owner = np.repeat(episodes, counts)
         table = np.empty((len(steps), 3), np.int64)
-        cameras = np.repeat(np.array([self._camera_of[f] for _, f, _, _ in pictures], np.int64), counts)
+        cameras = np.repeat(np.array([self._camera_of[f] for _, f, _ in pictures], np.int64), counts)
         at = self._task_start[owner] + steps  # each picture's row in its camera's table
         for feature, c in self._camera_of.items():
             mine = cameras == c
@@ -367,7 +406,7 @@ class RldsSource(EpisodeSource):
         """The encoded pictures ``idx`` (steps inside the episode) of one camera of ``episode``, read alone (each
         checked)."""
         idx = np.asarray(idx, np.int64)
-        buffer, spans = self._gather([EpisodeRequest(episode, {feature: idx})], [(0, feature, idx, None)])
+        buffer, spans = self._gather([(episode, feature, idx)])
         return [memoryview(buffer)[a:b] for a, b in spans.tolist()]
 
     def episode(self, index: int) -> dict:
