@@ -45,11 +45,11 @@ def epoch(loader: DataLoader) -> list[tuple]:
     return [(digest_of(batch), list(batch.data), list(batch.metadata)) for batch in loader]
 
 
-@pytest.fixture
-def one_call(monkeypatch):
-    """Each batch's read in one call: True (read), False (left to the request path) or "raised"."""
+def spied(monkeypatch, source: type) -> list:
+    """Each batch's read in one call by ``source``'s reader: True (read), False (left to the request path) or
+    "raised"."""
     calls = []
-    read = LeRobotSource.read_windows
+    read = source.read_windows
 
     def counted(self, windows, buffer):
         calls.append("raised")
@@ -57,29 +57,23 @@ def one_call(monkeypatch):
         calls[-1] = got is not None
         return got
 
-    monkeypatch.setattr(LeRobotSource, "read_windows", counted)
+    monkeypatch.setattr(source, "read_windows", counted)
     return calls
+
+
+@pytest.fixture
+def one_call(monkeypatch):
+    return spied(monkeypatch, LeRobotSource)
+
+
+@pytest.fixture
+def one_call_rlds(monkeypatch):
+    return spied(monkeypatch, RldsSource)
 
 
 def request_by_request(monkeypatch) -> None:
     for source in (LeRobotSource, RldsSource):
         monkeypatch.setattr(source, "read_windows", lambda self, windows, buffer: None)
-
-
-@pytest.fixture
-def one_call_rlds(monkeypatch):
-    """Each batch's read in one call by the RLDS reader: True, False or "raised"."""
-    calls = []
-    read = RldsSource.read_windows
-
-    def counted(self, windows, buffer):
-        calls.append("raised")
-        got = read(self, windows, buffer)
-        calls[-1] = got is not None
-        return got
-
-    monkeypatch.setattr(RldsSource, "read_windows", counted)
-    return calls
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
