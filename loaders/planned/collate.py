@@ -111,7 +111,8 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     whole = _read_windows(source, windows, plans) if windows is not None and transform is None else None
     arrays = None  # the batch's arrays, feature -> [B, n, ...], while its payload can be laid out from them
     if whole is not None:  # the batch read in one call
-        read, failures, direct, arrays = whole
+        data, direct, arrays = whole
+        read, failures = None, []  # each sample's data, made only where a step works sample by sample
     else:
         if transform is None:
             requests, direct = _decode_in_place(source, requests, plans)
@@ -122,6 +123,8 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
     if arrays is not None and not all(np.isfinite(arrays[f]).all() for f in floats if f in arrays):
         arrays = None  # masked or failed sample by sample below
+    if read is None and arrays is None:
+        read = _samples_of(data)
     if arrays is None:
         found = find_nonfinite(read, pads, floats, policy.nonfinite == "mask")
         fail_nonfinite([(k, _episode_located(source, requests[k], key, bad)) for k, key, bad in found], read,
@@ -145,7 +148,7 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
             payload, segments, steps, doc_tokens = _episode_payload(source, reads, read, pads, plans, direct)
         row_capacity = capacity or max(doc_tokens, default=1)
         nrows = len(rows) if num_rows is None else num_rows
-        _add_absent(payload, source, features, read)
+        _add_absent(payload, source, features, read or [])
         if static_shapes:
             per_entry = {f: layout.tokens(f) for f in features}
             pad_static(payload, {TEXT: layout.tokens_per_text_token, **per_entry}, nrows * row_capacity)
@@ -296,21 +299,22 @@ def _payload_plan(lay: SampleLayout, layout,
 
 
 def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list
-                  ) -> tuple[list, list, dict, dict | None] | None:
-    """The batch's windows read in one call (``source.read_windows``): each sample's data (views of the
-    batch's arrays), no failures, each camera's payload buffer, which the frames were decoded into, and the
-    arrays (feature -> ``[B, n, ...]``; None where a mixture pads a feature, sample by sample). None
+                  ) -> tuple[dict, dict, dict | None] | None:
+    """The batch's windows read in one call (``source.read_windows``): its arrays (feature -> ``[B, n, ...]``),
+    each camera's payload buffer, which the frames were decoded into, and the arrays again where the payload
+    may be laid out from them (None where a mixture pads a feature: sample by sample). None
     where the source reads request by request, where a sample takes a feature's frames out of read order, or
     where anything fails (a pooled buffer taken is given back): the request path then reads the batch, naming
     a failing request and applying the error policy."""
     features = list(windows.indices)
-    if any(plan[0].get(f) is not _IN_ORDER for plan in plans for f in features):
+    distinct = {id(plan): plan for plan in plans}.values()  # samples of one layout share their plan
+    if any(plan[0].get(f) is not _IN_ORDER for plan in distinct for f in features):
         return None
-    steps = {}
+    episodes, steps = np.unique(windows.episodes).tolist(), {}
     for feature in features:
         spec = source.features[feature]
         if spec.kind == "video":
-            shapes = {source.frame_shape(e, feature) for e in np.unique(windows.episodes).tolist()}
+            shapes = {source.frame_shape(e, feature) for e in episodes}
             if len(shapes) != 1 or None in shapes:
                 return None
             steps[feature] = frame_step_shape(*shapes.pop(), spec.frame_format or "rgb24")
@@ -332,12 +336,14 @@ def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list
         for value in taken.values():
             give_back(value)
         return None
-    if any(source.dim_mask(e, f) is not None for e in np.unique(windows.episodes).tolist() for f in features):
-        arrays = None  # padded by a mixture: each sample's mask rows are laid out with it
-    else:
-        arrays = data
+    padded = any(source.dim_mask(e, f) is not None for e in episodes for f in features)  # by a mixture
     direct = {f: taken[f] for f in source.features if f in taken}  # in the order the request path gives them
-    return [{f: data[f][k] for f in features} for k in range(batch)], [], direct, arrays
+    return data, direct, None if padded else data
+
+
+def _samples_of(data: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Each sample's data (views) of a batch read in one call, for the sample-by-sample steps."""
+    return [dict(zip(data, values)) for values in zip(*data.values())]
 
 
 def _window_payload(source: EpisodeSource, reads: list[SampleRead], arrays: dict[str, np.ndarray],
