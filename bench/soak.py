@@ -335,6 +335,8 @@ def run_path(path: str, data: dict[str, Path], epochs: int, *, probe: bool = Fal
     in both.
     Only numbers are kept per epoch (and the full type counts of epoch 2 and of the latest), so that the
     measurement itself holds no more memory from epoch to epoch."""
+    from mmfeed.loaders.shm import received_buffers
+
     probe_dir = tempfile.mkdtemp(prefix="mmfeed-soak-probe-") if probe or trace or trim else None
     loader = make_loader(path, data, WorkerProbe(probe_dir, trace, trim) if probe_dir else None)
     first = min(baseline_epoch, epochs) - 1  # the baseline epoch's position
@@ -355,7 +357,7 @@ def run_path(path: str, data: dict[str, Path], epochs: int, *, probe: bool = Fal
                       "processes": {"main": process_memory(os.getpid()),
                                     **{f"worker {w}": process_memory(pid) for w, pid in enumerate(pids)}}}
             if probe_dir is not None:
-                latest = {"main": {"types": _type_counts()}}
+                latest = {"main": {"types": _type_counts(), "pooled": received_buffers()}}
                 record["processes"]["main"]["malloc"] = mallinfo()
                 for w, answer in enumerate(ask_workers(probe_dir, epoch, len(pids))):
                     latest[f"worker {w}"] = answer
@@ -383,6 +385,9 @@ def run_path(path: str, data: dict[str, Path], epochs: int, *, probe: bool = Fal
                                    for name in baseline}
         result["suspects"] = {name: {"baseline": suspect_counts(baseline[name]["types"]),
                                      "last": suspect_counts(latest[name]["types"])} for name in baseline}
+        # the pooled buffers the training process maps (each a storage), which grow where a worker met a stall
+        # with every buffer it kept in use, up to its pool's bound
+        result["pooled"] = {"baseline": baseline["main"]["pooled"], "last": latest["main"]["pooled"]}
         if trace:
             result["trace_growth"] = {name: trace_growth(baseline[name]["trace"], latest[name]["trace"])
                                       for name in baseline if "trace" in baseline[name]}

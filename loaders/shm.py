@@ -52,7 +52,7 @@ import torch
 from mmfeed.loaders.clock import TimedBatch
 from mmfeed.packing.batch import PackedBatch, map_tensors
 
-__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "pooled_buffer"]
+__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "pooled_buffer", "received_buffers"]
 
 _MAGIC = b"mmfeed/shm/pool\x00"  # 16 bytes
 _TRAILER = 32  # magic (16), state (int64), the pool's nonce (8)
@@ -211,6 +211,14 @@ def _reduce_batch(batch: PackedBatch) -> tuple:
 
 _received: dict[bytes, dict[int, torch.UntypedStorage]] = {}  # the training process's: nonce -> serial -> buffer
 _received_lock = threading.Lock()
+
+
+def received_buffers() -> int:
+    """The pooled buffers this (training) process keeps mapped, of every worker: each one a shared-memory storage
+    its worker may write the next batch into. Bounded: a worker keeps ``per_key`` buffers a payload key, and says
+    which it dropped."""
+    with _received_lock:
+        return sum(len(buffers) for buffers in _received.values())
 
 
 def _rebuild_batch(cls: type, state: dict[str, Any], nonce: bytes, dropped: list[int]) -> PackedBatch:

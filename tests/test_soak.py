@@ -136,6 +136,8 @@ MAIN_BATCHES = 2 * 2 + 1
 queued (the planned loader keeps the next epoch's first ones in flight across the boundary), and the loop's own."""
 BOUNDED = {"torch.multiprocessing.reductions.StorageWeakRef"}
 """torch's own cache of the storages a process shared, which it prunes past 128 entries."""
+POOLED = 2 * 2 * (2 + 4)
+"""The pooled buffers the training process may map: 2 workers, 2 cameras, ``per_key`` (prefetch_factor 2 + 4)."""
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +165,11 @@ def test_ten_epochs_keep_the_same_objects_descriptors_and_shared_memory(soak_dat
             elif kind in IN_FLIGHT:
                 bound = MAIN_BATCHES if name == "main" and kind.endswith("PackedBatch") else IN_FLIGHT[kind]
                 assert after.get(kind, 0) <= bound, (name, kind, after.get(kind))
+            elif name == "main" and kind == "torch.storage.UntypedStorage":
+                # one storage a pooled buffer: more only where a worker's pool grew, within its bound
+                grown = result["pooled"]["last"] - result["pooled"]["baseline"]
+                assert after.get(kind, 0) - before.get(kind, 0) == grown, (kind, before, after, result["pooled"])
+                assert result["pooled"]["last"] <= POOLED, result["pooled"]
             else:
                 assert before.get(kind, 0) == after.get(kind, 0), (name, kind, before.get(kind), after.get(kind))
     for name, summary in result["summary"].items():
