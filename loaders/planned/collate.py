@@ -143,7 +143,7 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     # lay out
     with stage("collate"):
         if arrays is not None and not failures:
-            payload, segments, steps, doc_tokens = _window_payload(source, reads, arrays, windows, plans, direct)
+            payload, segments, steps, doc_tokens = _window_payload(reads, arrays, windows, plans, direct)
         else:
             payload, segments, steps, doc_tokens = _episode_payload(source, reads, read, pads, plans, direct)
         row_capacity = capacity or max(doc_tokens, default=1)
@@ -310,20 +310,15 @@ def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list
     distinct = {id(plan): plan for plan in plans}.values()  # samples of one layout share their plan
     if any(plan[0].get(f) is not _IN_ORDER for plan in distinct for f in features):
         return None
-    episodes, steps = np.unique(windows.episodes).tolist(), {}
-    for feature in features:
-        spec = source.features[feature]
-        if spec.kind == "video":
-            shapes = {source.frame_shape(e, feature) for e in episodes}
-            if len(shapes) != 1 or None in shapes:
-                return None
-            steps[feature] = frame_step_shape(*shapes.pop(), spec.frame_format or "rgb24")
+    episodes = np.unique(windows.episodes).tolist()
+    steps = {f: _frame_step(source, f, episodes) for f in features if source.features[f].kind == "video"}
+    if None in steps.values():
+        return None
     batch, taken = len(windows.episodes), {}
 
     def buffer(feature: str) -> np.ndarray:
         n = windows.indices[feature].shape[1]
-        taken[feature] = _alloc(feature, (batch * n, *steps[feature]))
-        view = taken[feature].numpy() if isinstance(taken[feature], torch.Tensor) else taken[feature]
+        taken[feature], view = _alloc(feature, (batch * n, *steps[feature]))
         return view.reshape(batch, n, *steps[feature])
 
     try:
@@ -346,8 +341,8 @@ def _samples_of(data: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     return [dict(zip(data, values)) for values in zip(*data.values())]
 
 
-def _window_payload(source: EpisodeSource, reads: list[SampleRead], arrays: dict[str, np.ndarray],
-                    windows: WindowArrays, plans: list, direct: dict) -> tuple[dict[str, Any], list, list, list]:
+def _window_payload(reads: list[SampleRead], arrays: dict[str, np.ndarray], windows: WindowArrays, plans: list,
+                    direct: dict) -> tuple[dict[str, Any], list, list, list]:
     """:func:`_episode_payload` of a batch read in one call whose every sample takes every feature's frames in
     read order (no per-sample work but the task texts): each feature's payload is its ``[B, n, ...]`` array as
     rows (a camera's: the buffer its frames were decoded into), its ``_is_pad`` flags the batch's; the keys in
@@ -380,18 +375,11 @@ def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) 
         having = [k for k, r in enumerate(requests) if feature in r.indices]
         if not having or any(sample_plans[k][0].get(feature) is not _IN_ORDER for k in having):
             continue
-        try:
-            shapes = {source.frame_shape(requests[k].episode, feature) for k in having}
-        except MemoryError:
-            raise
-        except Exception:  # an unreadable video: the read below meets it again, under the error policy
-            continue
-        if len(shapes) != 1 or None in shapes:
+        step = _frame_step(source, feature, [requests[k].episode for k in having])
+        if step is None:
             continue
         counts = [len(r.indices[feature]) if feature in r.indices else 0 for r in requests]
-        step = frame_step_shape(*next(iter(shapes)), source.features[feature].frame_format or "rgb24")
-        buffer = _alloc(feature, (sum(counts), *step))
-        view = buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
+        buffer, view = _alloc(feature, (sum(counts), *step))
         start = 0
         for k in having:
             out, n = outs[k], counts[k]
@@ -415,13 +403,31 @@ def _fill_direct(requests: list, read: list, direct: dict) -> None:
                 data[feature] = out
 
 
-def _alloc(key: str, shape: tuple[int, ...]) -> np.ndarray | torch.Tensor:
-    """A uint8 buffer for payload ``key``; in a DataLoader worker a shared-memory tensor, which the training
-    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.shm`)."""
+def _frame_step(source: EpisodeSource, feature: str, episodes: Sequence[int]) -> tuple[int, ...] | None:
+    """The shape of one of a video feature's frames in the payload, where every one of ``episodes`` gives the same
+    known frame size; None otherwise, or where a video cannot be read (the read meets it again, under the error
+    policy)."""
+    try:
+        shapes = {source.frame_shape(e, feature) for e in episodes}
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 (an unreadable video)
+        return None
+    if len(shapes) != 1 or None in shapes:
+        return None
+    return frame_step_shape(*shapes.pop(), source.features[feature].frame_format or "rgb24")
+
+
+def _alloc(key: str, shape: tuple[int, ...]) -> tuple[np.ndarray | torch.Tensor, np.ndarray]:
+    """A uint8 buffer for payload ``key`` and a numpy view of it; in a DataLoader worker a shared-memory tensor,
+    which the training process maps as is (a recycled one when the worker recycles buffers, see
+    :mod:`mmfeed.loaders.shm`)."""
     if torch.utils.data.get_worker_info() is None:
-        return np.empty(shape, dtype=np.uint8)
+        buffer = np.empty(shape, dtype=np.uint8)
+        return buffer, buffer
     pooled = pooled_buffer(key, shape)
-    return pooled if pooled is not None else _shared(shape, torch.uint8)
+    buffer = pooled if pooled is not None else _shared(shape, torch.uint8)
+    return buffer, buffer.numpy()
 
 
 def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
