@@ -232,9 +232,7 @@ class LeRobotSource(EpisodeSource):
                         into = request.out.get(feature) if request.out else None
                         out[r][feature] = self._decode_images(request.episode, feature, rows, into)
             for size, items in videos.items():
-                cache = self._videos.get(size, self.options.decode, lambda: [
-                    self.features[k].frame_size for k in self._video_keys
-                    if self._sizes.get(k) is None and self.features[k].frame_size is not None])
+                cache = self._readers(size)
                 for r, feature, frame_request, where, *_ in items:
                     self._check_stream(cache, feature, frame_request.path, where)
                 decoded = decode_stored(self._store, cache, [i[2] for i in items], [i[3] for i in items],
@@ -273,16 +271,9 @@ class LeRobotSource(EpisodeSource):
     def _rows_window(self, feature: str, episodes: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
         """Rows ``idx`` (``[B, n]``) of an array feature for each sample's episode, ``[B, n, *shape]``: one gather
         per data file (None where a file's rows disagree with meta/episodes: the request path names them)."""
-        chunk, number = self._meta["data/chunk_index"], self._meta["data/file_index"]
-        files = chunk[episodes].astype(np.int64) << 32 | number[episodes].astype(np.int64)
-        if (files == files[0]).all():
-            groups = [np.arange(len(episodes))]
-        else:
-            _, inverse = np.unique(files, return_inverse=True)
-            groups = [np.flatnonzero(inverse == g) for g in range(int(inverse.max()) + 1)]
         want = self._meta["dataset_from_index"][episodes].astype(np.int64)[:, None] + idx
         got = None
-        for members in groups:
+        for members in self._by_data_file(episodes):
             e0 = int(episodes[members[0]])
             relative = self.data_file(e0)
             columns = self._data_file(relative, f"{self.describe(e0)} feature {feature!r}")
@@ -297,6 +288,12 @@ class LeRobotSource(EpisodeSource):
             got[members] = values[at].reshape(len(members), idx.shape[1], *values.shape[1:])
         return got
 
+    def _readers(self, size: tuple[int, int] | None) -> VideoReaderCache:
+        """The decoders of the cameras whose frames come out at ``size`` (None: as stored)."""
+        return self._videos.get(size, self.options.decode, lambda: [
+            self.features[k].frame_size for k in self._video_keys
+            if self._sizes.get(k) is None and self.features[k].frame_size is not None])
+
     def _frames_window(self, feature: str, episodes: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Frames ``idx`` (``[B, n]``) of a camera for each sample's episode, decoded into ``out`` (``[B, n, ...]``):
         one request per video file for each run of consecutive samples in it."""
@@ -304,9 +301,7 @@ class LeRobotSource(EpisodeSource):
         times = start[episodes].astype(np.float64)[:, None] + idx.astype(np.float64) / self._fps[episodes][:, None]
         files = chunk[episodes].astype(np.int64) << 32 | number[episodes].astype(np.int64)
         cuts = [0, *np.flatnonzero(files[1:] != files[:-1]) + 1, len(files)]
-        cache = self._videos.get(self._sizes[feature], self.options.decode, lambda: [
-            self.features[k].frame_size for k in self._video_keys
-            if self._sizes.get(k) is None and self.features[k].frame_size is not None])
+        cache = self._readers(self._sizes[feature])
         requests, where = [], []
         for lo, hi in zip(cuts[:-1], cuts[1:]):
             e0 = int(episodes[lo])
@@ -556,18 +551,11 @@ class LeRobotSource(EpisodeSource):
         """:meth:`_rows` of many ``(_, episode, idx)`` at once: one gather per data file and feature for a whole
         batch instead of one per sample (which costs more than the gather once samples are many and small). Any
         problem is raised by :meth:`_rows` of the request it concerns, so errors read the same."""
-        chunk, number = self._meta["data/chunk_index"], self._meta["data/file_index"]
         episodes = np.fromiter((w[1] for w in wanted), np.int64, len(wanted))
         idx = [w[2] for w in wanted]
-        files = chunk[episodes].astype(np.int64) << 32 | number[episodes].astype(np.int64)
-        if len(files) and (files == files[0]).all():  # the usual batch: one data file
-            groups = [np.arange(len(wanted))]
-        else:  # per data file, in the order the batch first names them (errors raise in the same order)
-            _, seen, inverse = np.unique(files, return_index=True, return_inverse=True)
-            groups = [np.flatnonzero(inverse == g) for g in np.argsort(seen, kind="stable")]
         got: list[np.ndarray | None] = [None] * len(wanted)
         first = self._meta["dataset_from_index"]
-        for members in groups:
+        for members in self._by_data_file(episodes):  # errors raise in the order the batch names the files
             e0 = int(episodes[members[0]])
             relative = self.data_file(e0)
             columns = self._data_file(relative, f"{self.describe(e0)} feature {feature!r}")
@@ -586,6 +574,15 @@ class LeRobotSource(EpisodeSource):
             for k, part in zip(members.tolist(), split_rows(values[at], cuts)):
                 got[k] = part
         return got  # type: ignore[return-value]
+
+    def _by_data_file(self, episodes: np.ndarray) -> list[np.ndarray]:
+        """The positions in ``episodes`` grouped by the data file holding each episode's rows, the files in the
+        order ``episodes`` first names them."""
+        codes = self._file_of[episodes]
+        if len(codes) and (codes == codes[0]).all():  # the usual batch: one data file
+            return [np.arange(len(codes))]
+        _, seen, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        return [np.flatnonzero(inverse == g) for g in np.argsort(seen, kind="stable")]
 
     def _data_file(self, relative: str, where: str) -> dict[str, object]:
         """Every non-video column of one data file, sorted by ``index`` (the last two files stay cached)."""
