@@ -19,6 +19,7 @@ columns of ``columns`` the file has, one chunk each where Arrow can combine them
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -30,6 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 __all__ = ["read_columns"]
+
+log = logging.getLogger(__name__)
 
 
 def read_columns(paths: Sequence[str], columns: Sequence[str], *, processes: int | None = None
@@ -51,7 +54,13 @@ def read_columns(paths: Sequence[str], columns: Sequence[str], *, processes: int
                 json.dump({"columns": list(columns), "files": [[paths[k], outputs[k]] for k in share]}, f)
             children.append(subprocess.Popen([sys.executable, "-m", __name__, job], stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-        failed = [child.communicate()[1] for child in children if child.wait() != 0]
+        failed = False
+        for child in children:  # read each one's errors to the end while it runs: a full pipe would block it
+            errors = child.communicate()[1]
+            if child.returncode:
+                failed = True
+                log.debug("reading parquet columns in a child process failed (read here instead): %s",
+                          errors.decode(errors="replace")[-2000:])
         if failed or not all(os.path.exists(o) for o in outputs):
             return None
         return [pa.ipc.open_file(pa.memory_map(o)).read_all() for o in outputs]
