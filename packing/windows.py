@@ -187,8 +187,8 @@ def window_indices(deltas: Sequence[float], *, anchor_steps: np.ndarray, fps: np
 
 def _per_sample(values: np.ndarray | float, dtype: type, n: int) -> np.ndarray:
     """``values`` (a scalar or ``[n]``) as a contiguous ``[n]`` array of ``dtype``."""
-    values = np.asarray(values, dtype=dtype).reshape(-1)
-    return values if len(values) == n and n != 1 else np.ascontiguousarray(np.broadcast_to(values, (n,)))
+    values = np.ascontiguousarray(values, dtype=dtype).reshape(-1)
+    return values if len(values) == n else np.ascontiguousarray(np.broadcast_to(values, (n,)))
 
 
 @njit(cache=True)
