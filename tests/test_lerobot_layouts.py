@@ -125,25 +125,36 @@ def written_layout(base, root, files: int, row_group: int, kind: str) -> None:
                        row_group_size=row_group)
 
 
+@pytest.fixture
+def in_children(monkeypatch):
+    """``start()`` makes every later open read meta/episodes in child processes, however small, and returns the list
+    of what each open's read_columns gave (None: a child failed and the open read in process)."""
+    from mmfeed.loaders.formats.lerobot import source
+
+    def start() -> list:
+        got = []
+        read = source.read_columns
+
+        def spy(*args, **kwargs):
+            got.append(read(*args, **kwargs))
+            return got[-1]
+
+        monkeypatch.setattr(source, "CHILDREN_MIN_BYTES", 0)
+        monkeypatch.setattr(source, "read_columns", spy)
+        return got
+
+    return start
+
+
 @pytest.mark.parametrize("kind", ["list", "large_list", "dictionary"])
-def test_meta_episodes_read_in_child_processes_read_the_same(base, tmp_path, monkeypatch, kind):
+def test_meta_episodes_read_in_child_processes_read_the_same(base, tmp_path, in_children, kind):
     """Large local meta/episodes are read in child processes (forced here for a small one): the same columns and
     task ids as read in this process; where a child cannot read a file (task lists of dictionary strings over
     several row groups, which Arrow reads only row group by row group), this process reads it instead."""
-    from mmfeed.loaders.formats.lerobot import source
-
     root = tmp_path / "ds"
     written_layout(base, root, files=3, row_group=2, kind=kind)
     here = LeRobotSource(root)
-    got = []
-
-    def spy(*args, **kwargs):
-        got.append(source_read_columns(*args, **kwargs))
-        return got[-1]
-
-    source_read_columns = source.read_columns
-    monkeypatch.setattr(source, "CHILDREN_MIN_BYTES", 0)
-    monkeypatch.setattr(source, "read_columns", spy)
+    got = in_children()
     ds = LeRobotSource(root)
     assert len(got) == 1 and (got[0] is None) == (kind == "dictionary")
     if got[0] is not None:
@@ -155,9 +166,7 @@ def test_meta_episodes_read_in_child_processes_read_the_same(base, tmp_path, mon
         assert np.array_equal(ds._meta[column], values), column
 
 
-def test_an_unknown_task_read_in_a_child_names_the_file_and_episode(base, tmp_path, monkeypatch):
-    from mmfeed.loaders.formats.lerobot import source
-
+def test_an_unknown_task_read_in_a_child_names_the_file_and_episode(base, tmp_path, in_children):
     root = tmp_path / "ds"
     written_layout(base, root, files=2, row_group=2, kind="list")
     path = root / "meta/episodes/chunk-000/file-001.parquet"
@@ -165,10 +174,11 @@ def test_an_unknown_task_read_in_a_child_names_the_file_and_episode(base, tmp_pa
     tasks = table["tasks"].to_pylist()
     tasks[1] = ["a task tasks.parquet does not list"]
     pq.write_table(table.set_column(table.column_names.index("tasks"), "tasks", pa.array(tasks)), path)
-    monkeypatch.setattr(source, "CHILDREN_MIN_BYTES", 0)
+    got = in_children()
     episode = table["episode_index"][1].as_py()
     with pytest.raises(ValueError, match=rf"file-001\.parquet episode {episode}: task 'a task tasks.parquet does"):
         LeRobotSource(root)
+    assert len(got) == 1 and got[0] is not None  # read in the children, named here
 
 
 def test_child_processes_read_parquet_columns_and_give_up_on_a_broken_file(base, tmp_path, monkeypatch):
@@ -188,3 +198,20 @@ def test_child_processes_read_parquet_columns_and_give_up_on_a_broken_file(base,
     assert read_columns([paths[0], str(broken)], ["episode_index"]) is None
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
     assert read_columns(paths, ["episode_index"]) is None
+
+
+@pytest.mark.parametrize("name", ["chunked", "rowgroups", "v21"])
+def test_meta_episodes_real_lerobot_wrote_read_the_same_in_child_processes(name, in_children):
+    """The corpus LeRobot itself wrote (tests/lerobot_corpus: meta/episodes over several files and chunks, in row
+    groups): the same columns read in child processes as in this process."""
+    from pathlib import Path
+
+    root = Path(__file__).parent / "lerobot_corpus" / name
+    here = LeRobotSource(root)
+    got = in_children()
+    ds = LeRobotSource(root)
+    assert len(got) == 1 and got[0] is not None
+    assert ds.episode_tasks.tolist() == here.episode_tasks.tolist()
+    assert sorted(ds._meta) == sorted(here._meta)
+    for column, values in here._meta.items():
+        assert np.array_equal(ds._meta[column], values), column
