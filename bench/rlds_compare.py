@@ -25,7 +25,7 @@ training process and its workers after each stretch, repeats interleaved (tf.dat
 spread::
 
     python -m mmfeed.bench.rlds_compare --tf-python /work/tfvenv/bin/python [--root DIR] [--workers 2] \
-        [--repeats 3] [--steps 60] [--json OUT]
+        [--repeats 3] [--steps 150] [--json OUT]
 
 ``--cache`` then reads three whole epochs with mmfeed through a cold decoded-frame cache (``cache=``): each epoch's
 samples/s and memory, and epoch 3 over tf.data. ``--epochs N`` reads N whole epochs with one persistent mmfeed
@@ -255,50 +255,66 @@ def _forever(loader):
         yield from loader
 
 
-def _decode_chunk(blobs: list[bytes]) -> tuple[float, float, int]:
-    from mmfeed.loaders.formats.rlds.pictures import decode_picture
-
-    c0, w0 = os.times(), time.perf_counter()
-    pixels = 0
-    for blob, declared in blobs:
-        pixels += decode_picture(blob, None, declared, "rgb24", False, None).size
-    c1 = os.times()
-    return time.perf_counter() - w0, (c1.user + c1.system) - (c0.user + c0.system), pixels
-
-
-def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, seed: int = 0) -> dict[str, Any]:
-    """The pictures of ``samples`` random steps (main camera ``[t-1, t]``, wrist ``t``), their JPEG bytes read
-    from the records first, decoded to RGB by mmfeed's JPEG library (:func:`jpeg_decoder`, called directly: no
-    pipeline) in ``workers`` processes started beforehand: samples/s (wall, all processes together), per
-    CPU-second, and per core."""
+def _chunk_blobs(root: str, steps: list[int]) -> list[tuple[bytes, tuple]]:
+    """The JPEG bytes of the pictures of ``steps`` (global step numbers): main camera ``[t-1, t]``, wrist ``t``."""
     from mmfeed.loaders.formats.rlds.metadata import decode_leaf
-    from mmfeed.loaders.formats.rlds.pictures import jpeg_decoder
     from mmfeed.loaders.formats.rlds.source import RldsSource
 
     source = RldsSource(root, fps=FPS)
-    rng = np.random.default_rng(seed)
     starts = np.concatenate([[0], np.cumsum(source.lengths)])
-    steps = rng.integers(0, starts[-1], samples)  # uniform over every step, as both loaders' shuffles sample
     shapes = {f: source._steps[f].shape[:2] for f in (IMAGE, WRIST)}
     blobs: list[tuple[bytes, tuple]] = []
-    for step in steps.tolist():
+    for step in steps:
         e = int(np.searchsorted(starts, step, side="right") - 1)
         n, t = int(source.lengths[e]), step - int(starts[e])
         parsed, where = source._parsed(e), source.describe(e)
         for feature, picks in ((IMAGE, [max(t - 1, 0), t]), (WRIST, [t])):
             blobs += [(bytes(b), shapes[feature]) for b in decode_leaf(source._steps[feature], parsed, n, where,
                                                                        picks=np.array(picks))]
+    return blobs
+
+
+def _decode_chunk(root: str, steps: list[int], warm: int) -> tuple[float, float, int, int]:
+    """Read the pictures of ``steps``, decode the first ``warm`` samples' untimed, then time decoding them all:
+    (seconds, CPU-seconds, pixels, bytes)."""
+    from mmfeed.loaders.formats.rlds.pictures import decode_picture
+
+    blobs = _chunk_blobs(root, steps)
+    for blob, declared in blobs[:3 * warm]:
+        decode_picture(blob, None, declared, "rgb24", False, None)
+    c0, w0 = os.times(), time.perf_counter()
+    pixels = 0
+    for blob, declared in blobs:
+        pixels += decode_picture(blob, None, declared, "rgb24", False, None).size
+    c1 = os.times()
+    seconds, cpu_s = time.perf_counter() - w0, (c1.user + c1.system) - (c0.user + c0.system)
+    return seconds, cpu_s, pixels, sum(len(b) for b, _ in blobs)
+
+
+def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, seed: int = 0) -> dict[str, Any]:
+    """The pictures of ``samples`` random steps (main camera ``[t-1, t]``, wrist ``t``), their JPEG bytes read
+    from the records first, decoded to RGB by mmfeed's JPEG library (:func:`jpeg_decoder`, called directly: no
+    pipeline) in ``workers`` fresh processes, side by side: samples/s (wall, all processes together), per
+    CPU-second, and per core. The bytes are read in those processes, so this process keeps none of them (its
+    memory is measured with mmfeed's)."""
+    import multiprocessing
+
+    from mmfeed.loaders.formats.rlds.pictures import jpeg_decoder
+    from mmfeed.loaders.formats.rlds.source import RldsSource
+
+    lengths = RldsSource(root, fps=FPS).lengths
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(0, int(np.sum(lengths)), samples)  # uniform over every step, as both loaders' shuffles sample
     processes = max(1, workers)
-    chunks = [blobs[i::processes] for i in range(processes)]
-    with ProcessPoolExecutor(processes) as pool:
-        list(pool.map(_decode_chunk, [c[:6] for c in chunks]))  # started and warm before the timing
-        got = list(pool.map(_decode_chunk, chunks))
-    # timed inside each process (the bytes' trip to it is no decoding); the processes run side by side
+    chunks = [steps[i::processes].tolist() for i in range(processes)]
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = list(pool.map(_decode_chunk, [str(root)] * processes, chunks, [6] * processes))
+    # timed inside each process, after its reads (the bytes' trip to it is no decoding); they run side by side
     seconds = max(g[0] for g in got)
     cpu_s = sum(g[1] for g in got)
     return {"samples": samples, "processes": processes, "seconds": seconds, "samples_per_s": samples / seconds,
             "samples_per_cpu_s": samples / max(cpu_s, 1e-9), "cpu_s_per_1000_samples": 1000 * cpu_s / samples,
-            "samples_per_s_per_core": samples / sum(g[0] for g in got), "bytes": sum(len(b) for b, _ in blobs),
+            "samples_per_s_per_core": samples / sum(g[0] for g in got), "bytes": sum(g[3] for g in got),
             "decoder": jpeg_decoder()}
 
 
@@ -314,8 +330,8 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int = 200, workers: int = 2,
-        steps: int = 60, tf_steps: int = 60, warmup: int = 5, repeats: int = 3, batch_size: int = 32,
-        limit_samples: int = 2000, seed: int = 0, cache: bool = False, epochs: int = 0) -> dict[str, Any]:
+        steps: int = 150, tf_steps: int = 100, warmup: int = 5, repeats: int = 3, batch_size: int = 32,
+        limit_samples: int = 4000, seed: int = 0, cache: bool = False, epochs: int = 0) -> dict[str, Any]:
     """Interleaved repeats of tf.data, mmfeed and the decode limit on ``root`` (None: :func:`bench_root`);
     ``cache``: then three whole mmfeed epochs through a cold decoded-frame cache, each one's samples/s and
     memory, and epoch 3 over tf.data; ``epochs``: then that many whole epochs of one mmfeed loader without a
@@ -342,10 +358,14 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
     out = {"dataset": info, "tf_data": tf, "mmfeed": mm, "limit": limit,
            "versions": tf_runs[-1].get("versions"),
            "mmfeed_over_tf": mm["samples_per_s"] / tf["samples_per_s"],
-           "mmfeed_over_limit": mm["samples_per_s"] / limit["samples_per_s"],
-           "mmfeed_over_limit_cpu": limit["cpu_s_per_1000_samples"] / mm["cpu_s_per_1000_samples"],
            "tf_over_limit": tf["samples_per_s"] / limit["samples_per_s"],
            "mmfeed_pss_over_tf_rss": mm["pss_bytes"] / tf["rss_bytes"]}
+    # each mmfeed stretch against the limit measured right after it, in the same round: the machine's speed
+    # drifts by more within minutes than the figures differ, and a ratio of one round's sides cancels the drift
+    fractions = [m["samples_per_s"] / r["samples_per_s"] for m, r in zip(mm_runs, limit_runs)]
+    per_cpu = [r["cpu_s_per_1000_samples"] / m["cpu_s_per_1000_samples"] for m, r in zip(mm_runs, limit_runs)]
+    out.update(mmfeed_over_limit=statistics.median(fractions), mmfeed_over_limit_spread=spread(fractions),
+               mmfeed_over_limit_cpu=statistics.median(per_cpu), mmfeed_over_limit_cpu_spread=spread(per_cpu))
     if cache:
         with tempfile.TemporaryDirectory(prefix="mmfeed-rlds-frames-") as folder:
             got = time_mmfeed(root, steps=0, warmup=0, batch_size=batch_size, workers=workers, seed=seed,
@@ -371,11 +391,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--episodes", type=int, default=200, help="episodes of the written dataset (default 200)")
     parser.add_argument("--workers", type=int, default=2, help="mmfeed's worker processes and the limit's")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=60, help="timed batches per repeat, mmfeed")
-    parser.add_argument("--tf-steps", type=int, default=60, help="timed batches per repeat, tf.data")
+    parser.add_argument("--steps", type=int, default=150, help="timed batches per repeat, mmfeed")
+    parser.add_argument("--tf-steps", type=int, default=100, help="timed batches per repeat, tf.data")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches after the first")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; figures are their medians")
-    parser.add_argument("--limit-samples", type=int, default=2000, help="samples whose pictures the limit decodes")
+    parser.add_argument("--limit-samples", type=int, default=4000, help="samples whose pictures the limit decodes")
     parser.add_argument("--cache", action="store_true", help="then three whole mmfeed epochs through a cold "
                         "decoded-frame cache")
     parser.add_argument("--epochs", type=int, default=0, help="then this many whole epochs of one mmfeed loader "
@@ -421,8 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"limit    {lim['samples_per_s']:8.1f} samples/s, {lim['samples_per_s_per_core']:.1f} per core, "
           f"{lim['cpu_s_per_1000_samples']:.2f} CPU-s / 1000 samples (the pictures alone, "
           f"{lim['runs'][0]['decoder']})")
+    f, c = results["mmfeed_over_limit_spread"], results["mmfeed_over_limit_cpu_spread"]
     print(f"mmfeed / tf.data {results['mmfeed_over_tf']:.2f}; mmfeed / limit {results['mmfeed_over_limit']:.2f} "
-          f"({results['mmfeed_over_limit_cpu']:.2f} per CPU-second); tf.data / limit {results['tf_over_limit']:.2f}; "
+          f"(min {f['min']:.2f}, max {f['max']:.2f}), per CPU-second {results['mmfeed_over_limit_cpu']:.2f} "
+          f"(min {c['min']:.2f}, max {c['max']:.2f}), each round's mmfeed over its own limit; tf.data / limit "
+          f"{results['tf_over_limit']:.2f}; "
           f"mmfeed PSS / tf.data RSS {results['mmfeed_pss_over_tf_rss']:.2f}   ({time.perf_counter() - start:.0f} s)")
     if "cache" in results:
         epochs = results["cache"]["epochs"]

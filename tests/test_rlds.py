@@ -425,6 +425,39 @@ def test_jpeg_decoders_agree_on_every_size_and_channel_order_and_decode_into_the
             decode_picture(bytes(blob)[:40], None, (32, 40), "rgb24", False, None, decoder=decoder)
 
 
+@pytest.mark.parametrize("size", [None, (16, 20)])
+def test_a_run_of_pictures_decodes_as_each_picture_alone_and_names_the_one_that_fails(size):
+    """decode_pictures (one loop for a batch's pictures of a camera: JPEGs of the declared size straight into
+    their slots) gives decode_picture's pixels, at the stored size and a smaller one; a picture cut short, one
+    of another size, one that is no picture and one over max_frame_pixels each fail as PictureError naming
+    that picture and saying what decode_picture says of it."""
+    from mmfeed.loaders.formats.rlds.pictures import PictureError, decode_pictures
+
+    ds = open_dataset(VERSION)
+    blobs = [bytes(b) for b in ds._picture_bytes(0, IMAGE, np.arange(3))]
+    data = np.frombuffer(b"".join(blobs), np.uint8)
+    ends = np.cumsum([len(b) for b in blobs])
+    spans = np.column_stack([ends - [len(b) for b in blobs], ends])
+    h, w = size or (32, 40)
+    out = np.zeros((3, h, w, 3), np.uint8)
+    decode_pictures(data, spans, out, (32, 40), size, "rgb24", False, None)
+    for i, blob in enumerate(blobs):
+        assert np.array_equal(out[i], decode_picture(blob, size, (32, 40), "rgb24", False, None))
+    bad = {"a picture of 32x40, features.json declares 30x40": (blobs, (30, 40), None),
+           "cannot be decoded": ([blobs[0], blobs[1][:40], blobs[2]], (32, 40), None),
+           "neither JPEG nor PNG": ([blobs[0], blobs[1], b"\x00" * 50], (32, 40), None),
+           "more than max_frame_pixels=100": (blobs, (32, 40), 100)}
+    for message, (pieces, declared, limit) in bad.items():
+        data = np.frombuffer(b"".join(pieces), np.uint8)
+        ends = np.cumsum([len(b) for b in pieces])
+        spans = np.column_stack([ends - [len(b) for b in pieces], ends])
+        with pytest.raises(PictureError, match=message) as err:
+            decode_pictures(data, spans, np.zeros((3, *(size or declared), 3), np.uint8), declared, size, "rgb24",
+                            False, limit)
+        assert err.value.index == (0 if message.startswith(("a picture", "more")) else 1 if "cannot" in message
+                                   else 2)
+
+
 def test_a_missing_shard_names_the_file(copy):
     (copy / SHARD.format(2)).unlink()
     with pytest.raises(ValueError, match=rf"{SHARD.format(2)}: the shard is missing") as err:

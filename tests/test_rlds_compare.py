@@ -92,4 +92,6 @@ def test_quick_benchmark_against_tf_data(tf_python, tmp_path):
         assert got[side]["samples_per_s"] > 0 and got[side]["first_batch_s"] > 0 and got[side]["rss_bytes"] > 0
         assert got[side]["runs"][0]["samples"] == 8 * 32
     assert got["limit"]["samples_per_s"] > 0 and got["mmfeed_over_tf"] > 0
+    assert got["mmfeed_over_limit"] == got["mmfeed"]["samples_per_s"] / got["limit"]["samples_per_s"]  # one round
+    assert got["mmfeed_over_limit_cpu_spread"]["range"] == 0
     assert [e["samples"] for e in got["cache"]["epochs"]] == [got["dataset"]["samples"] // 32 * 32] * 3

@@ -331,7 +331,8 @@ def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list
         for value in taken.values():
             give_back(value)
         return None
-    padded = any(source.dim_mask(e, f) is not None for e in episodes for f in features)  # by a mixture
+    padded = type(source).dim_mask is not EpisodeSource.dim_mask and any(  # a mixture's pad_to
+        source.dim_mask(e, f) is not None for e in episodes for f in features)
     direct = {f: taken[f] for f in source.features if f in taken}  # in the order the request path gives them
     return data, direct, None if padded else data
 

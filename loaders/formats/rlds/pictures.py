@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["decode_picture", "jpeg_decoder"]
+__all__ = ["PictureError", "decode_picture", "decode_pictures", "jpeg_decoder"]
 
 _JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 _simplejpeg: Any = None
@@ -70,6 +70,54 @@ def decode_picture(data: bytes | memoryview, size: tuple[int, int] | None, decla
     return out
 
 
+class PictureError(ValueError):
+    """:func:`decode_pictures` could not decode picture ``index`` of its run: ``reason`` says why."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"picture {index}: {reason}")
+        self.index, self.reason = index, reason
+
+
+def decode_pictures(data: np.ndarray, spans: np.ndarray, out: np.ndarray, declared: tuple[int, int],
+                    size: tuple[int, int] | None, frame_format: str, bgr: bool, max_pixels: int | None) -> None:
+    """A run of pictures, each ``data[start:stop]`` of ``spans`` (int64 ``[n, 2]``), decoded into ``out[i]``
+    (``[n, *frame]``) as :func:`decode_picture` decodes them, one loop for the run: JPEGs of the declared size
+    and colour go straight to libjpeg-turbo (their header checked first), anything else through
+    :func:`decode_picture`. A :class:`PictureError` names the first picture that fails and why."""
+    view = memoryview(data)
+    fast = (frame_format == "rgb24" and (size is None or tuple(size) == tuple(declared))
+            and jpeg_decoder() == "simplejpeg" and out.shape[1:] == (*declared, 3) and out.flags.c_contiguous)
+    if not fast:
+        for i, (a, b) in enumerate(spans.tolist()):
+            try:
+                decode_picture(view[a:b], size, declared, frame_format, bgr, max_pixels, out=out[i])
+            except ValueError as err:
+                raise PictureError(i, str(err)) from None
+        return
+    header, decode_jpeg = _simplejpeg.decode_jpeg_header, _simplejpeg.decode_jpeg
+    h0, w0 = declared
+    colorspace = "BGR" if bgr else "RGB"
+    for i, (a, b) in enumerate(spans.tolist()):
+        blob = view[a:b]
+        try:
+            h, w, colours, _ = header(blob) if blob[:3] == _JPEG else (0, 0, None, None)
+        except ValueError as err:
+            raise PictureError(i, f"cannot be decoded ({err})") from None
+        if h == h0 and w == w0 and colours in _RGB_DIRECT and (max_pixels is None or h * w <= max_pixels):
+            try:
+                decode_jpeg(blob, colorspace=colorspace, fastdct=True, buffer=out[i])
+            except ValueError as err:
+                raise PictureError(i, f"cannot be decoded ({err})") from None
+        else:  # not a JPEG of the declared size and colours: decode_picture says what is wrong, or decodes it
+            try:
+                decode_picture(blob, size, declared, frame_format, bgr, max_pixels, out=out[i])
+            except ValueError as err:
+                raise PictureError(i, str(err)) from None
+
+
+_RGB_DIRECT = ("YCbCr", "Gray")  # colour spaces libjpeg-turbo turns into RGB itself
+
+
 def _check_size(h: int, w: int, declared: tuple[int, int], max_pixels: int | None) -> None:
     if max_pixels is not None and h * w > max_pixels:
         raise ValueError(f"a picture of {h}x{w}, more than max_frame_pixels={max_pixels}")
@@ -85,7 +133,7 @@ def _decode_simplejpeg(data: bytes | memoryview, size: tuple[int, int] | None, d
     except ValueError as err:
         raise ValueError(f"cannot be decoded ({err})") from None
     _check_size(h, w, declared, max_pixels)
-    if colours not in ("YCbCr", "Gray"):
+    if colours not in _RGB_DIRECT:
         return None
     small = size is not None and (size[0] < h or size[1] < w)
     try:

@@ -110,10 +110,12 @@ class RecordRanges:
         sizes = group_high - group_low
         buffer = np.empty(int(sizes.sum()), np.uint8)
         view = memoryview(buffer)
-        at = np.concatenate([[0], np.cumsum(sizes)])
-        for g, (s, a, b, size, k) in enumerate(zip(shard[starts].tolist(), group_low.tolist(), group_high.tolist(),
-                                                   sizes.tolist(), order[starts].tolist())):
-            got = os.preadv(self._fd(s), [view[int(at[g]):int(at[g]) + size]], a)
+        at = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        shards = shard[starts].tolist()
+        fds = {s: self._fd(s) for s in set(shards)}
+        for g, (s, a, b, size, k) in enumerate(zip(shards, group_low.tolist(), group_high.tolist(), sizes.tolist(),
+                                                   order[starts].tolist())):
+            got = os.preadv(fds[s], [view[at[g]:at[g] + size]], a)
             if got != size:
                 raise SampleError(f"{self._describe(int(pieces[k, 0]))}: {name(k)}: bytes {a}..{b} of the shard "
                                   f"{_short(size - got)}")

@@ -45,7 +45,7 @@ from mmfeed.loaders.clock import record_stage, stage
 from mmfeed.loaders.formats.rlds.example import ExampleError, Values, parse_example, parse_feature
 from mmfeed.loaders.formats.rlds.index import record_index
 from mmfeed.loaders.formats.rlds.metadata import Leaf, decode_leaf, locate, read_leaves, read_split
-from mmfeed.loaders.formats.rlds.pictures import decode_picture
+from mmfeed.loaders.formats.rlds.pictures import PictureError, decode_picture, decode_pictures
 from mmfeed.loaders.formats.rlds.ranges import RecordRanges
 from mmfeed.loaders.formats.rlds.rates import published_rate
 from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_size, split_record
@@ -324,30 +324,65 @@ class RldsSource(EpisodeSource):
             if leaf.level != "step" or leaf.kind == "text" or leaf.kind != "image" \
                     and np.dtype(self.features[feature].dtype).kind not in "biuf":
                 return None
-        ids, out, start = windows.episodes.tolist(), {}, time.perf_counter()
+        ids, out, start = windows.episodes, {}, time.perf_counter()
+        cameras = {f: idx for f, idx in windows.indices.items() if self._steps[f].kind == "image"}
         for feature, idx in windows.indices.items():
-            leaf = self._steps[feature]
-            if leaf.kind != "image":
-                got = None
-                for k, e in enumerate(ids):
-                    values = self._step_values(e, leaf, int(self._lengths[e]), _Where(self.describe, e))
-                    if got is None:
-                        got = np.empty((*idx.shape, *values.shape[1:]), values.dtype)
-                    got[k] = values[idx[k]]
-                out[feature] = got
-        cameras = [f for f in windows.indices if self._steps[f].kind == "image"]
+            if feature not in cameras:
+                out[feature] = self._step_window(ids, self._steps[feature], idx)
         if cameras:
-            data, spans = self._gather([(e, f, windows.indices[f][k]) for f in cameras for k, e in enumerate(ids)])
+            data, spans = self._gather_windows(ids, cameras)
         record_stage("read", time.perf_counter() - start)
         with stage("decode"):
-            view, k = (memoryview(data), 0) if cameras else (None, 0)
-            for feature in cameras:
-                into, n = buffer(feature), windows.indices[feature].shape[1]
-                for sample, e in enumerate(ids):
-                    self._pictures(e, feature, [view[a:b] for a, b in spans[k:k + n].tolist()], into[sample])
-                    k += n
+            k = 0
+            for feature, idx in cameras.items():
+                into, (batch, n) = buffer(feature), idx.shape
+                if not into.flags.c_contiguous:  # decoded through a flat view of it
+                    return None
+                f = self.features[feature]
+                try:
+                    decode_pictures(data, spans[k:k + batch * n], into.reshape(batch * n, *f.shape),
+                                    self._steps[feature].shape[:2], self._sizes.get(feature), f.frame_format,
+                                    self.options.bgr, self.options.max_frame_pixels)
+                except PictureError as err:
+                    sample, picture = divmod(err.index, n)
+                    raise SampleError(f"{self.describe(int(ids[sample]))} feature {feature!r}: picture {picture} of "
+                                      f"the request: {err.reason}") from err
                 out[feature] = into
+                k += batch * n
         return out
+
+    def _step_window(self, episodes: np.ndarray, leaf: Leaf, idx: np.ndarray) -> np.ndarray:
+        """A step feature's values at ``idx`` (``[B, n]`` steps) of each of ``episodes``: ``[B, n, ...]``."""
+        lengths, kept, key, values = self._lengths, self._parts, (leaf.name,), []
+        for e in episodes.tolist():
+            parts = kept.get(e)  # the episode's decoded values where an earlier batch decoded them
+            value = None if parts is None else parts.get(key)
+            values.append(value if value is not None else
+                          self._step_values(e, leaf, int(lengths[e]), _Where(self.describe, e)))
+        first = np.zeros(len(values), np.int64)
+        np.cumsum([len(v) for v in values[:-1]], out=first[1:])
+        return np.concatenate(values)[first[:, None] + idx]
+
+    def _gather_windows(self, episodes: np.ndarray, cameras: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The encoded pictures of a batch's windows (camera -> ``[B, n]`` steps of ``episodes``), back to back
+        camera by camera, sample by sample: :meth:`_gather`'s buffer and spans, built from the arrays."""
+        owners, tables, blocks = [], [], []
+        for feature, idx in cameras.items():
+            owner = np.repeat(episodes, idx.shape[1])
+            owners.append(owner)
+            tables.append(self._picture_at[feature][self._task_start[owner] + idx.reshape(-1)])
+            blocks.append((feature, idx.shape[1], len(owner)))
+        owner = np.concatenate(owners)
+        pieces = np.column_stack([owner, self._shard_of[owner], self._offset[owner], np.concatenate(tables)])
+
+        def name(k: int) -> str:
+            for feature, n, size in blocks:
+                if k < size:
+                    return f"feature {feature!r} picture {k % n} of the request"
+                k -= size
+            raise IndexError(k)
+
+        return self._ranges.gather(pieces, name)
 
     def _gather(self, pictures: list[tuple[int, str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
         """The encoded pictures of ``pictures`` (episode, camera, steps), back to back in their order: one buffer
