@@ -193,9 +193,12 @@ class PyAVReader:
             frames.close()
 
     def _decode_one(self, target: int):
-        info = self.info
-        if self._frames is None or not self._should_continue(target):
-            self._seek(int(info.gop_start[target]))
+        info, pos = self.info, self._pos
+        key = int(info.gop_start[target])
+        # go on decoding where the target lies ahead and the frames decoded in vain on the way cost less than a
+        # seek to its own keyframe; seek otherwise (inline: this runs once a frame)
+        if self._frames is None or target <= pos or (key > pos + 1 and key - pos - 1 > self._seek_cost):
+            self._seek(key)
         for attempt in range(3):
             try:
                 frame = self._advance_to(target)
@@ -216,13 +219,6 @@ class PyAVReader:
             num_frames=info.num_frames,
             duration=info.duration,
         )
-
-    def _should_continue(self, target: int) -> bool:
-        if target <= self._pos:
-            return False
-        key = int(self.info.gop_start[target])
-        # Frames decoded in vain if we go on instead of seeking to the target's own keyframe.
-        return key <= self._pos + 1 or key - self._pos - 1 <= self._seek_cost
 
     def _seek(self, frame_index: int) -> None:
         import av
@@ -247,7 +243,7 @@ class PyAVReader:
     def _advance_to(self, target: int):
         import av
 
-        counts, index_of, decoded = _counts(), self._index_of, 0
+        counts, index_of, decoded = getattr(_local, "totals", None) or _counts(), self._index_of, 0
         try:
             for frame in self._frames:
                 decoded += 1

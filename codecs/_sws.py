@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import operator
 import os
 import threading
 from typing import Any, Callable
@@ -172,6 +173,7 @@ class _PerThread(threading.local):
         self.table = _ContextTable(swscale_library())
 
 
+_line_size = operator.attrgetter("line_size")
 _per_thread = _PerThread()  # a context is used by one thread at a time (a reader is; so are its contexts)
 
 
@@ -200,11 +202,11 @@ class DirectRGB:
         if self._lib is None:
             return False
         h, w = out.shape[0], out.shape[1]
-        address = out.ctypes.data
+        address = out.__array_interface__["data"][0]  # (runs once a frame: no ctypes object built)
         if w % 16 or address % 16 or not out.flags.c_contiguous:
             return False
         planes = frame.planes
-        layout = (frame.format.name, frame.width, frame.height, tuple(p.line_size for p in planes), w, h,
+        layout = (frame.format.name, frame.width, frame.height, tuple(map(_line_size, planes)), w, h,
                   int(frame.colorspace), int(frame.color_range), address % 64)
         verdict = _verdicts.get(layout)
         if verdict is None:
@@ -218,7 +220,8 @@ class DirectRGB:
                 siting = self._find_siting(layout, frame, verdict, reference)
             if siting in (_UNKNOWN, _REFUSED):
                 return False
-        ctx = _per_thread.table.get_or_make(layout, siting)
+        table = _per_thread.table
+        ctx = table.get((layout, siting)) or table.get_or_make(layout, siting)
         if ctx is None:
             return False
         self._scale(ctx, planes, frame.height, address, w)

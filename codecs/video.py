@@ -301,11 +301,9 @@ def decode_requests(
             for out, row in targets[k]:
                 copy_into(out[row], frame)
 
-        def into(k: int) -> np.ndarray | None:  # the frame may be written straight into its first place
-            out, row = targets[k][0]
-            return out[row] if out.flags.c_contiguous else None
-
-        reader.decode_each(union, sink, into)
+        # each frame may be written straight into its first place
+        firsts = [out[row] if out.flags.c_contiguous else None for (out, row), *_ in targets]
+        reader.decode_each(union, sink, firsts.__getitem__)
         for k, places in enumerate(targets):  # a frame written into its first place is copied to the others
             if len(places) > 1 and not sunk[k]:
                 first = places[0][0][places[0][1]]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class SampleLayout:
     runs: tuple[tuple[str, int, int], ...]
     step_sizes: tuple[int, ...]
 
-    @property
+    @cached_property
     def num_tokens(self) -> int:
         return sum(run[2] for run in self.runs)
 

@@ -409,7 +409,7 @@ def _frame_step(source: EpisodeSource, feature: str, episodes: Sequence[int]) ->
     known frame size; None otherwise, or where a video cannot be read (the read meets it again, under the error
     policy)."""
     try:
-        shapes = {source.frame_shape(e, feature) for e in episodes}
+        shapes = source.frame_shapes(episodes, feature)
     except MemoryError:
         raise
     except Exception:  # noqa: BLE001 (an unreadable video)

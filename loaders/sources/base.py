@@ -94,6 +94,16 @@ class LRU:
                 self._items.move_to_end(key)
             return value
 
+    def get_many(self, keys: Sequence[Hashable]) -> list:
+        """The value kept for each of ``keys`` (None where none), under one hold of the lock."""
+        with self._lock:
+            items = self._items
+            values = [items.get(key) for key in keys]
+            for key, value in zip(keys, values):
+                if value is not None:
+                    items.move_to_end(key)
+            return values
+
     def put(self, key: Hashable, value) -> None:
         with self._lock:
             self._items[key] = value
@@ -218,6 +228,11 @@ class EpisodeSource:
         """``(height, width)`` of a video feature's decoded frames, or None when not known without decoding."""
         f = self.features.get(feature)
         return tuple(f.shape[:2]) if f is not None and f.kind == "video" and len(f.shape) == 3 else None
+
+    def frame_shapes(self, episodes: Sequence[int], feature: str) -> set[tuple[int, int] | None]:
+        """The distinct :meth:`frame_shape` of ``feature`` over ``episodes`` (a source whose frames share one
+        shape answers without asking each episode)."""
+        return {self.frame_shape(e, feature) for e in episodes}
 
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:
         """The requested frames of each request, in request order: feature -> ``[n, *shape]``."""

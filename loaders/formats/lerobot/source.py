@@ -184,6 +184,9 @@ class LeRobotSource(EpisodeSource):
         f = self.features.get(feature)
         return f.frame_size if f is not None else None
 
+    def frame_shapes(self, episodes: Sequence[int], feature: str) -> set[tuple[int, int] | None]:
+        return {self.frame_shape(0, feature)} if len(episodes) else set()  # one shape for every episode
+
     def describe(self, episode: int) -> str:
         """The root and the episode's ``episode_index``, for error messages."""
         return f"{self.root} episode {int(self._meta['episode_index'][episode])}"

@@ -217,6 +217,9 @@ class RldsSource(EpisodeSource):
         f = self.features.get(feature)
         return f.frame_size if f is not None else None
 
+    def frame_shapes(self, episodes: Sequence[int], feature: str) -> set[tuple[int, int] | None]:
+        return {self.frame_shape(0, feature)} if len(episodes) else set()  # one shape for every episode
+
     def record_bytes(self, episode: int) -> bytes:
         """The payload of an episode's record (a serialized ``tf.train.Example``), both CRCs checked."""
         framed = self._framed(episode)
@@ -353,9 +356,8 @@ class RldsSource(EpisodeSource):
 
     def _step_window(self, episodes: np.ndarray, leaf: Leaf, idx: np.ndarray) -> np.ndarray:
         """A step feature's values at ``idx`` (``[B, n]`` steps) of each of ``episodes``: ``[B, n, ...]``."""
-        lengths, kept, key, values = self._lengths, self._parts, (leaf.name,), []
-        for e in episodes.tolist():
-            parts = kept.get(e)  # the episode's decoded values where an earlier batch decoded them
+        lengths, key, values, ids = self._lengths, (leaf.name,), [], episodes.tolist()
+        for e, parts in zip(ids, self._parts.get_many(ids)):  # the values earlier batches decoded
             value = None if parts is None else parts.get(key)
             values.append(value if value is not None else
                           self._step_values(e, leaf, int(lengths[e]), _Where(self.describe, e)))
