@@ -55,11 +55,14 @@ class _Value:
 
     array: np.ndarray
 
+    def __reduce__(self) -> tuple:  # the array alone (a dataclass's default pickles its field dict too)
+        return _Value, (self.array,)
+
 
 def _by_value(tensor: torch.Tensor) -> torch.Tensor | _Value:
     """A small CPU tensor as a :class:`_Value`; any other tensor as it is (for torch to pickle)."""
-    if tensor.device.type == "cpu" and not tensor.requires_grad and not tensor.is_shared() \
-            and tensor.numel() * tensor.element_size() <= BY_VALUE_BYTES:
+    if tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() <= BY_VALUE_BYTES \
+            and not tensor.requires_grad and not tensor.untyped_storage().is_shared():
         try:
             return _Value(tensor.numpy())
         except TypeError:  # a dtype numpy lacks (bfloat16): torch pickles it
