@@ -159,7 +159,10 @@ class Plan:
 
     def batch_rows(self, rank: int, step: int) -> list[np.ndarray]:
         """The sample ids of each row of ``rank``'s batch at ``step``."""
-        return [self.row(r) for r in self.steps[rank, step] if r >= 0]
+        rows = self.steps[rank, step]
+        rows = rows[rows >= 0]
+        samples = self.row_samples  # each row's slice, as row() takes it (no call a row: a batch has hundreds)
+        return [samples[a:b] for a, b in zip(self.row_offsets[rows].tolist(), self.row_offsets[rows + 1].tolist())]
 
     def batch_samples(self, rank: int, step: int) -> np.ndarray:
         rows = self.batch_rows(rank, step)

@@ -442,7 +442,7 @@ def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:
     """``np.concatenate(parts)``; in a DataLoader worker a large result is written straight into shared memory, so
     that handing the batch to the training process costs no second copy (torch would copy it there when
     pickling). Small ones stay plain: a PackedBatch pickles them by value, which is cheaper than a shared file."""
-    nbytes = sum(p.nbytes for p in parts)
+    nbytes = sum([p.nbytes for p in parts])  # a list: no generator resumed a part
     if torch.utils.data.get_worker_info() is None or len(parts) == 0 or nbytes <= BY_VALUE_BYTES \
             or parts[0].dtype == object:
         return np.concatenate(parts)

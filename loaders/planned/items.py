@@ -119,13 +119,20 @@ class EpisodeItems:
             windows, here = window_arrays(self.source, self.window, episodes, starts)
             reads = per_sample(windows, here)
             windows = None if here else windows
-            layouts = [self._window_layout(tuple(request.indices), task) for task, (request, _) in zip(tasks, reads)]
+            if windows is not None:  # every sample reads every feature: one layout a task
+                names = tuple(windows.indices)
+                by_task = {task: self._window_layout(names, task) for task in set(tasks)}
+                layouts = [by_task[task] for task in tasks]
+            else:
+                layouts = [self._window_layout(tuple(request.indices), task)
+                           for task, (request, _) in zip(tasks, reads)]
             pads = [p for _, p in reads]
         else:
             reads = chunk_requests(self.source, self.features, episodes, starts, self.table.lengths(samples))
             layouts = [self.sample_layout(times, task) for task, (_, _, times) in zip(tasks, reads)]
             pads = [p for _, p, _ in reads]
-        return [SampleRead(s, read[0], pad, lay, task, self._text(task), start)
+        texts = {task: self._text(task) for task in set(tasks)}
+        return [SampleRead(s, read[0], pad, lay, task, texts[task], start)
                 for s, read, pad, lay, task, start in zip(samples.tolist(), reads, pads, layouts, tasks,
                                                           np.asarray(starts).tolist())], windows
 
