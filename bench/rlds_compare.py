@@ -17,12 +17,16 @@ a 4-step action chunk ``[t, t+3]`` (indices clamped inside the episode), batches
   a global shuffle over every step of every episode (random access: no buffer), ``--workers`` worker processes.
 - **decode limit**: the pictures of the samples alone (two main-camera JPEGs and one wrist JPEG each), their bytes
   read beforehand, decoded to RGB arrays by the library mmfeed decodes them with (libjpeg-turbo through
-  simplejpeg, as TensorFlow's own decoder; Pillow without it) in ``--workers`` processes: no pipeline.
+  simplejpeg, as TensorFlow's own decoder; Pillow without it) in ``--workers`` processes: no pipeline. Those
+  processes are started fresh each round and read the bytes themselves, so this process (whose memory is
+  measured with mmfeed's) never holds them.
 
 Reported: samples/s, CPU-seconds per 1000 samples (the loader's process and its workers; for tf.data, its one
 process), the time to the first batch (from opening the dataset, imports excluded), the RSS and PSS of the
 training process and its workers after each stretch, repeats interleaved (tf.data, mmfeed, limit, ...) with their
-spread::
+spread. mmfeed's fraction of the limit (per second and per CPU-second) is each round's mmfeed over the limit
+measured right after it, the median over the rounds with its spread: the machine's speed drifts by more within
+minutes than the two differ::
 
     python -m mmfeed.bench.rlds_compare --tf-python /work/tfvenv/bin/python [--root DIR] [--workers 2] \
         [--repeats 3] [--steps 150] [--json OUT]
