@@ -282,3 +282,16 @@ def test_one_read_options_object_checked_once_and_refused_where_a_format_has_no_
         ReadOptions(cache_episodes=0)
     with pytest.raises(ValueError, match=r"frame_format must be one of"):
         open_dataset("/nowhere/at/all", frame_format="rgb48")  # refused before the path is looked at
+
+
+def test_lru_get_many_answers_as_get_does_and_keeps_what_it_found_recent():
+    """LRU.get_many gives each key's value (None where none is kept) and, as get does, makes those it found the
+    most recently used: the next put drops the one it did not ask for."""
+    from mmfeed.loaders.sources.base import LRU
+
+    kept = LRU(3)
+    for key in "abc":
+        kept.put(key, key.upper())
+    assert kept.get_many(["c", "x", "a"]) == ["C", None, "A"]
+    kept.put("d", "D")  # "b" is now the least recently used
+    assert kept.get("b") is None and [kept.get(k) for k in "acd"] == ["A", "C", "D"]
