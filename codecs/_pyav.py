@@ -243,7 +243,7 @@ class PyAVReader:
     def _advance_to(self, target: int):
         import av
 
-        counts, index_of, decoded = getattr(_local, "totals", None) or _counts(), self._index_of, 0
+        counts, index_of, decoded = _counts(), self._index_of, 0
         try:
             for frame in self._frames:
                 decoded += 1

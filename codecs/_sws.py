@@ -220,8 +220,7 @@ class DirectRGB:
                 siting = self._find_siting(layout, frame, verdict, reference)
             if siting in (_UNKNOWN, _REFUSED):
                 return False
-        table = _per_thread.table
-        ctx = table.get((layout, siting)) or table.get_or_make(layout, siting)
+        ctx = _per_thread.table.get_or_make(layout, siting)
         if ctx is None:
             return False
         self._scale(ctx, planes, frame.height, address, w)
