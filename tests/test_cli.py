@@ -509,6 +509,10 @@ def test_bench_scale_quick_writes_the_plan_block_mask_open_windows_and_stats_fig
     assert windows["first_batch_s"] > 0 and windows["peak_rss_bytes"] > windows["peak_above_import_bytes"] > 0
     stats, = report["stats"]  # mmfeed stats over 1e5 episodes of 20 steps
     assert stats["steps"] == 20 * 10**5 and stats["seconds"] > 0 and stats["steps_per_s"] > 0
+    compiled, floor, cold, warm = report["lerobot_open"]  # 1e5 episodes in LeRobot's layout, row groups of ten
+    assert [r["mode"] for r in (compiled, floor, cold, warm)] == ["compile", "floor", "cold", "warm"]
+    assert cold["from_bytes"] is True and cold["episodes"] == 10**5  # compiled first, so read from the bytes
+    assert warm["seconds"] < cold["seconds"]
 
 
 def test_the_backend_choices_are_the_decoders_mmfeed_has():

@@ -125,25 +125,36 @@ def written_layout(base, root, files: int, row_group: int, kind: str) -> None:
                        row_group_size=row_group)
 
 
+def _forced(monkeypatch, reader: str, direct: bool):
+    """Every later open reads meta/episodes as large files are read, however small: from their bytes
+    (``direct``) or in child processes; returns the list of what each call of ``reader`` gave."""
+    from mmfeed.loaders.formats.lerobot import source
+
+    got = []
+    read = getattr(source, reader)
+
+    def spy(*args, **kwargs):
+        got.append(read(*args, **kwargs))
+        return got[-1]
+
+    monkeypatch.setattr(source, "CHILDREN_MIN_BYTES", 0)
+    monkeypatch.setattr(source, "direct_ready", lambda: direct)
+    monkeypatch.setattr(source, reader, spy)
+    return got
+
+
 @pytest.fixture
 def in_children(monkeypatch):
     """``start()`` makes every later open read meta/episodes in child processes, however small, and returns the list
     of what each open's read_columns gave (None: a child failed and the open read in process)."""
-    from mmfeed.loaders.formats.lerobot import source
+    return lambda: _forced(monkeypatch, "read_columns", direct=False)
 
-    def start() -> list:
-        got = []
-        read = source.read_columns
 
-        def spy(*args, **kwargs):
-            got.append(read(*args, **kwargs))
-            return got[-1]
-
-        monkeypatch.setattr(source, "CHILDREN_MIN_BYTES", 0)
-        monkeypatch.setattr(source, "read_columns", spy)
-        return got
-
-    return start
+@pytest.fixture
+def from_bytes(monkeypatch):
+    """``start()`` makes every later open read meta/episodes from their bytes (parquet_direct), however small, and
+    returns the list of what each file's read_direct gave (None: the open read that file another way)."""
+    return lambda: _forced(monkeypatch, "read_direct", direct=True)
 
 
 @pytest.mark.parametrize("kind", ["list", "large_list", "dictionary"])
@@ -215,3 +226,68 @@ def test_meta_episodes_real_lerobot_wrote_read_the_same_in_child_processes(name,
     assert sorted(ds._meta) == sorted(here._meta)
     for column, values in here._meta.items():
         assert np.array_equal(ds._meta[column], values), column
+
+
+@pytest.mark.parametrize("kind", ["list", "large_list", "dictionary"])
+def test_meta_episodes_read_from_their_bytes_read_the_same(base, tmp_path, from_bytes, kind):
+    """Large local meta/episodes are read from their bytes (forced here for a small one), file by file: the same
+    columns and task ids as pyarrow reads in this process, whatever the task lists' types and encoding."""
+    root = tmp_path / "ds"
+    written_layout(base, root, files=3, row_group=2, kind=kind)
+    here = LeRobotSource(root)
+    got = from_bytes()
+    ds = LeRobotSource(root)
+    assert len(got) == 3 and all(g is not None for g in got)
+    assert sorted(g.rows for g in got) == [2, 2, 3]  # read in threads: in any order
+    assert ds.lengths.tolist() == here.lengths.tolist()
+    assert ds.episode_tasks.tolist() == here.episode_tasks.tolist()
+    assert sorted(ds._meta) == sorted(here._meta)
+    for column, values in here._meta.items():
+        assert np.array_equal(ds._meta[column], values) and ds._meta[column].dtype == values.dtype, column
+
+
+def test_an_unknown_task_read_from_the_bytes_names_the_file_and_episode(base, tmp_path, from_bytes):
+    root = tmp_path / "ds"
+    written_layout(base, root, files=2, row_group=2, kind="list")
+    path = root / "meta/episodes/chunk-000/file-001.parquet"
+    table = pq.read_table(path)
+    tasks = table["tasks"].to_pylist()
+    tasks[1] = [tasks[1][0], "a task tasks.parquet does not list"]  # in a row of two: still checked
+    pq.write_table(table.set_column(table.column_names.index("tasks"), "tasks", pa.array(tasks)), path)
+    got = from_bytes()
+    episode = table["episode_index"][1].as_py()
+    with pytest.raises(ValueError, match=rf"file-001\.parquet episode {episode}: task 'a task tasks.parquet does"):
+        LeRobotSource(root)
+    assert len(got) == 2 and all(g is not None for g in got)
+
+
+def test_a_file_the_byte_reader_does_not_read_is_read_by_pyarrow(base, tmp_path, from_bytes):
+    """zstd pages are outside what parquet_direct reads: the open reads every file with pyarrow instead, and
+    gives the same columns."""
+    root = tmp_path / "ds"
+    written_layout(base, root, files=2, row_group=2, kind="list")
+    path = root / "meta/episodes/chunk-000/file-001.parquet"
+    pq.write_table(pq.read_table(path), path, compression="zstd", row_group_size=2)
+    here = LeRobotSource(root)
+    got = from_bytes()
+    ds = LeRobotSource(root)
+    assert sorted(g is None for g in got) == [False, True]
+    assert ds.episode_tasks.tolist() == here.episode_tasks.tolist()
+    for column, values in here._meta.items():
+        assert np.array_equal(ds._meta[column], values), column
+
+
+@pytest.mark.parametrize("name", ["chunked", "rowgroups", "v21"])
+def test_meta_episodes_real_lerobot_wrote_read_the_same_from_their_bytes(name, from_bytes):
+    """The corpus LeRobot itself wrote: the same columns read from the parquet bytes as pyarrow reads."""
+    from pathlib import Path
+
+    root = Path(__file__).parent / "lerobot_corpus" / name
+    here = LeRobotSource(root)
+    got = from_bytes()
+    ds = LeRobotSource(root)
+    assert got and all(g is not None for g in got)
+    assert ds.episode_tasks.tolist() == here.episode_tasks.tolist()
+    assert sorted(ds._meta) == sorted(here._meta)
+    for column, values in here._meta.items():
+        assert np.array_equal(ds._meta[column], values) and ds._meta[column].dtype == values.dtype, column

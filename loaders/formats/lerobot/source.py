@@ -65,6 +65,7 @@ from mmfeed.loaders.sources.readers import ReaderCaches
 from mmfeed.loaders.stores import derived
 from mmfeed.loaders.stores.index_arrays import numpy_of, reading_pool
 from mmfeed.loaders.stores.parquet_children import read_columns
+from mmfeed.loaders.stores.parquet_direct import DirectRead, direct_ready, read_direct
 from mmfeed.loaders.transport.tar import stat_file
 from mmfeed.loaders.stores.stats import step_shaped
 from mmfeed.packing.bins import split_rows
@@ -837,9 +838,11 @@ CACHE_MIN_BYTES = 1 << 20
 mapped after (:mod:`mmfeed.loaders.stores.derived`)."""
 
 CHILDREN_MIN_BYTES = 64 << 20
-"""Local meta/episodes files this large in all (about 90k episodes in LeRobot's layout) are read in child processes
-(:mod:`mmfeed.loaders.stores.parquet_children`): their footers are parsed side by side and what the parse leaves
-stays out of this process. Smaller ones are read here, in threads."""
+"""Local meta/episodes files this large in all (about 90k episodes in LeRobot's layout) are read from their bytes
+by :mod:`mmfeed.loaders.stores.parquet_direct` where its compiled kernels are in numba's cache, else (or where a
+file is outside what it reads) in child processes (:mod:`mmfeed.loaders.stores.parquet_children`): their footers
+are parsed side by side and what the parse leaves stays out of this process. Smaller ones are read here, in
+threads."""
 
 
 def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str], tasks: Sequence[str]
@@ -874,13 +877,22 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
     ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
     lookup = _large_strings(tasks)
-    tables = None
-    if not files.remote and sum(size for _, size, _ in stamps) >= CHILDREN_MIN_BYTES:
+    tables = read = None
+    large = not files.remote and sum(size for _, size, _ in stamps) >= CHILDREN_MIN_BYTES
+    if large and direct_ready():
+        with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
+            direct = list(pool.map(lambda p: read_direct(files.local_path(p), [*wanted, *ends], ["tasks"]), paths))
+        if all(d is not None for d in direct):
+            texts = {t: k for k, t in reversed(list(enumerate(tasks)))}
+            read = [_direct_columns(d, files.where(p), wanted, ends, texts) for d, p in zip(direct, paths)]
+            if any(r is None for r in read):
+                read = None
+    if read is None and large:
         tables = read_columns([files.local_path(p) for p in paths], [*wanted, *ends, "tasks"],
                               processes=min(len(paths), os.cpu_count() or 1, 4))
     if tables is not None:
         read = [_episode_columns(t, files.where(p), wanted, ends, lookup) for t, p in zip(tables, paths)]
-    else:
+    elif read is None:
         try:
             with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
                 read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup),
@@ -948,6 +960,32 @@ def _episode_columns(table: pa.Table, where: str, wanted: Sequence[str], ends: S
         task = _episode_task_ids(table["tasks"], lookup, table["episode_index"], where)
     else:
         task = np.full(table.num_rows, -1, dtype=np.int64)
+    return out, task
+
+
+def _direct_columns(read: DirectRead, where: str, wanted: Sequence[str], ends: Sequence[str],
+                    texts: Mapping[str, int]) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+    """:func:`_episode_columns` of a file read from its bytes (``texts``: each task's id); None where a wanted
+    column is missing or of another kind (pyarrow then reads the file, and its error names the column)."""
+    for c in [*wanted, *ends]:
+        values = read.numbers.get(c)
+        if values is None and c in wanted or values is not None and not (
+                values.dtype.kind == "i" or c.endswith("timestamp") and values.dtype.kind == "f"):
+            return None
+    out = {c: read.numbers[c] for c in [*wanted, *ends] if c in read.numbers}
+    lists = read.lists.get("tasks")
+    if lists is None:
+        return out, np.full(read.rows, -1, dtype=np.int64)
+    ids = np.array([texts.get(t, -1) for t in lists.entry_texts()], dtype=np.int64)[lists.elements]
+    starts = np.cumsum(lists.counts) - lists.counts
+    if (ids < 0).any():
+        k = int(np.flatnonzero(ids < 0)[0])
+        row = int(np.searchsorted(np.cumsum(lists.counts), k, side="right"))
+        raise ValueError(f"{where} episode {out['episode_index'][row]}: task {lists.texts()[k]!r} is not in "
+                         "meta/tasks.parquet")
+    task = np.full(read.rows, -1, dtype=np.int64)
+    single = lists.counts == 1
+    task[single] = ids[starts[single]]
     return out, task
 
 
