@@ -40,7 +40,8 @@ compiled and the inputs generated first), so ``bytes_per_sample`` is what planni
   cache has them), ``floor`` only parses those files' parquet footers with pyarrow (what any reader pays),
   ``cold`` is the node's first open (the derived columns then kept in ``$MMFEED_CACHE/derived``; ``from_bytes``:
   whether the kernels were there to read the files with), ``warm`` a later open mapping them; ``seconds``,
-  ``rss_bytes`` (what the open left in the process) and the process's peak.
+  ``rss_bytes`` (what the open left in the process) and the process's peak. ``--rounds`` rounds of the three
+  (``round``), each cold open over the floor measured just before it, the median printed with its range.
 
 - ``stats``: ``mmfeed stats`` (:func:`~mmfeed.loaders.conversion.statistics.compute_stats`, local processes) over
   a LeRobot v3 directory of ``episodes`` 20-step episodes of a 7-dim arm (state, action, velocity, reward, done:
@@ -312,17 +313,20 @@ def _lerobot_meta_root(episodes: int) -> str:
     return str(root)
 
 
-def _lerobot_open_rows(episodes: int, timeout: float) -> list[dict]:
-    """The footer floor, the node's first open and a later one, each in a fresh process, after the parquet
-    kernels are compiled (once per install: ``compile`` loads them from numba's cache where they are)."""
+def _lerobot_open_rows(episodes: int, timeout: float, rounds: int = 1) -> list[dict]:
+    """After the parquet kernels are compiled (once per install: ``compile`` loads them from numba's cache where
+    they are), ``rounds`` rounds of the footer floor, the node's first open and a later one, each in a fresh
+    process, each round with a fresh cache (its row's ``round``)."""
     import tempfile
 
     root = _lerobot_meta_root(episodes)
-    with tempfile.TemporaryDirectory() as cache:
-        compiled = _child("lerobot_open", [episodes, "compile", root], None, max(timeout, 300),
-                          env={"MMFEED_CACHE": cache})
-        return [compiled, *(_child("lerobot_open", [episodes, mode, root], None, timeout, env={"MMFEED_CACHE": cache})
-                            for mode in ("floor", "cold", "warm"))]
+    rows = [_child("lerobot_open", [episodes, "compile", root], None, max(timeout, 300))]
+    for k in range(rounds):
+        with tempfile.TemporaryDirectory() as cache:
+            rows += [{**row, "round": k} if "error" not in row else row
+                     for row in (_child("lerobot_open", [episodes, mode, root], None, timeout,
+                                        env={"MMFEED_CACHE": cache}) for mode in ("floor", "cold", "warm"))]
+    return rows
 
 
 def _case_stats(episodes: int, workers: int, root: str) -> dict:
@@ -404,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the small cases only (under a minute)")
     p.add_argument("--before", help="folder holding plan.py / balance.py / metadata.py of an earlier commit")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per case before it is given up")
+    p.add_argument("--only", nargs="+", choices=sorted(FULL), help="run these tables only")
+    p.add_argument("--rounds", type=int, help="rounds of the LeRobot floor, cold and warm opens (default: 1 with "
+                   "--quick, else 3), each cold open over the floor measured just before it")
     p.add_argument("--case", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
@@ -421,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(json.dumps(_case_block_mask(int(nums[0]), args.before)))
         return 0
-    cases = QUICK if args.quick else FULL
+    cases = {name: rows if not args.only or name in args.only else []
+             for name, rows in (QUICK if args.quick else FULL).items()}
+    rounds = args.rounds or (1 if args.quick else 3)
     out: dict = {"plan": [], "windows": [], "open": [], "lerobot_open": [], "block_mask": [], "stats": []}
     print(f"{'samples':>11} {'ranks':>6} {'seconds':>8} {'peak MB':>8} {'B/sample':>9} {'efficiency':>10}")
     for samples, world in cases["plan"]:
@@ -454,16 +463,20 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['worker_private_bytes'] / 2**20:>17.1f} {row['worker_pss_bytes'] / 2**20:>13.0f}")
     print(f"\n{'LeRobot':>9} {'open':>7} {'seconds':>8} {'x floor':>7} {'RSS MB':>7} {'peak MB':>7}")
     for episodes in cases["lerobot_open"] if not args.before else ():
-        rows = _lerobot_open_rows(episodes, args.timeout)
-        floor = rows[1].get("seconds")
-        for row in rows:
+        floor, over = None, []
+        for row in _lerobot_open_rows(episodes, args.timeout, rounds):
             out["lerobot_open"].append(row)
             if "error" in row:
                 print(f"{episodes:>9} {'':>7}  {row['error']}")
-            else:
-                ratio = f"{row['seconds'] / floor:.2f}" if floor and row["mode"] != "compile" else ""
-                print(f"{episodes:>9} {row['mode']:>7} {row['seconds']:>8.2f} {ratio:>7} "
-                      f"{row['rss_bytes'] / 2**20:>7.0f} {row['peak_rss_bytes'] / 2**20:>7.0f}")
+                continue
+            floor = row["seconds"] if row["mode"] == "floor" else floor
+            ratio = row["seconds"] / floor if floor and row["mode"] != "compile" else None
+            over += [ratio] if row["mode"] == "cold" and ratio else []
+            print(f"{episodes:>9} {row['mode']:>7} {row['seconds']:>8.2f} {'' if ratio is None else f'{ratio:.2f}':>7} "
+                  f"{row['rss_bytes'] / 2**20:>7.0f} {row['peak_rss_bytes'] / 2**20:>7.0f}")
+        if over:
+            print(f"{episodes:>9} cold over floor: median {np.median(over):.2f} ({min(over):.2f}-{max(over):.2f}, "
+                  f"{len(over)} rounds)")
     print(f"\n{'episodes':>9} {'windows':>11} {'ranks':>5} {'prices':>6} {'plan':>11} {'open s':>6} "
           f"{'1st batch s':>11} {'peak MB':>7} {'above import MB':>15}")
     for episodes, world, prices in cases["windows"] if not args.before else ():

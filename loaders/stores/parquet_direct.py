@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-__all__ = ["DirectRead", "TextLists", "compile_kernels", "direct_ready", "read_direct"]
+__all__ = ["DirectRead", "TextLists", "compile_kernels", "direct_ready", "main", "read_direct"]
 
 _MAGIC = b"PAR1"
 _MAX_DEPTH = 64  # nesting of Thrift containers a footer or page header may use
@@ -968,7 +968,17 @@ def compile_kernels() -> bool:
     return read is not None and read.numbers["i"].tolist() == [3, 1, 2] and read.lists["t"].texts() == ["a", "b", "a"]
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mmfeed.loaders.stores.parquet_direct",
+                                description="Compile the parquet kernels into numba's cache (once per install).")
+    p.add_argument("--nice", action="store_true", help="at the lowest priority (the background compile)")
+    args = p.parse_args(argv)
+    if args.nice and hasattr(os, "nice"):
+        os.nice(19)
+    return 0 if compile_kernels() else 1
+
+
 if __name__ == "__main__":
-    if "--nice" in sys.argv[1:] and hasattr(os, "nice"):
-        os.nice(19)  # the background compile of direct_ready: behind everything else on the machine
-    sys.exit(0 if compile_kernels() else 1)
+    sys.exit(main())
