@@ -295,18 +295,19 @@ def _decode_chunk(root: str, steps: list[int], warm: int) -> tuple[float, float,
     return seconds, cpu_s, pixels, sum(len(b) for b, _ in blobs)
 
 
-def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, seed: int = 0) -> dict[str, Any]:
+def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, seed: int = 0,
+                 lengths: np.ndarray | None = None) -> dict[str, Any]:
     """The pictures of ``samples`` random steps (main camera ``[t-1, t]``, wrist ``t``), their JPEG bytes read
     from the records first, decoded to RGB by mmfeed's JPEG library (:func:`jpeg_decoder`, called directly: no
     pipeline) in ``workers`` fresh processes, side by side: samples/s (wall, all processes together), per
     CPU-second, and per core. The bytes are read in those processes, so this process keeps none of them (its
-    memory is measured with mmfeed's)."""
+    memory is measured with mmfeed's). ``lengths``: the episodes' (None: read from the dataset)."""
     import multiprocessing
 
     from mmfeed.loaders.formats.rlds.pictures import jpeg_decoder
     from mmfeed.loaders.formats.rlds.source import RldsSource
 
-    lengths = RldsSource(root, fps=FPS).lengths
+    lengths = RldsSource(root, fps=FPS).lengths if lengths is None else lengths
     rng = np.random.default_rng(seed)
     steps = rng.integers(0, int(np.sum(lengths)), samples)  # uniform over every step, as both loaders' shuffles sample
     processes = max(1, workers)
@@ -346,13 +347,14 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
     opened = open_dataset(root, fps=FPS)  # the sidecar index built once, before anything is timed
     info = {"root": str(root), "episodes": len(opened), "samples": int(opened.lengths.sum()), "workers": workers,
             "batch_size": batch_size, "shuffle_buffer": 10_000, "fps": FPS}
+    lengths = np.asarray(opened.lengths).copy()
     del opened
     tf_runs, mm_runs, limit_runs = [], [], []
     for _ in range(max(1, repeats)):
         tf_runs.append(time_tf(tf_python, root, steps=tf_steps, warmup=warmup, batch_size=batch_size, seed=seed))
         mm_runs.append(time_mmfeed(root, steps=steps, warmup=warmup, batch_size=batch_size, workers=workers,
                                    seed=seed))
-        limit_runs.append(decode_limit(root, samples=limit_samples, workers=workers, seed=seed))
+        limit_runs.append(decode_limit(root, samples=limit_samples, workers=workers, seed=seed, lengths=lengths))
     tf, mm = _summary(tf_runs), _summary(mm_runs)
     limit = {"samples_per_s": statistics.median(r["samples_per_s"] for r in limit_runs),
              "samples_per_s_spread": spread([r["samples_per_s"] for r in limit_runs]),
@@ -361,15 +363,17 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
              "runs": limit_runs}
     out = {"dataset": info, "tf_data": tf, "mmfeed": mm, "limit": limit,
            "versions": tf_runs[-1].get("versions"),
-           "mmfeed_over_tf": mm["samples_per_s"] / tf["samples_per_s"],
-           "tf_over_limit": tf["samples_per_s"] / limit["samples_per_s"],
            "mmfeed_pss_over_tf_rss": mm["pss_bytes"] / tf["rss_bytes"]}
-    # each mmfeed stretch against the limit measured right after it, in the same round: the machine's speed
-    # drifts by more within minutes than the figures differ, and a ratio of one round's sides cancels the drift
-    fractions = [m["samples_per_s"] / r["samples_per_s"] for m, r in zip(mm_runs, limit_runs)]
-    per_cpu = [r["cpu_s_per_1000_samples"] / m["cpu_s_per_1000_samples"] for m, r in zip(mm_runs, limit_runs)]
-    out.update(mmfeed_over_limit=statistics.median(fractions), mmfeed_over_limit_spread=spread(fractions),
-               mmfeed_over_limit_cpu=statistics.median(per_cpu), mmfeed_over_limit_cpu_spread=spread(per_cpu))
+    # every ratio of two sides is taken within each round (their stretches ran one after the other), then the
+    # median over the rounds with its spread: the machine's speed drifts by more within minutes than the figures
+    # differ, and a ratio of one round's sides cancels the drift
+    paired = {"mmfeed_over_tf": [m["samples_per_s"] / t["samples_per_s"] for m, t in zip(mm_runs, tf_runs)],
+              "tf_over_limit": [t["samples_per_s"] / r["samples_per_s"] for t, r in zip(tf_runs, limit_runs)],
+              "mmfeed_over_limit": [m["samples_per_s"] / r["samples_per_s"] for m, r in zip(mm_runs, limit_runs)],
+              "mmfeed_over_limit_cpu": [r["cpu_s_per_1000_samples"] / m["cpu_s_per_1000_samples"]
+                                        for m, r in zip(mm_runs, limit_runs)]}
+    for name, ratios in paired.items():
+        out[name], out[f"{name}_spread"] = statistics.median(ratios), spread(ratios)
     if cache:
         with tempfile.TemporaryDirectory(prefix="mmfeed-rlds-frames-") as folder:
             got = time_mmfeed(root, steps=0, warmup=0, batch_size=batch_size, workers=workers, seed=seed,

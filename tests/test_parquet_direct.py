@@ -155,7 +155,8 @@ def test_kernels_not_compiled_are_compiled_in_the_background_for_the_next_open(t
     import sys
     import time
 
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "NUMBA_DISABLE_JIT": "0"}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "NUMBA_DISABLE_JIT": "0",
+           "TMPDIR": str(tmp_path)}  # the machine's mark of a compile started, fresh
     ask = [sys.executable, "-c", "from mmfeed.loaders.stores.parquet_direct import direct_ready; "
            "print(direct_ready())"]
     assert subprocess.run(ask, env=env, capture_output=True, text=True, check=True).stdout.split() == ["False"]
@@ -166,3 +167,29 @@ def test_kernels_not_compiled_are_compiled_in_the_background_for_the_next_open(t
     check = [sys.executable, "-c", "import mmfeed.loaders.stores.parquet_direct as d; print(d.direct_ready(), d._started)"]
     assert subprocess.run(check, env=env, capture_output=True, text=True, check=True).stdout.split() == ["True",
                                                                                                          "False"]
+
+
+def test_one_background_compile_a_machine_at_a_time(tmp_path, monkeypatch):
+    """The ranks of a node open the same dataset at once: the first to ask marks the machine and starts the
+    compile; the others (other processes: the per-process flag cleared here) start none while the mark is
+    fresh, and one starts again once it is stale (a compile that never finished)."""
+    import os
+    import subprocess
+    import tempfile
+    import time
+
+    from mmfeed.loaders.stores import parquet_direct
+
+    started = []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **kwargs: started.append(argv))
+    for _ in range(3):
+        monkeypatch.setattr(parquet_direct, "_started", False)
+        parquet_direct._warm_up()
+    assert len(started) == 1 and started[0][1:] == ["-m", "mmfeed.loaders.stores.parquet_direct", "--nice"]
+    (mark,) = tmp_path.glob("mmfeed-parquet-kernels-*")
+    old = time.time() - parquet_direct._MACHINE_LOCK_S - 1
+    os.utime(mark, (old, old))
+    monkeypatch.setattr(parquet_direct, "_started", False)
+    parquet_direct._warm_up()
+    assert len(started) == 2

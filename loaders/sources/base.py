@@ -229,9 +229,14 @@ class EpisodeSource:
         f = self.features.get(feature)
         return tuple(f.shape[:2]) if f is not None and f.kind == "video" and len(f.shape) == 3 else None
 
+    one_frame_shape = False
+    """Whether every episode's frames of a feature share one shape (its metadata declares it), so that
+    :meth:`frame_shapes` asks the first episode alone."""
+
     def frame_shapes(self, episodes: Sequence[int], feature: str) -> set[tuple[int, int] | None]:
-        """The distinct :meth:`frame_shape` of ``feature`` over ``episodes`` (a source whose frames share one
-        shape answers without asking each episode)."""
+        """The distinct :meth:`frame_shape` of ``feature`` over ``episodes``."""
+        if self.one_frame_shape:
+            return {self.frame_shape(0, feature)} if len(episodes) else set()
         return {self.frame_shape(e, feature) for e in episodes}
 
     def read_many(self, requests: Sequence[EpisodeRequest]) -> list[dict[str, np.ndarray]]:

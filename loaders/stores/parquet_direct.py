@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -940,12 +941,28 @@ def direct_ready() -> bool:
     return ready
 
 
+_MACHINE_LOCK_S = 600.0  # a compile started on this machine this recently is left to finish
+
+
 def _warm_up() -> None:
+    """Starts the background compile, unless this process or another on the machine (the ranks of a node open
+    the same dataset at once) started one in the last :data:`_MACHINE_LOCK_S`."""
     global _started
     with _warming:
         if _started:
             return
         _started = True
+    user = os.getuid() if hasattr(os, "getuid") else 0
+    lock = os.path.join(tempfile.gettempdir(), f"mmfeed-parquet-kernels-{user}")
+    try:
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            if time.time() - os.path.getmtime(lock) < _MACHINE_LOCK_S:
+                return
+            os.utime(lock)  # a compile that did not finish long ago: start another
+    except OSError as err:  # no temporary folder to mark it in: compile anyway
+        log.debug("could not mark the parquet kernels' compile: %s", err)
     try:
         subprocess.Popen([sys.executable, "-m", __name__, "--nice"], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -99,6 +99,7 @@ class LeRobotSource(EpisodeSource):
     """
 
     FORMAT = "LeRobot v3"
+    one_frame_shape = True  # a camera's frames are one size in every episode (info / features.json)
     READ_OPTIONS = ("backend", "frame_size", "frame_format", "decoder_threads", "tolerance_s", "cache", "cache_bytes",
                     "device", "max_frame_pixels", "errors")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
@@ -184,9 +185,6 @@ class LeRobotSource(EpisodeSource):
         """``(height, width)`` of a video feature's decoded pictures (in either frame format), else None."""
         f = self.features.get(feature)
         return f.frame_size if f is not None else None
-
-    def frame_shapes(self, episodes: Sequence[int], feature: str) -> set[tuple[int, int] | None]:
-        return {self.frame_shape(0, feature)} if len(episodes) else set()  # one shape for every episode
 
     def describe(self, episode: int) -> str:
         """The root and the episode's ``episode_index``, for error messages."""

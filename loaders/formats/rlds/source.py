@@ -73,6 +73,7 @@ class RldsSource(EpisodeSource):
     """
 
     FORMAT = "RLDS"
+    one_frame_shape = True  # a camera's frames are one size in every episode (info / features.json)
     READ_OPTIONS = ("split", "fps", "task_key", "bgr", "frame_size", "frame_format", "cache_episodes", "errors",
                     "max_frame_pixels", "cache", "cache_bytes")
     """The :class:`~mmfeed.loaders.sources.options.ReadOptions` this format reads."""
@@ -216,9 +217,6 @@ class RldsSource(EpisodeSource):
     def frame_shape(self, episode: int, feature: str) -> tuple[int, int] | None:
         f = self.features.get(feature)
         return f.frame_size if f is not None else None
-
-    def frame_shapes(self, episodes: Sequence[int], feature: str) -> set[tuple[int, int] | None]:
-        return {self.frame_shape(0, feature)} if len(episodes) else set()  # one shape for every episode
 
     def record_bytes(self, episode: int) -> bytes:
         """The payload of an episode's record (a serialized ``tf.train.Example``), both CRCs checked."""
