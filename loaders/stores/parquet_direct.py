@@ -538,6 +538,8 @@ def _pages(b: np.ndarray, chunk: np.ndarray, st: np.ndarray, pages: np.ndarray) 
     end = start + chunk[3]
     if start < 4 or chunk[3] < 0 or end > b.shape[0]:
         raise ValueError("parquet: a column chunk outside its file")
+    if chunk[2] < 0 or chunk[2] > 64 * b.shape[0]:  # what every page's arrays are bounded by
+        raise ValueError("parquet: a column chunk with more values than its file can hold")
     got, count = 0, 0
     p = start
     while got < chunk[2]:
@@ -858,7 +860,7 @@ def read_direct(path: str | os.PathLike, numbers: Sequence[str], lists: Sequence
         return None
     try:
         return _read(data, numbers, lists)
-    except (_Unsupported, ValueError, IndexError, UnicodeDecodeError, OverflowError):
+    except (_Unsupported, ValueError, IndexError, UnicodeDecodeError, OverflowError, MemoryError):
         return None
     finally:
         mm = getattr(data, "_mmap", None)
