@@ -157,14 +157,14 @@ def test_kernels_not_compiled_are_compiled_in_the_background_for_the_next_open(t
 
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "NUMBA_DISABLE_JIT": "0",
            "TMPDIR": str(tmp_path)}  # the machine's mark of a compile started, fresh
-    ask = [sys.executable, "-c", "from mmfeed.loaders.stores.parquet_direct import direct_ready; "
-           "print(direct_ready())"]
+    ask = [sys.executable, "-c", "from mmfeed.loaders.stores.parquet_direct import direct_ready; print(direct_ready())"]
     assert subprocess.run(ask, env=env, capture_output=True, text=True, check=True).stdout.split() == ["False"]
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not all(list((tmp_path / "numba").rglob(f"*{name}-*.nbi"))
                                                   for name in ("_footer", "_numbers", "_text_lists")):
         time.sleep(1)
-    check = [sys.executable, "-c", "import mmfeed.loaders.stores.parquet_direct as d; print(d.direct_ready(), d._started)"]
+    check = [sys.executable, "-c",
+             "import mmfeed.loaders.stores.parquet_direct as d; print(d.direct_ready(), d._started)"]
     assert subprocess.run(check, env=env, capture_output=True, text=True, check=True).stdout.split() == ["True",
                                                                                                          "False"]
 
