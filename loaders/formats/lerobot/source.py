@@ -877,8 +877,9 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     lookup = _large_strings(tasks)
     tables = read = None
     large = not files.remote and sum(size for _, size, _ in stamps) >= CHILDREN_MIN_BYTES
+    side_by_side = max(1, min(len(paths), os.cpu_count() or 1, 4))  # files read at once, whichever way
     if large and direct_ready():
-        with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
+        with ThreadPoolExecutor(side_by_side) as pool:
             direct = list(pool.map(lambda p: read_direct(files.local_path(p), [*wanted, *ends], ["tasks"]), paths))
         if all(d is not None for d in direct):
             texts = {t: k for k, t in reversed(list(enumerate(tasks)))}
@@ -887,12 +888,12 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
                 read = None
     if read is None and large:
         tables = read_columns([files.local_path(p) for p in paths], [*wanted, *ends, "tasks"],
-                              processes=min(len(paths), os.cpu_count() or 1, 4))
+                              processes=side_by_side)
     if tables is not None:
         read = [_episode_columns(t, files.where(p), wanted, ends, lookup) for t, p in zip(tables, paths)]
     elif read is None:
         try:
-            with reading_pool(), ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1, 4))) as pool:
+            with reading_pool(), ThreadPoolExecutor(side_by_side) as pool:
                 read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup),
                                      paths))
         finally:  # the parsed footers are freed into glibc's heap, which keeps them (a GB at a million episodes)
@@ -975,16 +976,8 @@ def _direct_columns(read: DirectRead, where: str, wanted: Sequence[str], ends: S
     if lists is None:
         return out, np.full(read.rows, -1, dtype=np.int64)
     ids = np.array([texts.get(t, -1) for t in lists.entry_texts()], dtype=np.int64)[lists.elements]
-    starts = np.cumsum(lists.counts) - lists.counts
-    if (ids < 0).any():
-        k = int(np.flatnonzero(ids < 0)[0])
-        row = int(np.searchsorted(np.cumsum(lists.counts), k, side="right"))
-        raise ValueError(f"{where} episode {out['episode_index'][row]}: task {lists.texts()[k]!r} is not in "
-                         "meta/tasks.parquet")
-    task = np.full(read.rows, -1, dtype=np.int64)
-    single = lists.counts == 1
-    task[single] = ids[starts[single]]
-    return out, task
+    return out, _single_task_ids(lists.counts, ids, where, lambda row: out["episode_index"][row],
+                                 lambda k: lists.texts()[k])
 
 
 def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.ChunkedArray, where: str) -> np.ndarray:
@@ -1009,17 +1002,25 @@ def _episode_task_ids(column: pa.ChunkedArray, lookup: pa.Array, episodes: pa.Ch
             values = values.dictionary_decode()
         values = values.cast(pa.large_string())
         ids = numpy_of(pc.index_in(values, value_set=lookup), fill=-1)
-        if (ids < 0).any():
-            k = int(np.flatnonzero(ids < 0)[0])
-            row = int(np.searchsorted(np.cumsum(counts), k, side="right"))
-            episode = episodes[seen + row].as_py()
-            raise ValueError(f"{where} episode {episode}: task {values[k].as_py()!r} is not in meta/tasks.parquet")
-        task = np.full(len(counts), -1, dtype=np.int64)
-        single = counts == 1
-        task[single] = ids[(np.cumsum(counts) - counts)[single]]
-        out.append(task)
+        out.append(_single_task_ids(counts, ids, where, lambda row, at=seen: episodes[at + row].as_py(),
+                                    lambda k, texts=values: texts[k].as_py()))
         seen += len(counts)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _single_task_ids(counts: np.ndarray, ids: np.ndarray, where: str, episode_of: Callable[[int], object],
+                     text_of: Callable[[int], str]) -> np.ndarray:
+    """Each row's task id where its list holds one text, -1 where it holds several or none, from each row's
+    count of texts and every text's id, row after row (-1: not in tasks.parquet, an error naming the row's
+    episode, ``episode_of(row)``, and the text, ``text_of(k)``)."""
+    if (ids < 0).any():
+        k = int(np.flatnonzero(ids < 0)[0])
+        row = int(np.searchsorted(np.cumsum(counts), k, side="right"))
+        raise ValueError(f"{where} episode {episode_of(row)}: task {text_of(k)!r} is not in meta/tasks.parquet")
+    task = np.full(len(counts), -1, dtype=np.int64)
+    single = counts == 1
+    task[single] = ids[(np.cumsum(counts) - counts)[single]]
+    return task
 
 
 def _read_stats(files: DatasetFiles) -> dict[str, dict[str, np.ndarray]]:
