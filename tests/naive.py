@@ -621,3 +621,81 @@ def naive_row_copy(src: np.ndarray) -> bytes:
     for row in src:
         out += np.ascontiguousarray(row).tobytes()
     return bytes(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JPEG frame headers (mmfeed.loaders.formats.rlds.pictures.jpeg_frames)
+
+
+def naive_jpeg_frame(blob: bytes) -> tuple[int, int, int]:
+    """``(height, width, colour)`` of a JPEG as libjpeg reads its markers before the first scan (colour: 1 YCbCr,
+    2 grey, 0 another space), or ``(-1, -1, -1)`` where no frame header is found before a scan."""
+    none = (-1, -1, -1)
+    if len(blob) < 4 or blob[:2] != b"\xff\xd8":
+        return none
+    frame, jfif, adobe, i = None, False, None, 2
+    while i + 4 <= len(blob) and blob[i] == 0xFF:
+        while i < len(blob) and blob[i] == 0xFF:
+            i += 1
+        if i + 3 > len(blob):
+            return none
+        marker = blob[i]
+        if marker == 0xDA:
+            if frame is None or frame[0] <= 0 or frame[1] <= 0:
+                return none
+            h, w, ids = frame
+            if len(ids) == 1:
+                return h, w, 2
+            if len(ids) == 3:
+                ycc = jfif or (adobe != 0 if adobe is not None else ids != [82, 71, 66])
+                return h, w, int(ycc)
+            return (h, w, 0) if ids else none
+        if marker == 0xD9:
+            return none
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            i += 1
+            continue
+        length = int.from_bytes(blob[i + 1:i + 3], "big")
+        if length < 2 or i + 1 + length > len(blob):
+            return none
+        body = blob[i + 3:i + 1 + length]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if length < 8 or frame is not None or length < 8 + 3 * body[5]:
+                return none
+            frame = (int.from_bytes(body[1:3], "big"), int.from_bytes(body[3:5], "big"),
+                     [body[6 + 3 * c] for c in range(body[5])])
+        elif marker == 0xE0 and length >= 16 and body[:5] == b"JFIF\x00":
+            jfif = True
+        elif marker == 0xEE and length >= 14 and body[:5] == b"Adobe":
+            adobe = body[11]
+        i += 1 + length
+    return none
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reads of record ranges (mmfeed.loaders.formats.rlds.ranges.read_plan)
+
+
+def naive_read_plan(pieces: list[list[int]], header: int, gap: int) -> tuple[list[list[int]], list[list[int]], int]:
+    """Pieces (episode, shard, record offset, start, stop, crc) sorted by shard and byte; each joins the read
+    before it where it starts at most ``gap`` bytes past that read's end. The reads (shard, first byte, end byte,
+    the piece that began it), each piece's place in the reads laid back to back, and their bytes."""
+    spans = [(p[1], p[2] + header + p[3], p[2] + header + p[4]) for p in pieces]
+    order = sorted(range(len(pieces)), key=lambda k: (spans[k][0], spans[k][1], k))
+    reads: list[list[int]] = []
+    members: list[list[int]] = []
+    for k in order:
+        shard, low, high = spans[k]
+        if reads and reads[-1][0] == shard and low - reads[-1][2] <= gap:
+            reads[-1][2] = max(reads[-1][2], high)
+            members[-1].append(k)
+        else:
+            reads.append([shard, low, high, k])
+            members.append([k])
+    where = [[0, 0] for _ in pieces]
+    at = 0
+    for read, ks in zip(reads, members):
+        for k in ks:
+            where[k] = [at + spans[k][1] - read[1], at + spans[k][2] - read[1]]
+        at += read[2] - read[1]
+    return reads, where, at

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
@@ -456,6 +458,116 @@ def test_a_run_of_pictures_decodes_as_each_picture_alone_and_names_the_one_that_
                             False, limit)
         assert err.value.index == (0 if message.startswith(("a picture", "more")) else 1 if "cannot" in message
                                    else 2)
+
+
+def _jpeg(mode: str, *, jfif: bool = True, adobe: int | None = None, ids: bytes | None = None, **save) -> bytes:
+    """A 24x40 JPEG Pillow writes in ``mode``, then: its JFIF marker removed, an Adobe marker with that transform
+    put first, its three components renamed ``ids`` (in the frame and the scan)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    colour = {"L": 90, "CMYK": (10, 200, 30, 40)}.get(mode, (200, 30, 90))
+    Image.new(mode, (40, 24), colour).save(buffer, "JPEG", **save)
+    blob = buffer.getvalue()
+    if not jfif and blob[2:4] == b"\xff\xe0":
+        blob = blob[:2] + blob[4 + int.from_bytes(blob[4:6], "big"):]
+    if adobe is not None:
+        blob = blob[:2] + b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00" + bytes([adobe]) + blob[2:]
+    if ids is not None:
+        sof = max(blob.find(b"\xff\xc0"), blob.find(b"\xff\xc2"))
+        blob = bytearray(blob)
+        sos = blob.find(b"\xff\xda")  # the scan names its components too
+        for c in range(3):
+            blob[sof + 10 + 3 * c] = blob[sos + 5 + 2 * c] = ids[c]
+        blob = bytes(blob)
+    return blob
+
+
+def _frames(blobs: list[bytes]) -> list[tuple[int, int, int]]:
+    from mmfeed.loaders.formats.rlds.pictures import jpeg_frames
+
+    data = np.frombuffer(b"".join(blobs) or b"\x00", np.uint8)
+    ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)
+    spans = np.column_stack([ends - [len(b) for b in blobs], ends]).astype(np.int64).reshape(-1, 2)
+    return [tuple(row) for row in jpeg_frames(data, spans).tolist()]
+
+
+@pytest.mark.kernels
+def test_jpeg_frame_headers_say_what_libjpeg_turbo_says():
+    """jpeg_frames (the frame headers of a batch's pictures, one compiled call) gives the size libjpeg-turbo
+    reads and the colour space it decides on, for JPEGs Pillow writes (YCbCr at each subsampling, progressive,
+    grey, CMYK) and for the markers that decide the colour of three components (no JFIF, an Adobe transform,
+    components named R, G, B); a PNG, a cut-short JPEG and bytes that are no picture have no frame header.
+    tests/naive.py's marker walk agrees on every one."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    from naive import naive_jpeg_frame
+
+    kinds = {"YCbCr": 1, "Gray": 2}
+    blobs = [_jpeg("RGB", subsampling=s) for s in (0, 1, 2)] + [
+        _jpeg("RGB", progressive=True), _jpeg("L"), _jpeg("CMYK"), _jpeg("RGB", jfif=False),
+        _jpeg("RGB", jfif=False, adobe=0), _jpeg("RGB", jfif=False, adobe=1), _jpeg("RGB", jfif=False, ids=b"RGB"),
+        _jpeg("RGB", adobe=0)]
+    got = _frames(blobs)
+    for blob, frame in zip(blobs, got):
+        h, w, colour, _ = simplejpeg.decode_jpeg_header(blob)
+        assert frame == (h, w, kinds.get(colour, 0)) == naive_jpeg_frame(blob)
+    assert [g[2] for g in got] == [1, 1, 1, 1, 2, 0, 1, 0, 1, 0, 1]  # the cases meant: CMYK, RGB by Adobe or ids
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (40, 24)).save(png, "PNG")
+    others = [png.getvalue(), blobs[0][:60], b"\xff\xd8\xff", b"", b"\x00" * 40]
+    assert _frames(others) == [(-1, -1, -1)] * 5 == [naive_jpeg_frame(b) for b in others]
+
+
+@pytest.mark.kernels
+def test_jpeg_frame_headers_of_damaged_bytes_agree_with_the_naive_walk_and_stay_in_their_span():
+    """Bytes flipped, cut or spliced anywhere in real JPEGs: jpeg_frames equals tests/naive.py's walk on each
+    picture alone and on the same pictures side by side (nothing read past a picture's span), and where it finds
+    a frame libjpeg-turbo reads the same size."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    from naive import naive_jpeg_frame
+
+    rng = np.random.default_rng(7)
+    sources = [_jpeg("RGB"), _jpeg("L"), _jpeg("CMYK"), _jpeg("RGB", progressive=True, jfif=False, adobe=0)]
+    blobs = []
+    for _ in range(400):
+        blob = bytearray(sources[rng.integers(len(sources))])
+        for _ in range(rng.integers(1, 4)):
+            at = int(rng.integers(len(blob)))
+            blob[at] = int(rng.integers(256)) if rng.random() < 0.8 else 0xFF
+        blob = blob[:int(rng.integers(2, len(blob) + 1))] if rng.random() < 0.4 else blob
+        blobs.append(bytes(blob[:min(len(blob), 400)]) if rng.random() < 0.5 else bytes(blob))
+    together = _frames(blobs)
+    assert together == [_frames([b])[0] for b in blobs] == [naive_jpeg_frame(b) for b in blobs]
+    for blob, (h, w, colour) in zip(blobs, together):
+        if colour > 0:
+            try:
+                header = simplejpeg.decode_jpeg_header(blob)
+            except ValueError:
+                continue  # libjpeg-turbo refuses it: decoding it fails the same way
+            assert header[:2] == (h, w)
+
+
+@pytest.mark.kernels
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5000), st.integers(0, 3000), st.integers(0, 400)),
+                min_size=1, max_size=40), st.integers(0, 600))
+def test_the_read_plan_of_record_ranges_equals_the_naive_one(rows, gap):
+    """read_plan (which pieces of a batch's records share a read, and where each lands in the buffer) equals
+    tests/naive.py's sort-and-join, for pieces that overlap, touch, repeat or lie apart in several shards."""
+    from naive import naive_read_plan
+
+    from mmfeed.loaders.formats.rlds.ranges import read_plan
+
+    pieces = [[k, shard, record, start, start + size, 0] for k, (shard, record, start, size) in enumerate(rows)]
+    groups, where, total = read_plan(np.array(pieces, np.int64), 12, gap)
+    reads, naive_where, naive_total = naive_read_plan(pieces, 12, gap)
+    assert groups.tolist() == reads and where.tolist() == naive_where and total == naive_total
 
 
 def test_a_missing_shard_names_the_file(copy):

@@ -18,8 +18,9 @@ import io
 from typing import Any
 
 import numpy as np
+from numba import njit
 
-__all__ = ["PictureError", "decode_picture", "decode_pictures", "jpeg_decoder"]
+__all__ = ["PictureError", "decode_picture", "decode_pictures", "jpeg_decoder", "jpeg_frames"]
 
 _JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 _simplejpeg: Any = None
@@ -82,8 +83,8 @@ def decode_pictures(data: np.ndarray, spans: np.ndarray, out: np.ndarray, declar
                     size: tuple[int, int] | None, frame_format: str, bgr: bool, max_pixels: int | None) -> None:
     """A run of pictures, each ``data[start:stop]`` of ``spans`` (int64 ``[n, 2]``), decoded into ``out[i]``
     (``[n, *frame]``) as :func:`decode_picture` decodes them, one loop for the run: JPEGs of the declared size
-    and colour go straight to libjpeg-turbo (their header checked first), anything else through
-    :func:`decode_picture`. A :class:`PictureError` names the first picture that fails and why."""
+    and colour go straight to libjpeg-turbo (their frame headers read by :func:`jpeg_frames` in one call),
+    anything else through :func:`decode_picture`. A :class:`PictureError` names the first picture that fails and why."""
     view = memoryview(data)
     fast = (frame_format == "rgb24" and (size is None or tuple(size) == tuple(declared))
             and jpeg_decoder() == "simplejpeg" and out.shape[1:] == (*declared, 3) and out.flags.c_contiguous)
@@ -94,25 +95,85 @@ def decode_pictures(data: np.ndarray, spans: np.ndarray, out: np.ndarray, declar
             except ValueError as err:
                 raise PictureError(i, str(err)) from None
         return
-    header, decode_jpeg = _simplejpeg.decode_jpeg_header, _simplejpeg.decode_jpeg
-    h0, w0 = declared
+    decode_jpeg, (h0, w0) = _simplejpeg.decode_jpeg, declared
     colorspace = "BGR" if bgr else "RGB"
-    for i, (a, b) in enumerate(spans.tolist()):
-        blob = view[a:b]
+    direct = (max_pixels is None or h0 * w0 <= max_pixels) & _direct_jpegs(jpeg_frames(data, spans), h0, w0)
+    for i, ((a, b), fast) in enumerate(zip(spans.tolist(), direct.tolist())):
         try:
-            h, w, colours, _ = header(blob) if blob[:3] == _JPEG else (0, 0, None, None)
+            if fast:  # a YCbCr or grey JPEG of the declared size: libjpeg-turbo checks the rest as it decodes
+                try:
+                    decode_jpeg(view[a:b], colorspace=colorspace, fastdct=True, buffer=out[i])
+                except ValueError as err:
+                    raise ValueError(f"cannot be decoded ({err})") from None
+            else:  # decode_picture says what is wrong, or decodes it another way
+                decode_picture(view[a:b], size, declared, frame_format, bgr, max_pixels, out=out[i])
         except ValueError as err:
-            raise PictureError(i, f"cannot be decoded ({err})") from None
-        if h == h0 and w == w0 and colours in _RGB_DIRECT and (max_pixels is None or h * w <= max_pixels):
-            try:
-                decode_jpeg(blob, colorspace=colorspace, fastdct=True, buffer=out[i])
-            except ValueError as err:
-                raise PictureError(i, f"cannot be decoded ({err})") from None
-        else:  # not a JPEG of the declared size and colours: decode_picture says what is wrong, or decodes it
-            try:
-                decode_picture(blob, size, declared, frame_format, bgr, max_pixels, out=out[i])
-            except ValueError as err:
-                raise PictureError(i, str(err)) from None
+            raise PictureError(i, str(err)) from None
+
+
+def _direct_jpegs(frames: np.ndarray, h0: int, w0: int) -> np.ndarray:
+    """Which pictures of :func:`jpeg_frames` libjpeg-turbo decodes straight to RGB at the declared size."""
+    return (frames[:, 0] == h0) & (frames[:, 1] == w0) & (frames[:, 2] > 0)
+
+
+@njit(cache=True, nogil=True)
+def jpeg_frames(data: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Each JPEG's frame header, read from its markers up to the first scan: int64 ``[n, 3]`` of height, width
+    and what libjpeg decides the colour space is: 1 YCbCr, 2 grey, 0 anything else (RGB, CMYK, YCCK), -1 no
+    JPEG frame header found (not a JPEG, cut short, a marker that does not parse). libjpeg's rule: one component
+    is grey; three are YCbCr after a JFIF marker, else as an Adobe marker's transform says (0: RGB), else RGB
+    when the components are named R, G, B. Every read stays inside its span."""
+    out = np.full((spans.shape[0], 3), -1, np.int64)
+    for k in range(spans.shape[0]):
+        a, b = spans[k, 0], spans[k, 1]
+        if a < 0 or b > data.shape[0] or b - a < 4 or data[a] != 0xFF or data[a + 1] != 0xD8:
+            continue
+        i, h, w, nf, rgb_ids, jfif, adobe = a + 2, -1, -1, -1, False, False, -1
+        while i + 4 <= b:
+            if data[i] != 0xFF:
+                break
+            while i < b and data[i] == 0xFF:  # fill bytes before a marker
+                i += 1
+            if i + 3 > b:
+                break
+            m = data[i]
+            if m == 0xDA:  # the first scan: every marker that decides the frame came before it
+                if nf == 1:
+                    out[k, 0], out[k, 1], out[k, 2] = h, w, 2
+                elif nf == 3:
+                    ycc = jfif or (adobe != 0 if adobe >= 0 else not rgb_ids)
+                    out[k, 0], out[k, 1], out[k, 2] = h, w, 1 if ycc else 0
+                elif nf > 0:
+                    out[k, 0], out[k, 1], out[k, 2] = h, w, 0
+                break
+            if m == 0xD9:  # the image ends before a scan
+                break
+            if m == 0x01 or 0xD0 <= m <= 0xD8:  # markers without a length
+                i += 1
+                continue
+            n = (np.int64(data[i + 1]) << 8) | np.int64(data[i + 2])
+            if n < 2 or i + 1 + n > b:
+                break
+            seg = i + 3  # the segment's body, n - 2 bytes
+            if 0xC0 <= m <= 0xCF and m != 0xC4 and m != 0xC8 and m != 0xCC:  # a start of frame
+                if n < 8 or nf >= 0:  # a second frame header: not one picture libjpeg reads as such
+                    break
+                h = (np.int64(data[seg + 1]) << 8) | np.int64(data[seg + 2])
+                w = (np.int64(data[seg + 3]) << 8) | np.int64(data[seg + 4])
+                nf = np.int64(data[seg + 5])
+                if n < 8 + 3 * nf:
+                    break
+                rgb_ids = nf == 3 and data[seg + 6] == 82 and data[seg + 9] == 71 and data[seg + 12] == 66
+            elif m == 0xE0 and n >= 16 and data[seg] == 74 and data[seg + 1] == 70 and data[seg + 2] == 73 \
+                    and data[seg + 3] == 70 and data[seg + 4] == 0:  # APP0 "JFIF\0"
+                jfif = True
+            elif m == 0xEE and n >= 14 and data[seg] == 65 and data[seg + 1] == 100 and data[seg + 2] == 111 \
+                    and data[seg + 3] == 98 and data[seg + 4] == 101:  # APP14 "Adobe": its transform byte
+                adobe = np.int64(data[seg + 11])
+            i += 1 + n
+        if h <= 0 or w <= 0:
+            out[k, 0], out[k, 1], out[k, 2] = -1, -1, -1
+    return out
 
 
 _RGB_DIRECT = ("YCbCr", "Gray")  # colour spaces libjpeg-turbo turns into RGB itself

@@ -21,11 +21,12 @@ import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from numba import njit
 
 from mmfeed.loaders.formats.rlds.tfrecord import _HEADER, crc32c, crc32c_spans
 from mmfeed.loaders.transport.errors import SampleError
 
-__all__ = ["RecordRanges"]
+__all__ = ["RecordRanges", "read_plan"]
 
 _GAP = 1 << 16  # pictures asked together are read in one range while what lies between them is at most this
 
@@ -93,35 +94,17 @@ class RecordRanges:
         n = len(pieces)
         if not n:
             return np.zeros(0, np.uint8), np.empty((0, 2), np.int64)
-        low = pieces[:, 2] + _HEADER + pieces[:, 3]  # offsets in the shard
-        high = pieces[:, 2] + _HEADER + pieces[:, 4]
-        order = np.lexsort((low, pieces[:, 1]))
-        shard, low_o, high_o = pieces[order, 1], low[order], high[order]
-        new = np.ones(n, bool)
-        new[1:] = shard[1:] != shard[:-1]
-        reach = np.empty(n, np.int64)  # within each shard, the furthest byte the pieces so far need
-        bounds = np.append(np.flatnonzero(new), n)
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            reach[a:b] = np.maximum.accumulate(high_o[a:b])
-        new[1:] |= low_o[1:] - reach[:-1] > _GAP
-        starts = np.flatnonzero(new)
-        group_low = low_o[starts]
-        group_high = np.maximum.reduceat(high_o, starts)
-        sizes = group_high - group_low
-        buffer = np.empty(int(sizes.sum()), np.uint8)
-        view = memoryview(buffer)
-        at = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        shards = shard[starts].tolist()
-        fds = {s: self._fd(s) for s in set(shards)}
-        for g, (s, a, b, size, k) in enumerate(zip(shards, group_low.tolist(), group_high.tolist(), sizes.tolist(),
-                                                   order[starts].tolist())):
-            got = os.preadv(fds[s], [view[at[g]:at[g] + size]], a)
+        groups, where, total = read_plan(np.ascontiguousarray(pieces, dtype=np.int64), _HEADER, _GAP)
+        buffer = np.empty(total, np.uint8)
+        view, at = memoryview(buffer), 0
+        fds = {s: self._fd(s) for s in set(groups[:, 0].tolist())}
+        for s, a, b, k in groups.tolist():
+            size = b - a
+            got = os.preadv(fds[s], [view[at:at + size]], a)
             if got != size:
                 raise SampleError(f"{self._describe(int(pieces[k, 0]))}: {name(k)}: bytes {a}..{b} of the shard "
                                   f"{_short(size - got)}")
-        shift = np.empty(n, np.int64)  # from an offset in the shard to one in the buffer
-        shift[order] = np.repeat(at[:-1] - group_low, np.diff(np.append(starts, n)))
-        where = np.column_stack([low + shift, high + shift])
+            at += size
         crcs = crc32c_spans(buffer, where, check=False)  # each piece inside its group's read
         bad = np.flatnonzero(crcs != pieces[:, 5])
         if bad.size:
@@ -139,6 +122,37 @@ class RecordRanges:
         raise SampleError(f"{self._describe(episode)}: {what} (bytes {start}..{stop} of the record) fails its CRC-32C "
                           f"check (indexed {indexed:#010x}, read {read:#010x}): the shard is corrupt or changed since "
                           "it was indexed; download it again")
+
+
+@njit(cache=True, nogil=True)
+def read_plan(pieces: np.ndarray, header: int, gap: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The reads that fetch ``pieces`` (:meth:`RecordRanges.gather`'s rows; ``header``: the bytes of a record's
+    frame before its payload): sorted by shard and offset, a piece joins the read before it where it starts at
+    most ``gap`` bytes past everything that read holds. Returns the reads, int64 ``[g, 4]`` (shard, first and
+    end byte in the shard, a piece it holds), each piece's ``[start, stop)`` in the reads laid back to back
+    (``[n, 2]``, in ``pieces``' order), and the bytes of all the reads."""
+    n = pieces.shape[0]
+    low = pieces[:, 2] + header + pieces[:, 3]
+    high = pieces[:, 2] + header + pieces[:, 4]
+    order = np.argsort(low, kind="mergesort")
+    order = order[np.argsort(pieces[order, 1], kind="mergesort")]  # by shard, then offset
+    groups = np.empty((n, 4), np.int64)
+    where = np.empty((n, 2), np.int64)
+    g, at = -1, 0
+    for j in range(n):
+        k = order[j]
+        if g < 0 or pieces[k, 1] != groups[g, 0] or low[k] - groups[g, 2] > gap:
+            if g >= 0:
+                at += groups[g, 2] - groups[g, 1]
+            g += 1
+            groups[g, 0], groups[g, 1], groups[g, 2], groups[g, 3] = pieces[k, 1], low[k], high[k], k
+        elif high[k] > groups[g, 2]:
+            groups[g, 2] = high[k]
+        where[k, 0] = at + low[k] - groups[g, 1]
+        where[k, 1] = at + high[k] - groups[g, 1]
+    if g >= 0:
+        at += groups[g, 2] - groups[g, 1]
+    return groups[:g + 1], where, at
 
 
 def _short(missing: int) -> str:
