@@ -23,10 +23,12 @@ a 4-step action chunk ``[t, t+3]`` (indices clamped inside the episode), batches
 
 Reported: samples/s, CPU-seconds per 1000 samples (the loader's process and its workers; for tf.data, its one
 process), the time to the first batch (from opening the dataset, imports excluded), the RSS and PSS of the
-training process and its workers after each stretch, repeats interleaved (tf.data, mmfeed, limit, ...) with their
-spread. mmfeed's fraction of the limit (per second and per CPU-second) is each round's mmfeed over the limit
-measured right after it, the median over the rounds with its spread: the machine's speed drifts by more within
-minutes than the two differ::
+training process and its workers after each stretch, repeats interleaved (tf.data, limit, mmfeed, limit, ...) with
+their spread. Each round's limit is measured twice, right before and right after mmfeed's stretch, half the samples
+each time, and the mean of the two is that round's limit, so a drift of the machine's speed during the round
+cancels to first order. mmfeed's fraction of the limit (per second and per CPU-second) is each round's mmfeed over
+its round's limit, the median over the rounds with its spread: the machine's speed drifts by more within minutes
+than the two differ::
 
     python -m mmfeed.bench.rlds_compare --tf-python /work/tfvenv/bin/python [--root DIR] [--workers 2] \
         [--repeats 3] [--steps 150] [--json OUT]
@@ -286,12 +288,11 @@ def _decode_chunk(root: str, steps: list[int], warm: int) -> tuple[float, float,
     blobs = _chunk_blobs(root, steps)
     for blob, declared in blobs[:3 * warm]:
         decode_picture(blob, None, declared, "rgb24", False, None)
-    c0, w0 = os.times(), time.perf_counter()
+    c0, w0 = time.process_time(), time.perf_counter()  # user + system CPU of this process, to the nanosecond
     pixels = 0
     for blob, declared in blobs:
         pixels += decode_picture(blob, None, declared, "rgb24", False, None).size
-    c1 = os.times()
-    seconds, cpu_s = time.perf_counter() - w0, (c1.user + c1.system) - (c0.user + c0.system)
+    seconds, cpu_s = time.perf_counter() - w0, time.process_time() - c0
     return seconds, cpu_s, pixels, sum(len(b) for b, _ in blobs)
 
 
@@ -323,6 +324,16 @@ def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, see
             "decoder": jpeg_decoder()}
 
 
+def bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """One round's limit from :func:`decode_limit` runs right before and right after mmfeed's stretch: each rate
+    and cost the mean of the two (a linear drift of the machine's speed over the round cancels), the samples and
+    seconds their sums, both runs kept under ``"bracket"``."""
+    rates = ("samples_per_s", "samples_per_cpu_s", "cpu_s_per_1000_samples", "samples_per_s_per_core")
+    return {**{k: (before[k] + after[k]) / 2 for k in rates},
+            **{k: before[k] + after[k] for k in ("samples", "seconds", "bytes")},
+            "processes": before["processes"], "decoder": before["decoder"], "bracket": [before, after]}
+
+
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     med = statistics.median
     rates = [r["samples_per_s"] for r in runs]
@@ -350,11 +361,14 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
     lengths = np.asarray(opened.lengths).copy()
     del opened
     tf_runs, mm_runs, limit_runs = [], [], []
+    half = max(1, limit_samples // 2)
     for _ in range(max(1, repeats)):
         tf_runs.append(time_tf(tf_python, root, steps=tf_steps, warmup=warmup, batch_size=batch_size, seed=seed))
+        before = decode_limit(root, samples=half, workers=workers, seed=seed, lengths=lengths)
         mm_runs.append(time_mmfeed(root, steps=steps, warmup=warmup, batch_size=batch_size, workers=workers,
                                    seed=seed))
-        limit_runs.append(decode_limit(root, samples=limit_samples, workers=workers, seed=seed, lengths=lengths))
+        after = decode_limit(root, samples=half, workers=workers, seed=seed, lengths=lengths)
+        limit_runs.append(bracket(before, after))
     tf, mm = _summary(tf_runs), _summary(mm_runs)
     limit = {"samples_per_s": statistics.median(r["samples_per_s"] for r in limit_runs),
              "samples_per_s_spread": spread([r["samples_per_s"] for r in limit_runs]),
@@ -403,7 +417,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tf-steps", type=int, default=100, help="timed batches per repeat, tf.data")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches after the first")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; figures are their medians")
-    parser.add_argument("--limit-samples", type=int, default=4000, help="samples whose pictures the limit decodes")
+    parser.add_argument("--limit-samples", type=int, default=4000, help="samples whose pictures the limit decodes each round (half right "
+                        "before mmfeed's stretch, half right after)")
     parser.add_argument("--cache", action="store_true", help="then three whole mmfeed epochs through a cold "
                         "decoded-frame cache")
     parser.add_argument("--epochs", type=int, default=0, help="then this many whole epochs of one mmfeed loader "

@@ -94,4 +94,7 @@ def test_quick_benchmark_against_tf_data(tf_python, tmp_path):
     assert got["limit"]["samples_per_s"] > 0 and got["mmfeed_over_tf"] > 0
     assert got["mmfeed_over_limit"] == got["mmfeed"]["samples_per_s"] / got["limit"]["samples_per_s"]  # one round
     assert got["mmfeed_over_limit_cpu_spread"]["range"] == 0
+    before, after = got["limit"]["runs"][0]["bracket"]  # the round's limit: right before and right after mmfeed
+    assert before["samples"] == after["samples"] == 100
+    assert got["limit"]["samples_per_s"] == (before["samples_per_s"] + after["samples_per_s"]) / 2
     assert [e["samples"] for e in got["cache"]["epochs"]] == [got["dataset"]["samples"] // 32 * 32] * 3
