@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -261,17 +263,24 @@ def test_an_unknown_task_read_from_the_bytes_names_the_file_and_episode(base, tm
     assert len(got) == 2 and all(g is not None for g in got)
 
 
-def test_a_file_the_byte_reader_does_not_read_is_read_by_pyarrow(base, tmp_path, from_bytes):
-    """zstd pages are outside what parquet_direct reads: the open reads every file with pyarrow instead, and
-    gives the same columns."""
+def test_a_file_the_byte_reader_does_not_read_is_read_by_pyarrow(base, tmp_path, from_bytes, monkeypatch):
+    """zstd pages are outside what parquet_direct reads: the open reads that file alone with pyarrow (in child
+    processes, as a large file is), the other from its bytes, and gives the same columns."""
+    from mmfeed.loaders.formats.lerobot import source
+
     root = tmp_path / "ds"
-    written_layout(base, root, files=2, row_group=2, kind="list")
+    written_layout(base, root, files=3, row_group=2, kind="list")
     path = root / "meta/episodes/chunk-000/file-001.parquet"
     pq.write_table(pq.read_table(path), path, compression="zstd", row_group_size=2)
     here = LeRobotSource(root)
     got = from_bytes()
+    by_pyarrow = []
+    read_columns = source.read_columns
+    monkeypatch.setattr(source, "read_columns", lambda paths, *a, **k: by_pyarrow.append(paths) or
+                        read_columns(paths, *a, **k))
     ds = LeRobotSource(root)
-    assert sorted(g is None for g in got) == [False, True]
+    assert sorted(g is None for g in got) == [False, False, True]  # read side by side: in any order
+    assert [[Path(p).name for p in paths] for paths in by_pyarrow] == [["file-001.parquet"]]
     assert ds.episode_tasks.tolist() == here.episode_tasks.tolist()
     for column, values in here._meta.items():
         assert np.array_equal(ds._meta[column], values), column

@@ -853,11 +853,12 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     say.
 
     LeRobot flushes meta/episodes every ten episodes, so a million episodes carry footers of 100k row groups that
-    pyarrow parses in seconds: large local files (:data:`CHILDREN_MIN_BYTES`) are read in child processes, which
-    parse their footers side by side and keep what the parse leaves
-    (:mod:`~mmfeed.loaders.stores.parquet_children`); others, or all where a child fails, in parallel threads
-    through Arrow's jemalloc pool, which gives its pages back after, the C heap the parsed footers leave then given
-    back to the system (``malloc_trim``). What is derived is kept once per node
+    pyarrow parses in seconds: large local files (:data:`CHILDREN_MIN_BYTES`) are read from their bytes by compiled
+    kernels where numba's cache holds them (:mod:`~mmfeed.loaders.stores.parquet_direct`, a file at a time in
+    threads); the files that declines, or all, in child processes, which parse their footers side by side and keep
+    what the parse leaves (:mod:`~mmfeed.loaders.stores.parquet_children`); small ones, or those where a child
+    fails, in parallel threads through Arrow's jemalloc pool, which gives its pages back after, the C heap the
+    parsed footers leave then given back to the system (``malloc_trim``). What is derived is kept once per node
     (:mod:`~mmfeed.loaders.stores.derived`, keyed by every file's size and mtime) for every later open to map."""
     paths = _episode_files(files, info)
     if not paths:
@@ -875,29 +876,29 @@ def _read_episodes(files: DatasetFiles, info: Mapping, video_keys: Sequence[str]
     wanted = [*_EPISODE_COLUMNS, *(f"videos/{k}/{c}" for k in video_keys for c in _VIDEO_COLUMNS)]
     ends = [f"videos/{k}/{_SEGMENT_END}" for k in video_keys]
     lookup = _large_strings(tasks)
-    tables = read = None
+    read: list = [None] * len(paths)  # each file's columns and task ids, as they are read
     large = not files.remote and sum(size for _, size, _ in stamps) >= CHILDREN_MIN_BYTES
     side_by_side = max(1, min(len(paths), os.cpu_count() or 1, 4))  # files read at once, whichever way
     if large and direct_ready():
         with ThreadPoolExecutor(side_by_side) as pool:
             direct = list(pool.map(lambda p: read_direct(files.local_path(p), [*wanted, *ends], ["tasks"]), paths))
-        if all(d is not None for d in direct):
-            texts = {t: k for k, t in reversed(list(enumerate(tasks)))}
-            read = [_direct_columns(d, files.where(p), wanted, ends, texts) for d, p in zip(direct, paths)]
-            if any(r is None for r in read):
-                read = None
-    if read is None and large:
-        tables = read_columns([files.local_path(p) for p in paths], [*wanted, *ends, "tasks"],
-                              processes=side_by_side)
+        texts = {t: k for k, t in reversed(list(enumerate(tasks)))}
+        read = [None if d is None else _direct_columns(d, files.where(p), wanted, ends, texts)
+                for d, p in zip(direct, paths)]
+    rest = [k for k, r in enumerate(read) if r is None]  # what the bytes reader declined (or all): pyarrow reads
+    tables = read_columns([files.local_path(paths[k]) for k in rest], [*wanted, *ends, "tasks"],
+                          processes=min(side_by_side, len(rest))) if rest and large else None
     if tables is not None:
-        read = [_episode_columns(t, files.where(p), wanted, ends, lookup) for t, p in zip(tables, paths)]
-    elif read is None:
+        for k, table in zip(rest, tables):
+            read[k] = _episode_columns(table, files.where(paths[k]), wanted, ends, lookup)
+    elif rest:
         try:
-            with reading_pool(), ThreadPoolExecutor(side_by_side) as pool:
-                read = list(pool.map(lambda relative: _read_episode_file(files, relative, wanted, ends, lookup),
-                                     paths))
+            with reading_pool(), ThreadPoolExecutor(min(side_by_side, len(rest))) as pool:
+                got = list(pool.map(lambda k: _read_episode_file(files, paths[k], wanted, ends, lookup), rest))
         finally:  # the parsed footers are freed into glibc's heap, which keeps them (a GB at a million episodes)
             release_free_heap()
+        for k, columns in zip(rest, got):
+            read[k] = columns
     kept = [c for c in ends if all(c in columns for columns, _ in read)]  # ends kept only where every file has them
     meta = {c: np.concatenate([columns[c] for columns, _ in read]) for c in [*wanted, *kept]}
     task = np.concatenate([t for _, t in read])
