@@ -370,10 +370,8 @@ class RldsSource(EpisodeSource):
         for feature, idx in cameras.items():
             owner = np.repeat(episodes, idx.shape[1])
             owners.append(owner)
-            tables.append(self._picture_at[feature][self._task_start[owner] + idx.reshape(-1)])
+            tables.append(self._picture_rows(feature, owner, idx.reshape(-1)))
             blocks.append((feature, idx.shape[1], len(owner)))
-        owner = np.concatenate(owners)
-        pieces = np.column_stack([owner, self._shard_of[owner], self._offset[owner], np.concatenate(tables)])
 
         def name(k: int) -> str:
             for feature, n, size in blocks:
@@ -382,6 +380,17 @@ class RldsSource(EpisodeSource):
                 k -= size
             raise IndexError(k)
 
+        return self._read_pieces(np.concatenate(owners), np.concatenate(tables), name)
+
+    def _picture_rows(self, feature: str, owner: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Where the pictures of camera ``feature`` at ``steps`` of episodes ``owner`` lie in their records, with
+        their CRC-32C: int64 ``[n, 3]`` (start, stop, crc) from the index."""
+        return self._picture_at[feature][self._task_start[owner] + steps]
+
+    def _read_pieces(self, owner: np.ndarray, table: np.ndarray, name: Callable[[int], str]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """The pictures ``table`` (:meth:`_picture_rows`) of episodes ``owner`` read by range, back to back."""
+        pieces = np.column_stack([owner, self._shard_of[owner], self._offset[owner], table])
         return self._ranges.gather(pieces, name)
 
     def _gather(self, pictures: list[tuple[int, str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -393,19 +402,17 @@ class RldsSource(EpisodeSource):
         owner = np.repeat(episodes, counts)
         table = np.empty((len(steps), 3), np.int64)
         cameras = np.repeat(np.array([self._camera_of[f] for _, f, _ in pictures], np.int64), counts)
-        at = self._task_start[owner] + steps  # each picture's row in its camera's table
         for feature, c in self._camera_of.items():
             mine = cameras == c
             if mine.any():
-                table[mine] = self._picture_at[feature][at[mine]]
-        pieces = np.column_stack([owner, self._shard_of[owner], self._offset[owner], table])
+                table[mine] = self._picture_rows(feature, owner[mine], steps[mine])
         first = np.cumsum(counts) - counts  # each request's first picture
 
         def name(k: int) -> str:
             p = int(np.searchsorted(first, k, side="right")) - 1
             return f"feature {pictures[p][1]!r} picture {k - int(first[p])} of the request"
 
-        return self._ranges.gather(pieces, name)
+        return self._read_pieces(owner, table, name)
 
     def _key_values(self, episode: int, key: str) -> Values:
         """One key of an episode's record, read alone by its byte range and checked against its CRC-32C."""
