@@ -94,6 +94,27 @@ def test_windows_read_in_one_call_in_worker_processes(root, monkeypatch):
     assert epoch(loader(root)) == fast
 
 
+@pytest.mark.parametrize("root", [CORPUS / "chunked", RLDS], ids=["lerobot", "rlds"])
+def test_a_batch_read_in_one_call_makes_no_per_sample_reads(root, monkeypatch):
+    """The samples of a batch of windows come to collation as arrays (WindowSamples): a batch read in one call is
+    laid out from them without a SampleRead or a request made per sample; the request path makes them once a
+    batch."""
+    from mmfeed.loaders.planned.reads import WindowSamples
+
+    made = []
+    reads = WindowSamples.reads
+
+    def counted(self):
+        made.append(len(self))
+        return reads(self)
+
+    monkeypatch.setattr(WindowSamples, "reads", counted)
+    batches = len(epoch(loader(root)))
+    assert batches > 2 and made == []
+    request_by_request(monkeypatch)
+    assert len(epoch(loader(root))) == batches and len(made) == batches and made[0] == 8
+
+
 @pytest.fixture
 def broken(tmp_path):
     """The chunked corpus with its first video file cut short: the episodes in it cannot all be decoded."""

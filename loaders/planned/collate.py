@@ -42,7 +42,7 @@ from mmfeed.codecs.colour import frame_step_shape
 from mmfeed.loaders.clock import stage
 from mmfeed.loaders.planned.errors import ErrorCounter, ErrorPolicy
 from mmfeed.loaders.planned.reads import (DocumentNames, EpisodeReads, RecordReads, RecordSource, SampleRead,
-                                          episode_sample, record_sample)
+                                          WindowSamples, episode_sample, record_sample)
 from mmfeed.loaders.planned.steps import (
     Places,
     batch_layout,
@@ -103,29 +103,32 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
     """
     policy = errors.policy if errors is not None else ErrorPolicy()
     samples = samples_of(rows)
-    reads = list(reads)
-    pads = [r.pads for r in reads]
-    plans = _payload_plans(reads, layout, [TEXT, *features])
-    requests, direct = [r.request for r in reads], {}
-    places = Places([r.sample for r in reads], source.describe, [r.episode for r in requests])
+    lazy = reads if isinstance(reads, WindowSamples) else None  # its reads made only if asked for below
+    reads = None if lazy is not None else list(reads)
+    layouts = lazy.layouts if lazy is not None else [r.layout for r in reads]
+    plans = _payload_plans(layouts, layout, [TEXT, *features])
     whole = _read_windows(source, windows, plans) if windows is not None and transform is None else None
-    arrays = None  # the batch's arrays, feature -> [B, n, ...], while its payload can be laid out from them
-    if whole is not None:  # the batch read in one call
-        data, direct, arrays = whole
-        read, failures = None, []  # each sample's data, made only where a step works sample by sample
-    else:
-        if transform is None:
-            requests, direct = _decode_in_place(source, requests, plans)
-        # read under the error policy
-        read, failures = read_under_policy(requests, source.read_many, None, places, errors)
-        _fill_direct(requests, read, direct)
-    # check
     floats = [f for f, feat in source.features.items() if feat.kind == "array" and np.dtype(feat.dtype).kind == "f"]
-    if arrays is not None and not all(np.isfinite(arrays[f]).all() for f in floats if f in arrays):
-        arrays = None  # masked or failed sample by sample below
-    if read is None and arrays is None:
-        read = _samples_of(data)
-    if arrays is None:
+    arrays, read, failures, direct = None, None, [], {}  # arrays: feature -> [B, n, ...], while the payload can
+    # be laid out from them; read: each sample's data, made only where a step works sample by sample
+    if whole is not None:  # the batch read in one call; checked once
+        data, direct, arrays = whole
+        if arrays is not None and not all(np.isfinite(arrays[f]).all() for f in floats if f in arrays):
+            arrays = None  # masked or failed sample by sample below
+    if arrays is None:  # sample by sample from here
+        reads = reads if reads is not None else lazy.reads()
+        pads = [r.pads for r in reads]
+        requests = [r.request for r in reads]
+        places = Places([r.sample for r in reads], source.describe, [r.episode for r in requests])
+        if whole is None:
+            if transform is None:
+                requests, direct = _decode_in_place(source, requests, plans)
+            # read under the error policy
+            read, failures = read_under_policy(requests, source.read_many, None, places, errors)
+            _fill_direct(requests, read, direct)
+        else:
+            read = _samples_of(data)
+        # check
         found = find_nonfinite(read, pads, floats, policy.nonfinite == "mask")
         fail_nonfinite([(k, _episode_located(source, requests[k], key, bad)) for k, key, bad in found], read,
                        places, errors, failures)
@@ -142,8 +145,9 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
         direct = {}  # the decoded-in-place buffers now have holes: gather the kept pieces instead
     # lay out
     with stage("collate"):
-        if arrays is not None and not failures:
-            payload, segments, steps, doc_tokens = _window_payload(reads, arrays, windows, plans, direct)
+        if arrays is not None:  # no sample failed: all of them were read and checked as arrays
+            texts = lazy.texts if lazy is not None else [r.text for r in reads]
+            payload, segments, steps, doc_tokens = _window_payload(texts, layouts, arrays, windows, plans, direct)
         else:
             payload, segments, steps, doc_tokens = _episode_payload(source, reads, read, pads, plans, direct)
         row_capacity = capacity or max(doc_tokens, default=1)
@@ -153,7 +157,11 @@ def collate(source: EpisodeSource, reads: Sequence[SampleRead], rows: Sequence[n
             per_entry = {f: layout.tokens(f) for f in features}
             pad_static(payload, {TEXT: layout.tokens_per_text_token, **per_entry}, nrows * row_capacity)
         batch_lay = batch_layout(rows, nrows, row_capacity, doc_tokens, segments, steps, len(features) + 1)
-        metadata = _episode_metadata(source, samples, reads, names)
+        if reads is None:
+            episodes, starts = lazy.episodes, lazy.starts
+        else:
+            episodes, starts = [r.request.episode for r in reads], [r.start for r in reads]
+        metadata = _episode_metadata(source, samples, episodes, starts, names)
         if names is not None:
             failures = failures + names.errors
         return packed(batch_lay, [TEXT, *features], payload, metadata, failures, static_shapes, max_documents)
@@ -215,14 +223,14 @@ def _episode_located(source: EpisodeSource, request: EpisodeRequest, key: str, b
     return f"{source.describe(request.episode)} feature {key!r}: NaN or inf at frames {frames}"
 
 
-def _payload_plans(reads: Sequence[SampleRead], layout: TokenLayout, modalities: list[str]) -> list[tuple]:
-    """:func:`_payload_plan` of each sample (computed once per distinct sample layout)."""
+def _payload_plans(layouts: Sequence[SampleLayout], layout: TokenLayout, modalities: list[str]) -> list[tuple]:
+    """:func:`_payload_plan` of each sample's layout (computed once per distinct sample layout)."""
     index = {m: i for i, m in enumerate(modalities)}
     plans: dict[int, tuple] = {}
-    for r in reads:
-        if id(r.layout) not in plans:
-            plans[id(r.layout)] = _payload_plan(r.layout, layout, index)
-    return [plans[id(r.layout)] for r in reads]
+    for lay in layouts:
+        if id(lay) not in plans:
+            plans[id(lay)] = _payload_plan(lay, layout, index)
+    return [plans[id(lay)] for lay in layouts]
 
 
 def _episode_payload(source: EpisodeSource, reads: list[SampleRead], read: list, pads: list, plans: list,
@@ -259,13 +267,13 @@ def _episode_payload(source: EpisodeSource, reads: list[SampleRead], read: list,
     return payload, segments, steps, doc_tokens
 
 
-def _episode_metadata(source: EpisodeSource, samples: np.ndarray, reads: list[SampleRead],
-                      names: DocumentNames | None) -> dict[str, Any]:
+def _episode_metadata(source: EpisodeSource, samples: np.ndarray, episodes: Sequence[int] | np.ndarray,
+                      starts: Sequence[int] | np.ndarray, names: DocumentNames | None) -> dict[str, Any]:
     """Per document: ``sample``, ``episode``, ``start_step``, ``start_time``; the ``source``'s name; in a mixture
     each document's ``dataset`` (and ``embodiment``). ``names``, when given, names the samples, episodes and
     source instead (and no dataset)."""
-    episode = np.array([r.request.episode for r in reads], dtype=np.int64)
-    start = np.array([r.start for r in reads], dtype=np.int64)
+    episode = np.array(episodes, dtype=np.int64)
+    start = np.array(starts, dtype=np.int64)
     metadata: dict[str, Any] = {
         "sample": torch.from_numpy(samples if names is None else names.sample),
         "episode": torch.from_numpy(episode if names is None else names.episode),
@@ -342,15 +350,16 @@ def _samples_of(data: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     return [dict(zip(data, values)) for values in zip(*data.values())]
 
 
-def _window_payload(reads: list[SampleRead], arrays: dict[str, np.ndarray], windows: WindowArrays, plans: list,
-                    direct: dict) -> tuple[dict[str, Any], list, list, list]:
+def _window_payload(texts: list[np.ndarray], layouts: list[SampleLayout], arrays: dict[str, np.ndarray],
+                    windows: WindowArrays, plans: list, direct: dict) -> tuple[dict[str, Any], list, list, list]:
     """:func:`_episode_payload` of a batch read in one call whose every sample takes every feature's frames in
-    read order (no per-sample work but the task texts): each feature's payload is its ``[B, n, ...]`` array as
-    rows (a camera's: the buffer its frames were decoded into), its ``_is_pad`` flags the batch's; the keys in
-    the order :func:`_episode_payload` gives them."""
-    texts = [r.text for r in reads if len(r.text)]
+    read order (no per-sample work but the task texts, ``texts`` and ``layouts`` each sample's): each feature's
+    payload is its ``[B, n, ...]`` array as rows (a camera's: the buffer its frames were decoded into), its
+    ``_is_pad`` flags the batch's; the keys in the order :func:`_episode_payload` gives them."""
+    first_text = len(texts[0]) if texts else 0
+    texts = [t for t in texts if len(t)]
     first = plans[0][0]  # every sample's features, in the order its token runs name them
-    payload: dict[str, Any] = {TEXT: _concat(texts)} if texts and len(reads[0].text) else {}
+    payload: dict[str, Any] = {TEXT: _concat(texts)} if texts and first_text else {}
     for feature in first:
         if feature not in direct:
             values = arrays[feature]
@@ -359,7 +368,7 @@ def _window_payload(reads: list[SampleRead], arrays: dict[str, np.ndarray], wind
         payload[TEXT] = _concat(texts)
     payload.update(direct)
     payload.update({f"{f}_is_pad": windows.pads[f].reshape(-1) for f in first})
-    return payload, [p[1] for p in plans], [p[2] for p in plans], [r.layout.num_tokens for r in reads]
+    return payload, [p[1] for p in plans], [p[2] for p in plans], [lay.num_tokens for lay in layouts]
 
 
 def _decode_in_place(source: EpisodeSource, requests: list, sample_plans: list) -> tuple[list, dict]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from mmfeed.codecs.text import ByteTokenizer
 from mmfeed.loaders.planned.filters import FrameFilter
-from mmfeed.loaders.planned.reads import EpisodeReads, SampleRead
+from mmfeed.loaders.planned.reads import EpisodeReads, SampleRead, WindowSamples
 from mmfeed.loaders.planned.records import RecordItems
 from mmfeed.loaders.sources.base import EpisodeSource
 from mmfeed.loaders.sources.options import device_of
@@ -106,35 +106,34 @@ class EpisodeItems:
     # -- reading -------------------------------------------------------------------------------------------------
     def requests(self, samples: np.ndarray) -> list[SampleRead]:
         """What each sample reads and how it is laid out (:class:`SampleRead`), in the order given."""
-        return self._requests(samples)[0]
+        return list(self._requests(samples)[0])
 
-    def _requests(self, samples: np.ndarray) -> tuple[list[SampleRead], WindowArrays | None]:
-        """:meth:`requests`, and the windows as arrays where every sample reads every feature (else None)."""
+    def _requests(self, samples: np.ndarray) -> tuple[Sequence[SampleRead], WindowArrays | None]:
+        """:meth:`requests`, and the windows as arrays where every sample reads every feature (else None); the
+        reads are then a :class:`~mmfeed.loaders.planned.reads.WindowSamples`, made sample by sample only when
+        asked."""
         samples = np.asarray(samples, dtype=np.int64)
         tasks = self.table.tasks(samples)
         episodes, starts = self.table.locate(samples)
         tasks = np.asarray(tasks).tolist()
-        windows = None
+        texts = {task: self._text(task) for task in set(tasks)}
         if self.window is not None:
             windows, here = window_arrays(self.source, self.window, episodes, starts)
-            reads = per_sample(windows, here)
-            windows = None if here else windows
-            if windows is not None:  # every sample reads every feature: one layout a task
+            if not here:  # every sample reads every feature: one layout a task
                 names = tuple(windows.indices)
-                by_task = {task: self._window_layout(names, task) for task in set(tasks)}
-                layouts = [by_task[task] for task in tasks]
-            else:
-                layouts = [self._window_layout(tuple(request.indices), task)
-                           for task, (request, _) in zip(tasks, reads)]
+                by_task = {task: self._window_layout(names, task) for task in texts}
+                return WindowSamples(samples, windows, [by_task[t] for t in tasks], tasks, [texts[t] for t in tasks],
+                                     starts), windows
+            reads = per_sample(windows, here)
+            layouts = [self._window_layout(tuple(request.indices), task) for task, (request, _) in zip(tasks, reads)]
             pads = [p for _, p in reads]
         else:
             reads = chunk_requests(self.source, self.features, episodes, starts, self.table.lengths(samples))
             layouts = [self.sample_layout(times, task) for task, (_, _, times) in zip(tasks, reads)]
             pads = [p for _, p, _ in reads]
-        texts = {task: self._text(task) for task in set(tasks)}
         return [SampleRead(s, read[0], pad, lay, task, texts[task], start)
                 for s, read, pad, lay, task, start in zip(samples.tolist(), reads, pads, layouts, tasks,
-                                                          np.asarray(starts).tolist())], windows
+                                                          np.asarray(starts).tolist())], None
 
     def _window_layout(self, names: tuple[str, ...], task: int) -> SampleLayout:
         """:meth:`sample_layout` of a window: its pieces are the spec's times of the features present, so the

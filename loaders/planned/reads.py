@@ -5,7 +5,9 @@ A planned dataset asks its items (:class:`Items`: episode windows and chunks,
 what the samples of one step read, and hands the answer to :func:`mmfeed.loaders.planned.collate.collate_batch`:
 
 - :class:`EpisodeReads`: the episode source, one :class:`SampleRead` per sample (its frames, ``is_pad`` flags,
-  token layout, task text) and the batch's layout and features;
+  token layout, task text) and the batch's layout and features; for a batch of windows every sample of which
+  reads every feature, the samples as arrays (:class:`WindowSamples`), whose per-sample reads are made only
+  where collation works sample by sample;
 - :class:`RecordReads`: the record source (:class:`RecordSource`: a map-style dataset's records and what they
   are priced) and the batch's record ids.
 
@@ -15,7 +17,7 @@ itself to collation, and nothing collation does calls an item kind back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,11 +25,12 @@ import numpy as np
 import torch
 
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, WindowArrays
+from mmfeed.loaders.sources.requests import per_sample
 from mmfeed.packing.layout import SampleLayout, TokenLayout
 from mmfeed.packing.samples import SampleTable
 
-__all__ = ["DocumentNames", "EpisodeReads", "Items", "RecordReads", "RecordSource", "SampleRead", "episode_sample",
-           "record_sample"]
+__all__ = ["DocumentNames", "EpisodeReads", "Items", "RecordReads", "RecordSource", "SampleRead", "WindowSamples",
+           "episode_sample", "record_sample"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +49,37 @@ class SampleRead:
     task: int
     text: np.ndarray
     start: int
+
+
+class WindowSamples(Sequence):
+    """The :class:`SampleRead` of each sample of a batch of windows that every sample reads every feature of,
+    made only when asked for: collation reads and lays out such a batch from its arrays (``windows``, and each
+    sample's ``layouts``, ``texts``, ``episodes`` and ``starts``), and asks for the reads only where a step works
+    sample by sample (a failure, a transform, a value that is not finite, a source that reads request by
+    request)."""
+
+    def __init__(self, samples: np.ndarray, windows: WindowArrays, layouts: list[SampleLayout], tasks: list[int],
+                 texts: list[np.ndarray], starts: np.ndarray) -> None:
+        self.samples, self.windows, self.layouts, self.tasks, self.texts = samples, windows, layouts, tasks, texts
+        self.episodes, self.starts = windows.episodes, starts
+        self._reads: list[SampleRead] | None = None
+
+    def reads(self) -> list[SampleRead]:
+        """Every sample's :class:`SampleRead` (made once)."""
+        if self._reads is None:
+            self._reads = [SampleRead(s, request, pads, lay, task, text, start) for s, (request, pads), lay, task,
+                           text, start in zip(self.samples.tolist(), per_sample(self.windows, {}), self.layouts,
+                                              self.tasks, self.texts, np.asarray(self.starts).tolist())]
+        return self._reads
+
+    def __len__(self) -> int:
+        return len(self.layouts)
+
+    def __getitem__(self, k: Any) -> Any:
+        return self.reads()[k]
+
+    def __iter__(self) -> Iterator[SampleRead]:
+        return iter(self.reads())
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +104,7 @@ class EpisodeReads:
     where they are windows and every one reads every feature, which collation reads in one call."""
 
     source: EpisodeSource
-    samples: list[SampleRead]
+    samples: Sequence[SampleRead]
     layout: TokenLayout
     features: list[str]
     names: DocumentNames | None = None
