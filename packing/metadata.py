@@ -106,6 +106,8 @@ class BlockTables(NamedTuple):
 
 
 def _int_array(name: str, values: object) -> np.ndarray:
+    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1 and values.flags.c_contiguous:
+        return values  # what loaders pass: nothing to convert
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
@@ -165,6 +167,37 @@ def make_layout(lengths: object, row_offsets: object, capacity: int, *, step_siz
     capacity = _check_capacity(capacity)
     lengths = _int_array("lengths", lengths)
     row_offsets = _int_array("row_offsets", row_offsets)
+    if (step_sizes is None) != (step_offsets is None):
+        raise ValueError("pass step_sizes and step_offsets together, or neither")
+    if step_sizes is not None:
+        step_sizes = _int_array("step_sizes", step_sizes)
+        step_offsets = _int_array("step_offsets", step_offsets)
+    given = [x is None for x in (segment_modalities, segment_lengths, segment_offsets)]
+    if any(given) and not all(given):
+        raise ValueError("pass segment_modalities, segment_lengths and segment_offsets together, or none")
+    top = 127 if num_modalities is None else min(int(num_modalities), 128) - 1
+    if segment_modalities is not None:
+        segment_modalities = _int_array("segment_modalities", segment_modalities)
+        segment_lengths = _int_array("segment_lengths", segment_lengths)
+        segment_offsets = _int_array("segment_offsets", segment_offsets)
+    empty = np.zeros(0, np.int64)
+    if len(lengths) > _INT32_MAX or not _layout_valid(
+            lengths, row_offsets, capacity, step_sizes is not None, empty if step_sizes is None else step_sizes,
+            empty if step_offsets is None else step_offsets, segment_modalities is not None,
+            empty if segment_modalities is None else segment_modalities,
+            empty if segment_lengths is None else segment_lengths,
+            empty if segment_offsets is None else segment_offsets, top):
+        _explain_layout(lengths, row_offsets, capacity, step_sizes, step_offsets, segment_modalities,
+                        segment_lengths, segment_offsets, top)
+    return Layout(capacity, lengths, row_offsets, step_sizes, step_offsets, segment_modalities, segment_lengths,
+                  segment_offsets)
+
+
+def _explain_layout(lengths: np.ndarray, row_offsets: np.ndarray, capacity: int, step_sizes: np.ndarray | None,
+                    step_offsets: np.ndarray | None, segment_modalities: np.ndarray | None,
+                    segment_lengths: np.ndarray | None, segment_offsets: np.ndarray | None, top: int) -> None:
+    """Raise the ValueError that says what :func:`_layout_valid` found wrong with a layout (the checks one by one,
+    in numpy; none raises where nothing is wrong)."""
     _check_offsets("row_offsets", row_offsets, len(lengths), "documents")
     if len(lengths) > _INT32_MAX:
         raise ValueError(f"{len(lengths)} documents do not fit int32 document ids")
@@ -180,31 +213,71 @@ def make_layout(lengths: object, row_offsets: object, capacity: int, *, step_siz
             r = int(bad[0])
             raise ValueError(f"row {r} holds {int(row_tokens[r])} tokens, more than capacity {capacity}; "
                              "move a document to another row or raise capacity")
-    if (step_sizes is None) != (step_offsets is None):
-        raise ValueError("pass step_sizes and step_offsets together, or neither")
     if step_sizes is not None:
-        step_sizes = _int_array("step_sizes", step_sizes)
-        step_offsets = _int_array("step_offsets", step_offsets)
         _check_runs("step sizes", step_sizes, step_offsets, lengths, row_offsets)
-    given = [x is None for x in (segment_modalities, segment_lengths, segment_offsets)]
-    if any(given) and not all(given):
-        raise ValueError("pass segment_modalities, segment_lengths and segment_offsets together, or none")
     if segment_modalities is not None:
-        segment_modalities = _int_array("segment_modalities", segment_modalities)
-        segment_lengths = _int_array("segment_lengths", segment_lengths)
-        segment_offsets = _int_array("segment_offsets", segment_offsets)
         if len(segment_modalities) != len(segment_lengths):
             raise ValueError(f"segment_modalities ({len(segment_modalities)}) and segment_lengths "
                              f"({len(segment_lengths)}) must have the same length")
         _check_runs("segments", segment_lengths, segment_offsets, lengths, row_offsets)
-        top = 127 if num_modalities is None else min(int(num_modalities), 128) - 1
         bad = np.flatnonzero((segment_modalities < 0) | (segment_modalities > top))
         if bad.size:
             doc = int(np.searchsorted(segment_offsets, bad[0], side="right")) - 1
             raise ValueError(f"segment of {_where(row_offsets, doc)} has modality index "
                              f"{int(segment_modalities[bad[0]])}, outside [0, {top}]")
-    return Layout(capacity, lengths, row_offsets, step_sizes, step_offsets, segment_modalities, segment_lengths,
-                  segment_offsets)
+
+
+@njit(cache=True, nogil=True)
+def _runs_valid(sizes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> bool:
+    """Runs (step sizes or segment lengths) that cover each document exactly: offsets from 0 to the last run,
+    never decreasing, one a document and one more; every run positive; each document's runs summing to its
+    length."""
+    if offsets.shape[0] != lengths.shape[0] + 1 or offsets[0] != 0 or offsets[-1] != sizes.shape[0]:
+        return False
+    for d in range(lengths.shape[0]):  # never decreasing from 0 to the last run: every run below is inside
+        if offsets[d + 1] < offsets[d]:
+            return False
+    for d in range(lengths.shape[0]):
+        total = 0
+        for i in range(offsets[d], offsets[d + 1]):
+            if sizes[i] < 1:
+                return False
+            total += sizes[i]
+        if total != lengths[d]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _layout_valid(lengths: np.ndarray, row_offsets: np.ndarray, capacity: int, has_steps: bool,
+                  step_sizes: np.ndarray, step_offsets: np.ndarray, has_segments: bool, segment_modalities: np.ndarray,
+                  segment_lengths: np.ndarray, segment_offsets: np.ndarray, top: int) -> bool:
+    """Whether :func:`make_layout`'s checks all pass, in one pass over the arrays (its numpy checks then run only
+    to say what failed)."""
+    n = lengths.shape[0]
+    if row_offsets.shape[0] < 1 or row_offsets[0] != 0 or row_offsets[-1] != n:
+        return False
+    for r in range(row_offsets.shape[0] - 1):  # never decreasing from 0 to n: every document below is inside
+        if row_offsets[r + 1] < row_offsets[r]:
+            return False
+    for r in range(row_offsets.shape[0] - 1):
+        tokens = 0
+        for d in range(row_offsets[r], row_offsets[r + 1]):
+            if lengths[d] < 1:
+                return False
+            tokens += lengths[d]
+        if tokens > capacity:
+            return False
+    if has_steps and not _runs_valid(step_sizes, step_offsets, lengths):
+        return False
+    if has_segments:
+        if segment_modalities.shape[0] != segment_lengths.shape[0] \
+                or not _runs_valid(segment_lengths, segment_offsets, lengths):
+            return False
+        for i in range(segment_modalities.shape[0]):
+            if segment_modalities[i] < 0 or segment_modalities[i] > top:
+                return False
+    return True
 
 
 def _flatten(kind: str, nested: Sequence, rows: Sequence[Sequence[int]]) -> tuple[list, list[int]]:

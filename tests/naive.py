@@ -699,3 +699,36 @@ def naive_read_plan(pieces: list[list[int]], header: int, gap: int) -> tuple[lis
             where[k] = [at + spans[k][1] - read[1], at + spans[k][2] - read[1]]
         at += read[2] - read[1]
     return reads, where, at
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layout checks (mmfeed.packing.metadata._layout_valid)
+
+
+def naive_layout_valid(lengths: list[int], row_offsets: list[int], capacity: int, steps: tuple | None,
+                       segments: tuple | None, top: int) -> bool:
+    """Whether a flat layout is one make_layout accepts: rows' offsets from 0 to the last document, never
+    decreasing; documents of at least one token; rows within capacity; ``steps`` ``(sizes, offsets)`` and
+    ``segments`` ``(modalities, lengths, offsets)`` runs of positive sizes covering each document exactly,
+    modalities within ``[0, top]``."""
+    def offsets_ok(offsets: list[int], end: int) -> bool:
+        return bool(offsets) and offsets[0] == 0 and offsets[-1] == end and all(
+            a <= b for a, b in zip(offsets, offsets[1:]))
+
+    def runs_ok(sizes: list[int], offsets: list[int]) -> bool:
+        return (offsets_ok(offsets, len(sizes)) and len(offsets) == len(lengths) + 1 and all(s >= 1 for s in sizes)
+                and all(sum(sizes[offsets[d]:offsets[d + 1]]) == lengths[d] for d in range(len(lengths))))
+
+    if not offsets_ok(row_offsets, len(lengths)) or any(n < 1 for n in lengths):
+        return False
+    if any(sum(lengths[a:b]) > capacity for a, b in zip(row_offsets, row_offsets[1:])):
+        return False
+    if steps is not None and not runs_ok(*steps):
+        return False
+    if segments is not None:
+        modalities, sizes, offsets = segments
+        if len(modalities) != len(sizes) or not runs_ok(sizes, offsets):
+            return False
+        if any(m < 0 or m > top for m in modalities):
+            return False
+    return True

@@ -1,9 +1,12 @@
 """Attention metadata of packed rows: document, position, step and modality ids, cu_seqlens, max_seqlen."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mmfeed import PackedBatch
 from mmfeed.packing.metadata import Layout, document_metadata, layout_from_rows, make_layout
@@ -199,3 +202,68 @@ def test_from_layout_fast_path_equals_from_lengths():
     a, b = PackedBatch.from_layout(lay), PackedBatch.from_lengths(rows, 6, step_sizes=steps)
     for name in ("document_ids", "position_ids", "step_ids", "modality_ids", "cu_seqlens"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def _layouts():
+    """Flat layouts, mostly valid and often broken in one place: a row over capacity, an empty document, offsets
+    that decrease or end elsewhere, runs that do not cover their document, a modality out of range."""
+    def build(draw):
+        docs = draw(st.lists(st.integers(1, 9), min_size=0, max_size=8))
+        cuts = sorted(draw(st.lists(st.integers(0, len(docs)), min_size=0, max_size=3)))
+        row_offsets = [0, *cuts, len(docs)]
+        step_sizes, step_offsets, seg_sizes, seg_mods, seg_offsets = [], [0], [], [], [0]
+        for n in docs:
+            left = n
+            while left:
+                k = draw(st.integers(1, left))
+                step_sizes.append(k)
+                left -= k
+            step_offsets.append(len(step_sizes))
+            left = n
+            while left:
+                k = draw(st.integers(1, left))
+                seg_sizes.append(k)
+                seg_mods.append(draw(st.integers(0, 3)))
+                left -= k
+            seg_offsets.append(len(seg_sizes))
+        capacity = max([sum(docs[a:b]) for a, b in zip(row_offsets, row_offsets[1:])] + [1])
+        arrays = [list(docs), row_offsets, step_sizes, step_offsets, seg_mods, seg_sizes, seg_offsets]
+        broken = draw(st.integers(-1, len(arrays) + 1))  # -1: none; len: capacity; len + 1: top
+        if broken == len(arrays):
+            capacity -= 1
+        elif 0 <= broken < len(arrays) and arrays[broken]:
+            at = draw(st.integers(0, len(arrays[broken]) - 1))
+            arrays[broken][at] += draw(st.sampled_from([-2, -1, 1, 5]))
+        top = 2 if broken == len(arrays) + 1 else 3
+        return arrays, max(capacity, 1), top
+    return st.composite(lambda draw: build(draw))()
+
+
+@pytest.mark.kernels
+@settings(max_examples=300, deadline=None)
+@given(_layouts(), st.booleans(), st.booleans())
+def test_the_compiled_layout_check_accepts_exactly_what_the_numpy_checks_accept(case, steps, segments):
+    """_layout_valid (make_layout's checks in one compiled pass) says yes exactly where tests/naive.py's checks
+    do and the numpy checks raise nothing; where it says no, make_layout raises the numpy checks' error."""
+    from naive import naive_layout_valid
+
+    from mmfeed.packing.metadata import _explain_layout, _layout_valid
+
+    (docs, row_offsets, step_sizes, step_offsets, seg_mods, seg_sizes, seg_offsets), capacity, top = case
+    a = [np.array(x, np.int64) for x in (docs, row_offsets, step_sizes, step_offsets, seg_mods, seg_sizes,
+                                        seg_offsets)]
+    got = _layout_valid(a[0], a[1], capacity, steps, a[2], a[3], segments, a[4], a[5], a[6], top)
+    naive = naive_layout_valid(docs, row_offsets, capacity, (step_sizes, step_offsets) if steps else None,
+                               (seg_mods, seg_sizes, seg_offsets) if segments else None, top)
+    try:
+        _explain_layout(a[0], a[1], capacity, a[2] if steps else None, a[3] if steps else None,
+                        a[4] if segments else None, a[5] if segments else None, a[6] if segments else None, top)
+        raised = None
+    except ValueError as err:
+        raised = err
+    assert got == naive == (raised is None)
+    if not got:
+        with pytest.raises(ValueError, match=re.escape(str(raised))):
+            make_layout(a[0], a[1], capacity, **({"step_sizes": a[2], "step_offsets": a[3]} if steps else {}),
+                        **({"segment_modalities": a[4], "segment_lengths": a[5], "segment_offsets": a[6],
+                            "num_modalities": top + 1} if segments else {}))
