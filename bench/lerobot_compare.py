@@ -26,10 +26,12 @@ interleaved (LeRobot, mmfeed, LeRobot, ...), each repeat a fresh loader::
     python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python [--root DIR] \
         [--workers 2] [--batch-size 32] [--delta-json FILE] [--profile] [--json out.json]
 
-The physical limit is measured in the same run (unless ``--no-limit``): right after each mmfeed stretch, every
-other batch it delivered is decoded again by plain PyAV in as many processes as the loaders have workers, one
-decoder thread each, videos kept open, nothing but seeking, decoding and (for RGB) colour conversion
-(:func:`limit_samples`, ``bench/limit.py``). It reports mmfeed's fraction of that limit (``limit_fraction``, per
+The physical limit is measured in the same run (unless ``--no-limit``): right before and right after each mmfeed
+stretch, every other batch the stretch delivers (every round's fresh loader delivers the same ones, the plan's) is
+decoded again by plain PyAV in as many processes as the loaders have workers, one decoder thread each, videos kept
+open, nothing but seeking, decoding and (for RGB) colour conversion (:func:`limit_samples`, ``bench/limit.py``);
+the round's limit is the mean of the two (:func:`bracket`), so a drift of the machine's speed during the round
+cancels to first order. It reports mmfeed's fraction of that limit (``limit_fraction``, per
 second; ``limit_fraction_cpu``, per CPU-second: mmfeed's samples per CPU-second of its main process and workers over
 the limit's per CPU-second of its processes, which counts the main process's share of the cores and is disturbed
 less by other work on the machine) and the limit / LeRobot: the most any loader could gain over LeRobot on these
@@ -426,15 +428,40 @@ def limit_samples(limit: Any, batches: Sequence[np.ndarray]) -> dict[str, Any]:
             "cpu_share": rgb["cpu_s"] / rgb["worker_s"] if rgb["worker_s"] else None}
 
 
+def planned_batches(dataset: Any, first: int, count: int) -> list[np.ndarray]:
+    """The sample ids of batches ``first .. first + count - 1`` a fresh loader of the planned ``dataset`` delivers
+    (its epochs' plans one after the other), each as its ``metadata["sample"]`` holds them."""
+    out, epoch, step = [], 0, first
+    while len(out) < count:
+        steps = dataset.num_steps(epoch)
+        if step >= steps:
+            epoch, step = epoch + 1, step - steps
+            if steps == 0:
+                raise ValueError("an epoch of the plan has no steps")
+            continue
+        out.append(np.concatenate(dataset.batch_samples(epoch, step)).astype(np.int64))
+        step += 1
+    return out
+
+
+def bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """One round's limit from :func:`limit_samples` of the stretch's batches right before and right after mmfeed's
+    stretch: each rate the mean of the two (a linear drift of the machine's speed over the round cancels), the
+    rest as measured after, both kept under ``"bracket"``."""
+    rates = ("samples_per_s", "raw_samples_per_s", "samples_per_cpu_s", "raw_samples_per_cpu_s")
+    return {**after, **{k: (before[k] + after[k]) / 2 for k in rates}, "batches": before["batches"] + after["batches"],
+            "bracket": [before, after]}
+
+
 def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *,
                        batch_size: int = 32, workers: int = 2, seed: int = 0, steps: int = 60,
                        lerobot_steps: int = 20, warmup: int = 3, repeats: int = 3, tokens_per_frame: int = 64,
                        backend: str = "auto", frame_format: str = "rgb24", video_backend: str = "torchcodec",
                        lib_dirs: Sequence[str] = (), limit: bool = True) -> dict[str, Any]:
-    """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, mmfeed, limit, ...):
-    each side's median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed /
+    """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, limit, mmfeed, limit,
+    ...): each side's median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed /
     LeRobot; with ``limit``, also the physical limit of each mmfeed stretch's batches (:func:`limit_samples`,
-    right after the stretch), mmfeed's fraction of it and the limit / LeRobot: the most any loader could gain
+    right before and right after the stretch, :func:`bracket`), mmfeed's fraction of it and the limit / LeRobot: the most any loader could gain
     over LeRobot on these processes while it decodes what the samples need."""
     from mmfeed.bench.limit import LimitPool
 
@@ -442,17 +469,20 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
     loader_args = dict(batch_size=batch_size, num_workers=workers, seed=seed, tokens_per_frame=tokens_per_frame,
                        backend=backend, frame_format=frame_format)
     # forked before any loader has started a thread; it reads the videos through the same items as mmfeed
-    pool = LimitPool(mmfeed_loader(root, delta, **{**loader_args, "num_workers": 0}).dataset.items,
-                     workers) if limit else None
+    planned = mmfeed_loader(root, delta, **{**loader_args, "num_workers": 0}).dataset
+    pool = LimitPool(planned.items, workers) if limit else None
+    # every round's fresh loader delivers the same batches: the plan's, after the warmup
+    stretch = planned_batches(planned, warmup, steps) if limit else []
     lerobot_runs, mmfeed_runs, limit_runs = [], [], []
     try:
         for _ in range(max(1, repeats)):  # interleaved, so a change in background load hits all alike
             child, _ = lerobot_child(python, root, delta, steps=lerobot_steps, warmup=warmup, batch_size=batch_size,
                                      num_workers=workers, seed=seed, video_backend=video_backend, lib_dirs=lib_dirs)
             lerobot_runs.append(child["timing"])
+            before = limit_samples(pool, stretch) if pool is not None else None
             ours = time_mmfeed(root, delta, steps=steps, warmup=warmup, keep=pool is not None, **loader_args)
             if pool is not None:
-                limit_runs.append(limit_samples(pool, ours.pop("batches")))
+                limit_runs.append(bracket(before, limit_samples(pool, ours.pop("batches"))))
             mmfeed_runs.append(ours)
     finally:
         if pool is not None:
@@ -469,8 +499,8 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
                         "raw_samples_per_s": med(r["raw_samples_per_s"] for r in limit_runs),
                         "decoded_per_delivered": med(r["decoded_per_delivered"] for r in limit_runs),
                         "seeks_per_batch": med(r["seeks_per_batch"] for r in limit_runs), "runs": limit_runs}
-        # each mmfeed stretch against the limit of its own batches, measured right after it, for the frames it
-        # delivers (RGB: decode and conversion; yuv420: decode alone)
+        # each mmfeed stretch against the limit of its own batches, measured right before and right after it, for
+        # the frames it delivers (RGB: decode and conversion; yuv420: decode alone)
         key = "samples_per_s" if frame_format == "rgb24" else "raw_samples_per_s"
         fractions = [m["samples_per_s"] / r[key] for m, r in zip(mmfeed_runs, limit_runs)]
         out["limit_fraction"] = med(fractions)

@@ -138,6 +138,24 @@ def two_cams(tmp_path_factory):
     return episodes, root
 
 
+def test_the_planned_batches_are_what_a_fresh_loader_delivers(two_cams):
+    """The batches the limit decodes before a stretch (planned_batches: from the plan, no loader run) are the
+    ones a fresh loader then delivers after its warmup, into the next epoch too."""
+    from itertools import islice
+
+    from mmfeed.bench.lerobot_compare import _forever, planned_batches
+
+    _, root = two_cams
+    delta = default_window(root)
+    loader = mmfeed_loader(root, delta, batch_size=8, num_workers=0)
+    per_epoch = loader.dataset.num_steps(0)
+    got = [b.metadata["sample"].numpy() for b in islice(_forever(loader), 2 + per_epoch + 3)][2:]
+    planned = planned_batches(mmfeed_loader(root, delta, batch_size=8, num_workers=0).dataset, 2, per_epoch + 3)
+    assert len(planned) == len(got) == per_epoch + 3
+    assert all(np.array_equal(a, b) for a, b in zip(got, planned))
+    assert not all(np.array_equal(a, b) for a, b in zip(got[:3], got[per_epoch:]))  # epoch 1 is its own plan
+
+
 def test_the_window_is_every_camera_the_state_and_a_50_step_chunk(two_cams):
     """Built from the directory's own features: both cameras with two frames, the state at the anchor and 50
     action steps, nothing else (no reward, no velocity, no index column)."""
@@ -309,8 +327,10 @@ def test_real_throughput_at_equal_sampling(lerobot_python, two_cams, tmp_path):
         assert (run_["samples"], run_["worker_processes"]) == (64, 2) and got[side]["cpu_s_per_1000_samples"] > 0
     assert got["ratio_samples_per_s"] == pytest.approx(got["mmfeed"]["samples_per_s"] / got["lerobot"]["samples_per_s"])
     assert got["mmfeed_profile"]["batches"] == 2 and "decode" in got["mmfeed_profile"]["stages"]
-    limit = got["limit"]  # one of the stretch's two batches decoded by plain PyAV
-    assert limit["runs"][0]["batches"] == 1 and limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
+    limit = got["limit"]  # one of the stretch's two batches decoded by plain PyAV, right before and right after it
+    before, after = limit["runs"][0]["bracket"]
+    assert before["batches"] == after["batches"] == 1 and limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
+    assert limit["samples_per_s"] == pytest.approx((before["samples_per_s"] + after["samples_per_s"]) / 2)
     assert got["limit_fraction"] == pytest.approx(got["mmfeed"]["samples_per_s"] / limit["samples_per_s"])
     (ours,), (lim,) = got["mmfeed"]["runs"], limit["runs"]  # per CPU-second: main process and workers counted
     assert got["limit_fraction_cpu"] == pytest.approx(ours["samples"] / ours["cpu_s"] / lim["samples_per_cpu_s"])
