@@ -104,6 +104,19 @@ def spread(values: Sequence[float]) -> dict[str, float | None]:
     return {"min": lo, "max": hi, "range": (hi - lo) / abs(mid) if mid else None}
 
 
+def bracket(before: dict[str, Any], after: dict[str, Any], rates: Sequence[str],
+            summed: Sequence[str] = ()) -> dict[str, Any]:
+    """One round's baseline from its runs right before and right after the side it is compared with: each of
+    ``rates`` the mean of the two (a linear drift of the machine's speed over the round cancels), each of
+    ``summed`` their sum, the rest as measured after; both runs kept under ``"bracket"``.
+
+    >>> bracket({"rate": 10.0, "n": 2}, {"rate": 14.0, "n": 3}, ["rate"], ["n"])["rate"]
+    12.0
+    """
+    return {**after, **{k: (before[k] + after[k]) / 2 for k in rates}, **{k: before[k] + after[k] for k in summed},
+            "bracket": [before, after]}
+
+
 def child_pids() -> set[int]:
     """The ids of this process's child processes (Linux ``/proc``; an empty set where it cannot tell)."""
     pid, out = os.getpid(), set()

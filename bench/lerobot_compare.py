@@ -30,7 +30,7 @@ The physical limit is measured in the same run (unless ``--no-limit``): right be
 stretch, every other batch the stretch delivers (every round's fresh loader delivers the same ones, the plan's) is
 decoded again by plain PyAV in as many processes as the loaders have workers, one decoder thread each, videos kept
 open, nothing but seeking, decoding and (for RGB) colour conversion (:func:`limit_samples`, ``bench/limit.py``);
-the round's limit is the mean of the two (:func:`bracket`), so a drift of the machine's speed during the round
+the round's limit is the mean of the two, so a drift of the machine's speed during the round
 cancels to first order. It reports mmfeed's fraction of that limit (``limit_fraction``, per
 second; ``limit_fraction_cpu``, per CPU-second: mmfeed's samples per CPU-second of its main process and workers over
 the limit's per CPU-second of its processes, which counts the main process's share of the cores and is disturbed
@@ -90,7 +90,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.common import batch_tensors, child_pids, receive_floor, spread
+from mmfeed.bench.common import batch_tensors, bracket, child_pids, receive_floor, spread
 from mmfeed.bench.lerobot_child import CHILD_SCRIPT, lerobot_child, run_child, timed_stretch, torch_loader
 from mmfeed.inspection import robot_window
 from mmfeed.testing.video import read_index
@@ -411,6 +411,10 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_s_per_1000_samples": statistics.median(r["cpu_s_per_1000_samples"] for r in runs), "runs": runs}
 
 
+_LIMIT_RATES = ("samples_per_s", "raw_samples_per_s", "samples_per_cpu_s", "raw_samples_per_cpu_s")
+"""The figures of :func:`limit_samples` a round's bracket averages."""
+
+
 def limit_samples(limit: Any, batches: Sequence[np.ndarray]) -> dict[str, Any]:
     """The physical limit of a stretch of mmfeed's batches (``LimitPool.measure`` of ``bench/limit.py``: the
     frames the batches deliver, each reached from its keyframe, decoded with plain PyAV in as many processes as
@@ -444,15 +448,6 @@ def planned_batches(dataset: Any, first: int, count: int) -> list[np.ndarray]:
     return out
 
 
-def bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """One round's limit from :func:`limit_samples` of the stretch's batches right before and right after mmfeed's
-    stretch: each rate the mean of the two (a linear drift of the machine's speed over the round cancels), the
-    rest as measured after, both kept under ``"bracket"``."""
-    rates = ("samples_per_s", "raw_samples_per_s", "samples_per_cpu_s", "raw_samples_per_cpu_s")
-    return {**after, **{k: (before[k] + after[k]) / 2 for k in rates}, "batches": before["batches"] + after["batches"],
-            "bracket": [before, after]}
-
-
 def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *,
                        batch_size: int = 32, workers: int = 2, seed: int = 0, steps: int = 60,
                        lerobot_steps: int = 20, warmup: int = 3, repeats: int = 3, tokens_per_frame: int = 64,
@@ -461,7 +456,7 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
     """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, limit, mmfeed, limit,
     ...): each side's median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed /
     LeRobot; with ``limit``, also the physical limit of each mmfeed stretch's batches (:func:`limit_samples`,
-    right before and right after the stretch, :func:`bracket`), mmfeed's fraction of it and the limit / LeRobot: the most any loader could gain
+    right before and right after the stretch, their mean), mmfeed's fraction of it and the limit / LeRobot: the most any loader could gain
     over LeRobot on these processes while it decodes what the samples need."""
     from mmfeed.bench.limit import LimitPool
 
@@ -482,7 +477,8 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
             before = limit_samples(pool, stretch) if pool is not None else None
             ours = time_mmfeed(root, delta, steps=steps, warmup=warmup, keep=pool is not None, **loader_args)
             if pool is not None:
-                limit_runs.append(bracket(before, limit_samples(pool, ours.pop("batches"))))
+                limit_runs.append(bracket(before, limit_samples(pool, ours.pop("batches")), _LIMIT_RATES,
+                                          ("batches",)))
             mmfeed_runs.append(ours)
     finally:
         if pool is not None:

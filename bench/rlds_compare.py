@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.common import cache_dir, child_pids, cpu_seconds, spread
+from mmfeed.bench.common import bracket, cache_dir, child_pids, cpu_seconds, spread
 
 __all__ = ["CHILD_SCRIPT", "FPS", "IMAGE", "WRIST", "bench_root", "decode_limit", "main", "memory", "run",
            "time_mmfeed", "time_tf"]
@@ -296,6 +296,10 @@ def _decode_chunk(root: str, steps: list[int], warm: int) -> tuple[float, float,
     return seconds, cpu_s, pixels, sum(len(b) for b, _ in blobs)
 
 
+_LIMIT_RATES = ("samples_per_s", "samples_per_cpu_s", "cpu_s_per_1000_samples", "samples_per_s_per_core")
+"""The figures of :func:`decode_limit` a round's bracket averages."""
+
+
 def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, seed: int = 0,
                  lengths: np.ndarray | None = None) -> dict[str, Any]:
     """The pictures of ``samples`` random steps (main camera ``[t-1, t]``, wrist ``t``), their JPEG bytes read
@@ -322,16 +326,6 @@ def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, see
             "samples_per_cpu_s": samples / max(cpu_s, 1e-9), "cpu_s_per_1000_samples": 1000 * cpu_s / samples,
             "samples_per_s_per_core": samples / sum(g[0] for g in got), "bytes": sum(g[3] for g in got),
             "decoder": jpeg_decoder()}
-
-
-def bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """One round's limit from :func:`decode_limit` runs right before and right after mmfeed's stretch: each rate
-    and cost the mean of the two (a linear drift of the machine's speed over the round cancels), the samples and
-    seconds their sums, both runs kept under ``"bracket"``."""
-    rates = ("samples_per_s", "samples_per_cpu_s", "cpu_s_per_1000_samples", "samples_per_s_per_core")
-    return {**{k: (before[k] + after[k]) / 2 for k in rates},
-            **{k: before[k] + after[k] for k in ("samples", "seconds", "bytes")},
-            "processes": before["processes"], "decoder": before["decoder"], "bracket": [before, after]}
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -368,7 +362,7 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
         mm_runs.append(time_mmfeed(root, steps=steps, warmup=warmup, batch_size=batch_size, workers=workers,
                                    seed=seed))
         after = decode_limit(root, samples=half, workers=workers, seed=seed, lengths=lengths)
-        limit_runs.append(bracket(before, after))
+        limit_runs.append(bracket(before, after, _LIMIT_RATES, ("samples", "seconds", "bytes")))
     tf, mm = _summary(tf_runs), _summary(mm_runs)
     limit = {"samples_per_s": statistics.median(r["samples_per_s"] for r in limit_runs),
              "samples_per_s_spread": spread([r["samples_per_s"] for r in limit_runs]),
