@@ -601,6 +601,22 @@ def _indices(d: np.ndarray, p: int, n: int, size: int, out: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True, boundscheck=True)
+def _dictionary_indices(h: np.ndarray, d: np.ndarray, p: int, n: int, size: int, out: np.ndarray) -> bool:
+    """Whether data page ``h``'s ``n`` values at ``d[p:]`` are dictionary indices, then read into ``out`` (each
+    checked below ``size``, the page's dictionary; -1: none came before it); False where they are PLAIN; an error
+    for another encoding."""
+    encoding = h[_H_ENCODING]
+    if encoding == _PLAIN:
+        return False
+    if encoding != _PLAIN_DICTIONARY and encoding != _RLE_DICTIONARY:
+        raise ValueError("parquet: values in an encoding not read here")
+    if size < 0:
+        raise ValueError("parquet: dictionary indices with no dictionary")
+    _indices(d, p, n, size, out)
+    return True
+
+
+@njit(cache=True, nogil=True, boundscheck=True)
 def _kind_of(h: np.ndarray) -> int:
     """A page's type, checked: an index page (skipped), a PLAIN dictionary, or a data page (v1 or v2)."""
     kind = h[_H_TYPE]
@@ -647,16 +663,11 @@ def _numbers(b: np.ndarray, chunks: np.ndarray, rows: np.ndarray, physical: int,
                 for j in range(n):
                     if levels[j] != max_def:
                         raise ValueError("parquet: a null")
-            if h[_H_ENCODING] == _PLAIN:
-                _plain_numbers(d, p, physical, n, out, at)
-            elif h[_H_ENCODING] == _PLAIN_DICTIONARY or h[_H_ENCODING] == _RLE_DICTIONARY:
-                if size < 0:
-                    raise ValueError("parquet: dictionary indices with no dictionary")
-                _indices(d, p, n, size, levels)
+            if _dictionary_indices(h, d, p, n, size, levels):
                 for j in range(n):
                     out[at + j] = dictionary[levels[j]]
             else:
-                raise ValueError("parquet: values in an encoding not read here")
+                _plain_numbers(d, p, physical, n, out, at)
             at += n
     if at != out.shape[0]:
         raise ValueError("parquet: fewer values than rows")
@@ -735,20 +746,15 @@ def _text_lists(b: np.ndarray, chunks: np.ndarray, rows: np.ndarray, max_def: in
                 elif defs[j] >= null_element:
                     raise ValueError("parquet: a null text")
             element = _grow(element, texts + values)
-            if h[_H_ENCODING] == _PLAIN:
+            defs = _grow(defs, values)
+            if _dictionary_indices(h, d, p, values, size, defs):
+                for j in range(values):
+                    element[texts + j] = base + defs[j]
+            else:
                 pool, used, bounds, _ = _plain_texts(d, p, values, pool, used, bounds, entries)
                 for j in range(values):
                     element[texts + j] = entries + j
                 entries += values
-            elif h[_H_ENCODING] == _PLAIN_DICTIONARY or h[_H_ENCODING] == _RLE_DICTIONARY:
-                if size < 0:
-                    raise ValueError("parquet: dictionary indices with no dictionary")
-                defs = _grow(defs, values)
-                _indices(d, p, values, size, defs)
-                for j in range(values):
-                    element[texts + j] = base + defs[j]
-            else:
-                raise ValueError("parquet: values in an encoding not read here")
             texts += values
         if row + 1 - first_row != rows[g]:
             raise ValueError("parquet: a row group with another count of lists")
