@@ -179,16 +179,22 @@ def test_meta_episodes_read_in_child_processes_read_the_same(base, tmp_path, in_
         assert np.array_equal(ds._meta[column], values), column
 
 
-def test_an_unknown_task_read_in_a_child_names_the_file_and_episode(base, tmp_path, in_children):
-    root = tmp_path / "ds"
+def with_an_unknown_task(base, root, tasks_of) -> int:
+    """Two files of meta/episodes, the second file's second episode listing ``tasks_of(its tasks)`` instead (a
+    list holding "a task tasks.parquet does not list"): that episode's index."""
     written_layout(base, root, files=2, row_group=2, kind="list")
     path = root / "meta/episodes/chunk-000/file-001.parquet"
     table = pq.read_table(path)
     tasks = table["tasks"].to_pylist()
-    tasks[1] = ["a task tasks.parquet does not list"]
+    tasks[1] = tasks_of(tasks[1])
     pq.write_table(table.set_column(table.column_names.index("tasks"), "tasks", pa.array(tasks)), path)
+    return table["episode_index"][1].as_py()
+
+
+def test_an_unknown_task_read_in_a_child_names_the_file_and_episode(base, tmp_path, in_children):
+    root = tmp_path / "ds"
+    episode = with_an_unknown_task(base, root, lambda tasks: ["a task tasks.parquet does not list"])
     got = in_children()
-    episode = table["episode_index"][1].as_py()
     with pytest.raises(ValueError, match=rf"file-001\.parquet episode {episode}: task 'a task tasks.parquet does"):
         LeRobotSource(root)
     assert len(got) == 1 and got[0] is not None  # read in the children, named here
@@ -250,14 +256,9 @@ def test_meta_episodes_read_from_their_bytes_read_the_same(base, tmp_path, from_
 
 def test_an_unknown_task_read_from_the_bytes_names_the_file_and_episode(base, tmp_path, from_bytes):
     root = tmp_path / "ds"
-    written_layout(base, root, files=2, row_group=2, kind="list")
-    path = root / "meta/episodes/chunk-000/file-001.parquet"
-    table = pq.read_table(path)
-    tasks = table["tasks"].to_pylist()
-    tasks[1] = [tasks[1][0], "a task tasks.parquet does not list"]  # in a row of two: still checked
-    pq.write_table(table.set_column(table.column_names.index("tasks"), "tasks", pa.array(tasks)), path)
+    # in a row of two: still checked
+    episode = with_an_unknown_task(base, root, lambda tasks: [tasks[0], "a task tasks.parquet does not list"])
     got = from_bytes()
-    episode = table["episode_index"][1].as_py()
     with pytest.raises(ValueError, match=rf"file-001\.parquet episode {episode}: task 'a task tasks.parquet does"):
         LeRobotSource(root)
     assert len(got) == 2 and all(g is not None for g in got)
