@@ -9,7 +9,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,12 @@ def spread(values: Sequence[float]) -> dict[str, float | None]:
     mid = statistics.median(values)
     lo, hi = min(values), max(values)
     return {"min": lo, "max": hi, "range": (hi - lo) / abs(mid) if mid else None}
+
+
+def forever(loader: Iterable[Any]) -> Iterator[Any]:
+    """The batches of ``loader``'s successive epochs, without end."""
+    while True:
+        yield from loader
 
 
 def bracket(before: dict[str, Any], after: dict[str, Any], rates: Sequence[str],

@@ -84,13 +84,13 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.common import batch_tensors, bracket, child_pids, receive_floor, spread
+from mmfeed.bench.common import batch_tensors, bracket, child_pids, forever, receive_floor, spread
 from mmfeed.bench.lerobot_child import CHILD_SCRIPT, lerobot_child, run_child, timed_stretch, torch_loader
 from mmfeed.inspection import robot_window
 from mmfeed.testing.video import read_index
@@ -362,11 +362,6 @@ def mmfeed_loader(root: str | os.PathLike, delta: Mapping[str, Sequence[float]],
                       timer=timer or None)
 
 
-def _forever(loader) -> Iterator[Any]:
-    while True:
-        yield from loader
-
-
 def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *, steps: int, warmup: int = 3,
                 timer: bool = False, keep: bool = False, **loader_args: Any) -> dict[str, Any]:
     """:func:`timed_stretch` of a fresh :func:`mmfeed_loader` after ``warmup`` batches; its workers are gone
@@ -376,7 +371,7 @@ def time_mmfeed(root: str | os.PathLike, delta: Mapping[str, Sequence[float]], *
     timed batch (``"batches"``), for the limit."""
     others = set(child_pids())  # children that are not this loader's workers (a test runner's, say)
     loader = mmfeed_loader(root, delta, timer=timer, **loader_args)
-    batches = _forever(loader)
+    batches = forever(loader)
     for _ in range(warmup):
         next(batches)
     kept: list[np.ndarray] = []

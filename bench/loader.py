@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmfeed.bench.common import cache_dir
+from mmfeed.bench.common import cache_dir, forever
 from mmfeed.codecs._pyav import decode_totals
 from mmfeed.codecs.video import read_frames
 from mmfeed.inspection import robot_window
@@ -257,7 +257,7 @@ def run_mmfeed(cfg: LoaderBench, path: Any, *, step_s: float = 0.0, timer: bool 
     loader = DataLoader(cfg.planned(open_dataset(path, backend=cfg.backend)), num_workers=cfg.workers,
                         timer=timer or None, persistent_workers=cfg.workers > 0)
     videos = cfg.video_features
-    batches = _forever(loader)
+    batches = forever(loader)
     for _ in range(cfg.warmup):
         next(batches)
     samples = frames = useful = slots = 0
@@ -274,12 +274,6 @@ def run_mmfeed(cfg: LoaderBench, path: Any, *, step_s: float = 0.0, timer: bool 
     out = {"seconds": seconds, "samples_per_s": samples / seconds, "frames_per_s": frames / seconds,
            "tokens_per_s": useful / seconds, "packing_efficiency": useful / slots if slots else 0.0}
     return {**out, "timing": loader.timer.report()} if timer else out
-
-
-def _forever(loader):
-    """Batches of successive epochs, without end."""
-    while True:
-        yield from loader
 
 
 # ----------------------------------------------------------------------------------------------- the baseline

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from mmfeed.bench.common import bracket, cache_dir, child_pids, cpu_seconds, spread
+from mmfeed.bench.common import bracket, cache_dir, child_pids, cpu_seconds, forever, spread
 
 __all__ = ["CHILD_SCRIPT", "FPS", "IMAGE", "WRIST", "bench_root", "decode_limit", "main", "memory", "run",
            "time_mmfeed", "time_tf"]
@@ -239,7 +239,7 @@ def time_mmfeed(root: str | os.PathLike, *, steps: int, warmup: int, batch_size:
             out["epochs"].append({"samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
                                   "cpu_s": cpu_seconds(pids) - c0, **memory(pids)})
     else:
-        batches = _forever(loader)
+        batches = forever(loader)
         next(batches)
         out["first_batch_s"] = time.perf_counter() - start
         for _ in range(warmup):
@@ -254,11 +254,6 @@ def time_mmfeed(root: str | os.PathLike, *, steps: int, warmup: int, batch_size:
     while set(child_pids()) - others and time.monotonic() < deadline:
         time.sleep(0.05)
     return out
-
-
-def _forever(loader):
-    while True:
-        yield from loader
 
 
 def _chunk_blobs(root: str, steps: list[int]) -> list[tuple[bytes, tuple]]:

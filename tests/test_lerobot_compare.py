@@ -143,13 +143,14 @@ def test_the_planned_batches_are_what_a_fresh_loader_delivers(two_cams):
     ones a fresh loader then delivers after its warmup, into the next epoch too."""
     from itertools import islice
 
-    from mmfeed.bench.lerobot_compare import _forever, planned_batches
+    from mmfeed.bench.common import forever
+    from mmfeed.bench.lerobot_compare import planned_batches
 
     _, root = two_cams
     delta = default_window(root)
     loader = mmfeed_loader(root, delta, batch_size=8, num_workers=0)
     per_epoch = loader.dataset.num_steps(0)
-    got = [b.metadata["sample"].numpy() for b in islice(_forever(loader), 2 + per_epoch + 3)][2:]
+    got = [b.metadata["sample"].numpy() for b in islice(forever(loader), 2 + per_epoch + 3)][2:]
     planned = planned_batches(mmfeed_loader(root, delta, batch_size=8, num_workers=0).dataset, 2, per_epoch + 3)
     assert len(planned) == len(got) == per_epoch + 3
     assert all(np.array_equal(a, b) for a, b in zip(got, planned))
