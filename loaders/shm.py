@@ -39,6 +39,7 @@ Recycling is turned on in the workers of an mmfeed DataLoader over a planned dat
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -47,10 +48,11 @@ from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmfeed.loaders.clock import TimedBatch
-from mmfeed.packing.batch import PackedBatch, map_tensors
+from mmfeed.packing.batch import PackedBatch, map_tensors, small_array
 
 __all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "pooled_buffer", "received_buffers"]
 
@@ -200,13 +202,59 @@ class _PoolRef:
     stride: tuple[int, ...]
 
 
+SMALL_KEY = "_small"
+"""The pool key of each batch's buffer of small arrays (ids, masks, metadata, small payloads)."""
+_ALIGN = 64  # each small array starts on a cache line of the buffer, aligned for any dtype
+
+
+class _Packed:
+    """A small array of a batch as a worker pickles it: its place in the batch's buffer of small arrays (offset in
+    bytes, numpy dtype string, shape)."""
+
+    __slots__ = ("offset", "dtype", "shape")
+
+    def __init__(self, offset: int, dtype: str, shape: tuple[int, ...]) -> None:
+        self.offset, self.dtype, self.shape = offset, dtype, shape
+
+    def __reduce__(self) -> tuple:
+        return _Packed, (self.offset, self.dtype, self.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtype(dtype: str) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, np.dtype(dtype))).dtype
+
+
 def _reduce_batch(batch: PackedBatch) -> tuple:
-    """How a worker that recycles buffers pickles a batch for its queue: :meth:`PackedBatch.__getstate__`, with
-    each tensor in a pooled buffer as a :class:`_PoolRef`, plus the buffers dropped since the last batch."""
+    """How a worker that recycles buffers pickles a batch for its queue, in one walk over its tensors: each tensor
+    of a pooled buffer as a :class:`_PoolRef`; the small arrays :meth:`PackedBatch.__getstate__` pickles by value
+    copied into one pooled buffer, each a :class:`_Packed` (a batch's ids, masks and metadata come to about
+    120 KB, which would otherwise be copied through the queue's pipe and unpickled array by array); plus the
+    buffers dropped since the last batch."""
     if _pool is None or _pool_pid != os.getpid():  # a pool inherited through fork is not this process's
         return batch.__reduce_ex__(2)
-    state = {k: map_tensors(v, lambda t: _pool.ref(t) or t) for k, v in batch.__getstate__().items()}
-    return _rebuild_batch, (type(batch), state, _pool.nonce, _pool.take_dropped())
+    small: list[tuple[int, np.ndarray]] = []
+    end = 0
+
+    def reduce(tensor: torch.Tensor) -> Any:
+        nonlocal end
+        array = small_array(tensor)
+        if array is None:
+            return _pool.ref(tensor) or tensor
+        small.append((end, array))
+        packed = _Packed(end, array.dtype.str, array.shape)
+        end += -(-array.nbytes // _ALIGN) * _ALIGN
+        return packed
+
+    state = batch.pickled_state(reduce)
+    buffer = None
+    if small:
+        arena = _pool.take(SMALL_KEY, (max(end, 1),))
+        flat = arena.numpy()
+        for offset, array in small:
+            flat[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)[...] = array
+        buffer = _pool.ref(arena)
+    return _rebuild_batch, (type(batch), state, _pool.nonce, _pool.take_dropped(), buffer)
 
 
 _received: dict[bytes, dict[int, torch.UntypedStorage]] = {}  # the training process's: nonce -> serial -> buffer
@@ -221,9 +269,11 @@ def received_buffers() -> int:
         return sum(len(buffers) for buffers in _received.values())
 
 
-def _rebuild_batch(cls: type, state: dict[str, Any], nonce: bytes, dropped: list[int]) -> PackedBatch:
+def _rebuild_batch(cls: type, state: dict[str, Any], nonce: bytes, dropped: list[int],
+                   small: _PoolRef | None = None) -> PackedBatch:
     """The training process's side of :func:`_reduce_batch`: the batch over the buffers received so far, which
-    keep what this batch brings; then the buffers its worker dropped are forgotten."""
+    keep what this batch brings (``small``: its buffer of small arrays); then the buffers its worker dropped are
+    forgotten."""
     with _received_lock:
         def tensor(ref: _PoolRef) -> torch.Tensor:
             buffers = _received.setdefault(ref.nonce, {})
@@ -236,7 +286,15 @@ def _rebuild_batch(cls: type, state: dict[str, Any], nonce: bytes, dropped: list
                                    "another process too?)")
             return torch.empty(0, dtype=ref.dtype).set_(storage, ref.offset, ref.shape, ref.stride)
 
-        state = {k: map_tensors(v, tensor, _PoolRef) for k, v in state.items()}
+        storage = None if small is None else tensor(small).untyped_storage()
+
+        def rebuild(ref: _PoolRef | _Packed) -> torch.Tensor:
+            if isinstance(ref, _PoolRef):
+                return tensor(ref)
+            dtype = _torch_dtype(ref.dtype)
+            return torch.empty(0, dtype=dtype).set_(storage, ref.offset // dtype.itemsize, ref.shape)
+
+        state = {k: map_tensors(v, rebuild, (_PoolRef, _Packed)) for k, v in state.items()}
         if dropped:
             buffers = _received.get(nonce, {})
             for serial in dropped:
@@ -323,12 +381,13 @@ class ReleaseTracker:
 
 
 def _tensors(batch: Any):
-    """The CPU tensors of a batch: a PackedBatch's payloads, or the values of a dict, list or tuple (inside a
-    TimedBatch when the loader times its workers)."""
+    """The CPU tensors of a batch: a PackedBatch's payloads and document ids (which name its buffer of small
+    arrays), or the values of a dict, list or tuple (inside a TimedBatch when the loader times its workers)."""
     if isinstance(batch, TimedBatch):
         batch = batch.batch
     data = getattr(batch, "data", None)
-    items = data.values() if isinstance(data, dict) else \
+    items = [batch.document_ids, *data.values()] if isinstance(batch, PackedBatch) else \
+        data.values() if isinstance(data, dict) else \
         batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
     for item in items:
         if isinstance(item, torch.Tensor) and item.device.type == "cpu":

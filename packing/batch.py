@@ -37,7 +37,7 @@ def _as_tensor(key: str, value: object) -> torch.Tensor:
     raise TypeError(f"data[{key!r}] must be a torch.Tensor or numpy array, got {type(value).__name__}")
 
 
-def map_tensors(value: Any, fn: Callable[[Any], Any], kind: type = torch.Tensor) -> Any:
+def map_tensors(value: Any, fn: Callable[[Any], Any], kind: type | tuple[type, ...] = torch.Tensor) -> Any:
     """``value`` with ``fn(x)`` in place of each ``x`` of type ``kind`` (a tensor), itself or in nested dicts."""
     if isinstance(value, kind):
         return fn(value)
@@ -59,15 +59,22 @@ class _Value:
         return _Value, (self.array,)
 
 
-def _by_value(tensor: torch.Tensor) -> torch.Tensor | _Value:
-    """A small CPU tensor as a :class:`_Value`; any other tensor as it is (for torch to pickle)."""
+def small_array(tensor: torch.Tensor) -> np.ndarray | None:
+    """The numpy array (a view) a small CPU tensor is pickled as, by value; None for a tensor torch pickles itself
+    (over ``BY_VALUE_BYTES``, needing grad, in shared memory already, or of a dtype numpy lacks: bfloat16)."""
     if tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() <= BY_VALUE_BYTES \
             and not tensor.requires_grad and not tensor.untyped_storage().is_shared():
         try:
-            return _Value(tensor.numpy())
-        except TypeError:  # a dtype numpy lacks (bfloat16): torch pickles it
-            return tensor
-    return tensor
+            return tensor.numpy()
+        except TypeError:
+            return None
+    return None
+
+
+def _by_value(tensor: torch.Tensor) -> torch.Tensor | _Value:
+    """A small CPU tensor as a :class:`_Value`; any other tensor as it is (for torch to pickle)."""
+    array = small_array(tensor)
+    return tensor if array is None else _Value(array)
 
 
 def _from_value(value: Any) -> Any:
@@ -302,10 +309,15 @@ class PackedBatch:
         # Small CPU tensors travel inside the pickle: between processes torch would give each its own new shared
         # memory file and pass its descriptor over a socket (2 ms apiece, measured), the pickle costs 0.2 ms for
         # all of a batch's ids, masks and metadata. Tensors already in shared memory (frames) still go by handle.
+        return self.pickled_state(_by_value)
+
+    def pickled_state(self, fn: Callable[[torch.Tensor], Any]) -> dict[str, Any]:
+        """The attributes :meth:`__getstate__` pickles, each tensor as ``fn`` makes it (``_by_value``: small CPU
+        tensors as their arrays); a DataLoader worker that recycles buffers gives its own ``fn``."""
         state = dict(self.__dict__)
         if self.device.type == "cpu":
             state["_host"] = None
-        return {k: map_tensors(v, _by_value) for k, v in state.items()}
+        return {k: map_tensors(v, fn) for k, v in state.items()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({k: _from_value(v) for k, v in state.items()})

@@ -116,23 +116,37 @@ def _send(batch: PackedBatch) -> tuple[bytes, PackedBatch]:
     return data, ForkingPickler.loads(data)
 
 
+def _arrive(tracker: ReleaseTracker, data: bytes) -> PackedBatch:
+    got = ForkingPickler.loads(data)
+    tracker.watch(got)
+    return got
+
+
 def test_a_buffers_descriptor_crosses_once_and_a_dropped_buffer_is_forgotten(pool_here):
+    tracker = ReleaseTracker()
     a = pool_here.take(KEY, (2, 16, 16, 3))
     a.copy_(torch.arange(a.numel(), dtype=torch.uint8).view(a.shape))
-    first, got = _send(_batch(a[:1]))
+    first = bytes(ForkingPickler.dumps(_batch(a[:1])))
+    got = _arrive(tracker, first)
     assert torch.equal(got.data[KEY], a[:1]) and got.data[KEY].data_ptr() == a.data_ptr()
     assert torch.equal(got.metadata["sample"], torch.arange(2)) and got.num_documents == 1
     received = shm._received[pool_here.nonce]
-    assert list(received) == [0]
-    again, got = _send(_batch(a[1:]))  # the same buffer once more: named, its descriptor not sent again
+    assert sorted(received) == [0, 1]  # the frames' buffer, and the buffer of the batch's ids and metadata
+    small = got.document_ids.untyped_storage()
+    assert _is_pooled(small) and got.metadata["sample"].untyped_storage().data_ptr() == small.data_ptr()
+    del got
+    tracker.sweep()  # nothing refers to the small arrays any more: their buffer is free for the next batch
+    again = bytes(ForkingPickler.dumps(_batch(a[1:])))  # the same buffers once more: named, no descriptor
     assert len(again) < len(first) and b"DupFd" in first and b"DupFd" not in again
+    got = _arrive(tracker, again)
     assert got.data[KEY].data_ptr() == a.data_ptr() + a[0].numel() and torch.equal(got.data[KEY], a[1:])
-    b = pool_here.take(KEY, (2, 16, 16, 3))  # per_key=1 and buffer 0 never freed: dropped, buffer 1 made
-    assert pool_here.allocated == 2
-    _, got = _send(_batch(b))  # carries the drop: the training process forgets buffer 0
-    assert list(received) == [1] and got.data[KEY].data_ptr() == b.data_ptr()
-    tracker = ReleaseTracker()
-    tracker.watch(got)
+    assert got.document_ids.untyped_storage().data_ptr() == small.data_ptr() and pool_here.allocated == 2
+    del got
+    tracker.sweep()
+    b = pool_here.take(KEY, (2, 16, 16, 3))  # per_key=1 and buffer 0 still held here (a): dropped, buffer 2 made
+    assert pool_here.allocated == 3
+    got = _arrive(tracker, bytes(ForkingPickler.dumps(_batch(b))))  # carries the drop: buffer 0 forgotten
+    assert sorted(received) == [1, 2] and got.data[KEY].data_ptr() == b.data_ptr()
     assert tracker._pools == {pool_here.nonce}
     tracker.clear()  # this process (the pool's "worker") is alive: its buffers stay received
     assert pool_here.nonce in shm._received
@@ -140,12 +154,37 @@ def test_a_buffers_descriptor_crosses_once_and_a_dropped_buffer_is_forgotten(poo
     assert pool_here.nonce not in shm._received
 
 
+def test_small_arrays_travel_in_one_pooled_buffer_with_their_dtypes_and_shapes(pool_here):
+    tracker = ReleaseTracker()
+    batch = PackedBatch.from_segments([[2, 1], [3]], 4, data={KEY: pool_here.take(KEY, (3, 2, 2, 3)).zero_(),
+                                                             "state": torch.randn(3, 5),
+                                                             "empty": torch.zeros(0, 7, dtype=torch.int16)},
+                                      metadata={"sample": torch.arange(3), "pad": torch.tensor([True, False]),
+                                                "nested": {"t": torch.tensor([0.5], dtype=torch.float64)}})
+    data = bytes(ForkingPickler.dumps(batch))
+    assert len(data) < 2000  # names and places only: no array's bytes
+    got = _arrive(tracker, data)
+    want = [batch.document_ids, batch.position_ids, batch.cu_seqlens, batch.data["state"], batch.data["empty"],
+            batch.metadata["sample"], batch.metadata["pad"], batch.metadata["nested"]["t"]]
+    have = [got.document_ids, got.position_ids, got.cu_seqlens, got.data["state"], got.data["empty"],
+            got.metadata["sample"], got.metadata["pad"], got.metadata["nested"]["t"]]
+    for w, h in zip(want, have):
+        assert h.dtype == w.dtype and h.shape == w.shape and torch.equal(h, w) and h.is_contiguous()
+        assert h.untyped_storage().data_ptr() == got.document_ids.untyped_storage().data_ptr()
+        assert h.data_ptr() % 64 == 0 or h.numel() == 0
+    storage = got.document_ids.untyped_storage()
+    del got, have, h
+    tracker.sweep()
+    assert _state(storage).value == FREE  # the last view gone: the worker may write the next batch into it
+
+
 def test_a_buffer_dropped_before_its_batch_was_pickled_goes_by_descriptor(pool_here):
     a = pool_here.take(KEY, (1, 8, 8, 3))
     batch = _batch(a)
     pool_here.take(KEY, (1, 8, 8, 3))  # drops buffer 0 before the batch holding it is pickled (queue feeder lag)
     data, got = _send(batch)
-    assert b"_PoolRef" not in data and got.data[KEY].data_ptr() == a.data_ptr()
+    assert b"DupFd" in data and got.data[KEY].data_ptr() == a.data_ptr()
+    assert list(shm._received[pool_here.nonce]) == [2]  # by name: only the buffer of small arrays taken after it
     assert pool_here.take_dropped() == []  # never sent by name: nothing to forget
 
 
@@ -177,25 +216,36 @@ def shards(tmp_path_factory):
 
 
 def _reference(shards, epochs):
-    """The frames of every batch of the first epochs, read in this process (no workers, no pool)."""
+    """The frames, position ids and sample numbers of every batch of the first epochs, read in this process (no
+    workers, no pool)."""
     ds = PACKING.dataset(open_dataset(shards))
-    return [[ds[e, s].data[KEY].clone() for s in range(ds.num_steps(e))] for e in range(epochs)]
+    return [[_content(ds[e, s]) for s in range(ds.num_steps(e))] for e in range(epochs)]
+
+
+def _content(batch: PackedBatch) -> tuple[torch.Tensor, ...]:
+    return batch.data[KEY], batch.position_ids, batch.metadata["sample"]
+
+
+def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.slow
 def test_held_batches_are_never_overwritten_and_dropped_ones_are_reused(shards):
     want = _reference(shards, 2)
     loader = DataLoader(open_dataset(shards), packing=PACKING, num_workers=2, persistent_workers=True)
-    kept = [b.data[KEY] for b in loader]  # every batch of epoch 0 held to the end
-    assert len(kept) == len(want[0]) and all(torch.equal(k, w) for k, w in zip(kept, want[0]))
-    assert all(_is_pooled(k.untyped_storage()) for k in kept)  # decoded straight into pooled shared memory
-    assert loader._recycler.released == 0 and len({k.untyped_storage().data_ptr() for k in kept}) == len(kept)
+    kept = [_content(b) for b in loader]  # every batch of epoch 0 held to the end: frames, ids and metadata
+    assert len(kept) == len(want[0]) and all(_same(k, w) for k, w in zip(kept, want[0]))
+    for part in range(3):  # the frames in their buffers, the ids and metadata in the batch's buffer of small arrays
+        assert all(_is_pooled(k[part].untyped_storage()) for k in kept)
+        assert len({k[part].untyped_storage().data_ptr() for k in kept}) == len(kept)
+    assert loader._recycler.released == 0
     del kept
     got, buffers = [], set()
     for b in loader:  # epoch 1: batches dropped as the loop goes on
-        got.append(b.data[KEY].clone())
+        got.append(tuple(t.clone() for t in _content(b)))
         buffers.add(b.data[KEY].untyped_storage().data_ptr())
-    assert len(got) == len(want[1]) and all(torch.equal(g, w) for g, w in zip(got, want[1]))
+    assert len(got) == len(want[1]) and all(_same(g, w) for g, w in zip(got, want[1]))
     assert loader._recycler.released > 0 and len(buffers) < len(got)  # some buffers carried two batches
 
 
