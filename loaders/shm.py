@@ -27,6 +27,9 @@ batch between the two processes (measured; pickling and unpickling the batch's i
 about 0.17). So a worker that recycles buffers (and only such a worker) pickles a
 :class:`~mmfeed.packing.PackedBatch` for its queue with :func:`_reduce_batch`: each pooled buffer is named by its
 pool and serial (:class:`_PoolRef`), and its storage travels, by torch's descriptor, only the first time. The
+batch's small arrays (ids, masks, metadata, small payloads: about 120 KB for 32 RLDS samples) are copied into one
+more pooled buffer (key :data:`SMALL_KEY`), so the pickle names places only (about 1.5 KB) instead of carrying
+their bytes through the queue's pipe. The
 training process keeps each buffer it received in a registry (:func:`_rebuild_batch`) until the worker says, in a
 later batch, that it dropped the buffer, or the loader's tracker forgets the pool (its workers are gone). A buffer
 the worker dropped before the batch that first holds it was pickled goes the ordinary way, descriptor and all.
