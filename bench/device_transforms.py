@@ -13,8 +13,8 @@ ways, interleaved round by round (the order alternating):
   RandomResizedCrop) on each whole batch, on ``device="cpu"`` in the prefetch thread of the training process.
 
 Per way: samples/s (wall clock over one epoch), CPU-seconds per 1000 samples (the training process and its
-workers, ``/proc``), and on the device side the transform phase per batch from the StepTimer; medians over the
-rounds with their spread (``(max - min) / median``). The training process runs torch's ops on ``--threads``
+workers, their CPU-time clocks), and on the device side the transform phase per batch from the StepTimer; medians
+over the rounds with their spread (``(max - min) / median``). The training process runs torch's ops on ``--threads``
 threads (default 1, as each worker: on a loaded 2-core machine two intra-op threads made the batched ops up to 9x
 slower, each op waiting for the core the workers hold). On a CPU device the batched ops compete with the workers for
 the same cores; on a GPU they leave the workers alone (``mmfeed bench gpu``).

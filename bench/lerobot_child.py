@@ -41,7 +41,8 @@ def timed_stretch(batches: Iterator[Any], steps: int, count: Callable[[Any], int
                   exclude: Collection[int] = ()) -> dict[str, Any]:
     """Time ``steps`` batches of ``batches``: wall seconds, samples (``count(batch)`` summed) and the CPU seconds
     of this process and of its child processes (the loader's workers; children in ``exclude``, there before the
-    loader, are not counted) over the stretch (Linux ``/proc``)."""
+    loader, are not counted) over the stretch (each process's CPU-time clock:
+    :func:`~mmfeed.bench.common.cpu_seconds`)."""
     workers = sorted(set(child_pids()) - set(exclude))
     self0, workers0 = cpu_seconds([os.getpid()]), cpu_seconds(workers)
     start, samples = time.perf_counter(), 0
@@ -116,7 +117,7 @@ with open(os.path.join(out, "result.json"), "w") as f:
 CHILD_SCRIPT = "\n\n".join([_CHILD_HEAD, *(inspect.getsource(fn) for fn in (child_pids, cpu_seconds, torch_loader,
                                                                              timed_stretch)), _CHILD_BODY])
 """The script run under LeRobot's python (``python -c CHILD_SCRIPT ARGS_JSON``); it never imports mmfeed: the
-helpers it shares with the parent (:func:`torch_loader`, :func:`timed_stretch` and ``/proc`` CPU reading) are
+helpers it shares with the parent (:func:`torch_loader`, :func:`timed_stretch` and the CPU-time reading) are
 copied into it as source."""
 
 

@@ -20,7 +20,7 @@ Throughput, the same sampling on both sides (:func:`sampling`): a global shuffle
 batch_size=32, shuffle=True, num_workers=W)`` (:func:`torch_loader`); mmfeed: ``mmfeed.DataLoader(root,
 packing=Packing(window=..., plan=PlanConfig(mode="fixed", batch_size=32)), num_workers=W)`` (:func:`mmfeed_loader`:
 32 windows per batch in a global shuffle, padded, no episode blocks). Each side is timed over a stretch of batches
-after a warm-up, with the CPU seconds of its process and its workers over that stretch (``/proc``), repeats
+after a warm-up, with the CPU seconds of its process and its workers over that stretch (their CPU-time clocks), repeats
 interleaved (LeRobot, mmfeed, LeRobot, ...), each repeat a fresh loader::
 
     python -m mmfeed.bench.lerobot_compare --lerobot-python /work/lerobot-venv/bin/python [--root DIR] \

@@ -8,7 +8,7 @@ directory (default: ``lerobot_compare``'s synthetic two-camera AV1 one) for each
 interleaved round by round, and reports per ``k`` (medians of the rounds, with their min-max):
 
 - samples/s, samples per CPU-second and delivered frames per CPU-second (CPU of the main process and the
-  workers, ``/proc``), and their ratio to ``k = 1`` in the same rounds;
+  workers, their CPU-time clocks), and their ratio to ``k = 1`` in the same rounds;
 - frames decoded per frame delivered (GOP dependencies included; counted in-process over the same number of
   batches), and from it frames decoded per CPU-second (delivered frames per CPU-second times that);
 - the diversity a batch keeps: distinct episodes per batch and distinct spans (groups of consecutive windows of
@@ -66,7 +66,7 @@ def measure(root: str, delta: dict, k: int, steps: int, groups: np.ndarray, fram
     """One timed stretch of the loader with ``reuse=k``: rates per second and per CPU-second (``frames``: the
     video frames a sample delivers), and its batches' diversity (``groups``: each sample's episode)."""
     got = time_mmfeed(root, delta, steps=steps, warmup=3, keep=True, reuse=k)
-    # CPU seconds come in the kernel's clock ticks (10 ms): a stretch too short to register one has no figure
+    # a stretch that used no CPU time at all has no figure
     per_cpu = got["samples"] / got["cpu_s"] if got["cpu_s"] > 0 else float("nan")
     return {"samples_per_s": got["samples_per_s"], "samples_per_cpu_s": per_cpu, "frames_per_cpu_s": frames * per_cpu,
             **diversity(groups, got["batches"])}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -290,6 +291,24 @@ def test_mmfeed_can_deliver_i420_planes_instead_of_rgb(two_cams):
     loader = mmfeed_loader(root, default_window(root), batch_size=32, num_workers=0, frame_format="yuv420")
     batch = next(iter(loader))
     assert tuple(batch.data["observation.images.cam_high"].shape) == (64, 72, 64) and batch.num_documents == 32
+
+
+def test_cpu_seconds_of_other_processes_to_well_below_a_tick():
+    """A child's CPU time to the nanosecond (the /proc ticks are 10 ms: a 2-batch stretch read 0): it grows while
+    the child spins, stands while it waits, and a process that is gone counts 0."""
+    from mmfeed.bench.common import cpu_seconds
+
+    spin = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.003: pass\n"
+            "print('spun', flush=True)\nsys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"spun\n"
+        waiting = cpu_seconds([child.pid])
+        assert waiting >= 0.003 and waiting % 0.01 != 0  # imports and 3 ms of spinning, not whole ticks
+        assert cpu_seconds([child.pid]) == waiting  # blocked on its stdin: its clock stands
+    finally:
+        child.communicate(b"")
+    assert cpu_seconds([child.pid]) == 0.0
 
 
 def test_the_child_script_is_python_without_mmfeed():
