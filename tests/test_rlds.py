@@ -163,13 +163,20 @@ def test_crc32c_and_the_example_decoder_agree_with_the_formats_definitions():
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
     assert crc32c(b"") == 0
     data = np.random.default_rng(1).integers(0, 256, 300, dtype=np.uint8)
-    kernels = [tfrecord._crc32c_kernel] + ([tfrecord._crc32c_hardware] if tfrecord._has_crc32_instruction() else [])
+    hardware = tfrecord._KERNEL is tfrecord._crc32c_hardware  # SSE 4.2 and the JIT on
+    kernels = [tfrecord._crc32c_kernel] + ([tfrecord._crc32c_hardware] if hardware else [])
     for start in range(9):  # every alignment, every tail length
         for stop in (start, start + 1, start + 7, start + 8, start + 9, 300):
             assert len({int(k(data[start:stop], tfrecord._TABLES)) for k in kernels}) == 1, (start, stop)
+    if hardware:  # three interleaved 512-byte lanes, and the words and bytes after them
+        long = np.random.default_rng(2).integers(0, 256, 3 * 1536 + 20, dtype=np.uint8)
+        for start in (0, 1, 5):
+            for n in (1535, 1536, 1537, 1543, 1544, 3072, 3079, 3 * 1536 + 3):
+                got = tfrecord._crc32c_hardware(long[start:start + n], tfrecord._TABLES)
+                assert got == tfrecord._crc32c_kernel(long[start:start + n], tfrecord._TABLES), (start, n)
     spans = np.array([[0, 0], [3, 11], [0, 300], [299, 300], [5, 5], [7, 260]], np.int64)
     one_by_one = [crc32c(data[a:b]) for a, b in spans.tolist()]
-    many = [tfrecord._spans_table] + ([tfrecord._spans_hardware] if tfrecord._has_crc32_instruction() else [])
+    many = [tfrecord._spans_table] + ([tfrecord._spans_hardware] if hardware else [])
     assert all(k(data, spans, tfrecord._TABLES).tolist() == one_by_one for k in many)
     assert tfrecord.crc32c_spans(data.tobytes(), spans).tolist() == one_by_one
     with pytest.raises(ValueError, match="spans outside the 300 bytes given"):

@@ -11,8 +11,9 @@ shard's headers (checking each length's CRC) and returns every record's payload 
 in a record is an error naming the file, the record and its byte offset, never wrong data.
 
 CRC-32C is computed by numba-compiled kernels (cached on disk): on x86-64 CPUs with SSE 4.2 by the CPU's own
-``crc32`` instruction, which computes exactly this CRC (several GB/s on one core), elsewhere by a slicing-by-8
-table kernel (about 1.2 GB/s here), against a few MB/s for a byte-at-a-time loop in Python.
+``crc32`` instruction, which computes exactly this CRC, in three interleaved streams (about 12 GB/s on one core
+here, 8 GB/s with one stream), elsewhere by a slicing-by-8 table kernel (about 1.2-1.7 GB/s here), against a few
+MB/s for a byte-at-a-time loop in Python.
 
     >>> masked_crc32c(b"123456789") == _mask(0xE3069283)
     True
@@ -25,6 +26,7 @@ import struct
 from collections.abc import Callable
 from typing import BinaryIO
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -93,15 +95,53 @@ def _crc32_u64(typingctx, crc, value):  # noqa: ARG001 (numba's intrinsic signat
     return types.uint64(types.uint64, types.uint64), codegen
 
 
+_LANE_WORDS = 64
+"""8-byte words each of the three interleaved streams of :func:`_crc32c_hardware` takes at a time (512 bytes)."""
+
+
+@njit(cache=True, nogil=True)
+def _lane_shift_table(words: int) -> np.ndarray:
+    """The CRC register after ``8 * words`` zero bytes, as a linear map of the register before them: int64
+    ``[4 * 256]``, the image of each byte of the register, so that ``Z(x)`` is four lookups XORed."""
+    out = np.empty(1024, np.int64)
+    for k in range(4):
+        for b in range(256):
+            x = np.uint64(b) << np.uint64(8 * k)
+            for _ in range(words):
+                x = _crc32_u64(x, np.uint64(0))
+            out[256 * k + b] = np.int64(x)
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lane_shift(x: np.uint64, z: np.ndarray) -> np.uint64:
+    r = np.int64(x)
+    return np.uint64(z[r & 0xFF] ^ z[256 + ((r >> 8) & 0xFF)] ^ z[512 + ((r >> 16) & 0xFF)] ^ z[768 + (r >> 24)])
+
+
 @njit(cache=True, nogil=True)
 def _crc32c_hardware(data: np.ndarray, t: np.ndarray) -> int:
-    """8 bytes an instruction, the last ``len % 8`` bytes through the table."""
+    """8 bytes an instruction, in three independent streams over consecutive 512-byte lanes (the instruction
+    takes three cycles to give its result and can start one every cycle), joined by linearity: the CRC register
+    after lanes ``a, b, c`` from register ``r`` is ``Z(Z(crc(r, a)) ^ crc(0, b)) ^ crc(0, c)``, ``Z`` the register
+    after 512 zero bytes (``t[2048:]``, :func:`_lane_shift_table`). Then the words left one stream, the last
+    ``len % 8`` bytes through the table."""
     n = data.shape[0]
     words = n // 8
     w = data[:words * 8].view(np.uint64)
+    z = t[2048:]
     crc = np.uint64(0xFFFFFFFF)
-    for i in range(words):
-        crc = _crc32_u64(crc, w[i])
+    i = 0
+    while i + 3 * _LANE_WORDS <= words:
+        a, b, c = crc, np.uint64(0), np.uint64(0)
+        for j in range(i, i + _LANE_WORDS):
+            a = _crc32_u64(a, w[j])
+            b = _crc32_u64(b, w[j + _LANE_WORDS])
+            c = _crc32_u64(c, w[j + 2 * _LANE_WORDS])
+        crc = _lane_shift(_lane_shift(a, z) ^ b, z) ^ c
+        i += 3 * _LANE_WORDS
+    for j in range(i, words):
+        crc = _crc32_u64(crc, w[j])
     c = np.int64(crc)
     for i in range(words * 8, n):
         c = t[(c ^ np.int64(data[i])) & 0xFF] ^ (c >> 8)
@@ -119,7 +159,9 @@ def _has_crc32_instruction() -> bool:
         return False
 
 
-_KERNEL = _crc32c_hardware if _has_crc32_instruction() else _crc32c_kernel
+_KERNEL = _crc32c_hardware if _has_crc32_instruction() and not numba.config.DISABLE_JIT else _crc32c_kernel
+if _KERNEL is _crc32c_hardware:  # the lane shift's table after the byte tables
+    _TABLES = np.concatenate([_TABLES, _lane_shift_table(_LANE_WORDS)])
 
 
 @njit(cache=True, nogil=True)
