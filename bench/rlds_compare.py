@@ -19,7 +19,11 @@ a 4-step action chunk ``[t, t+3]`` (indices clamped inside the episode), batches
   read beforehand, decoded to RGB arrays by the library mmfeed decodes them with (libjpeg-turbo through
   simplejpeg, as TensorFlow's own decoder; Pillow without it) in ``--workers`` processes: no pipeline. Those
   processes are started fresh each round and read the bytes themselves, so this process (whose memory is
-  measured with mmfeed's) never holds them.
+  measured with mmfeed's) never holds them. Each batch's worth of pictures (96) is decoded twice, in turn first:
+  into new arrays (the limit), and into the slots of a batch buffer in shared memory (``shared_*``: 4 KB pages,
+  as a batch any worker process hands to the training process must be; shared memory gets no transparent huge
+  pages unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them). Measured here, the second
+  costs 2-3% more CPU: that much of mmfeed's distance to the limit is the page size of shared memory.
 
 Reported: samples/s, CPU-seconds per 1000 samples (the loader's process and its workers; for tf.data, its one
 process), the time to the first batch (from opening the dataset, imports excluded), the RSS and PSS of the
@@ -275,23 +279,42 @@ def _chunk_blobs(root: str, steps: list[int]) -> list[tuple[bytes, tuple]]:
     return blobs
 
 
-def _decode_chunk(root: str, steps: list[int], warm: int) -> tuple[float, float, int, int]:
-    """Read the pictures of ``steps``, decode the first ``warm`` samples' untimed, then time decoding them all:
-    (seconds, CPU-seconds, pixels, bytes)."""
+def _decode_chunk(root: str, steps: list[int], warm: int) -> dict[str, float]:
+    """Read the pictures of ``steps``, decode the first ``warm`` samples' untimed, then time decoding them all,
+    a batch's worth (96 pictures) at a time, twice: into new arrays, and into the slots of a 64-picture buffer in
+    shared memory per picture size (as a batch for another process must be), in turn first: seconds and
+    CPU-seconds of each, pixels and bytes."""
+    import mmap
+
     from mmfeed.loaders.formats.rlds.pictures import decode_picture
 
     blobs = _chunk_blobs(root, steps)
     for blob, declared in blobs[:3 * warm]:
         decode_picture(blob, None, declared, "rgb24", False, None)
-    c0, w0 = time.process_time(), time.perf_counter()  # user + system CPU of this process, to the nanosecond
-    pixels = 0
-    for blob, declared in blobs:
-        pixels += decode_picture(blob, None, declared, "rgb24", False, None).size
-    seconds, cpu_s = time.perf_counter() - w0, time.process_time() - c0
-    return seconds, cpu_s, pixels, sum(len(b) for b, _ in blobs)
+    shared = {}
+    for declared in {d for _, d in blobs}:  # 4 KB pages: shared memory has no transparent huge pages by default
+        slots = np.frombuffer(mmap.mmap(-1, 64 * declared[0] * declared[1] * 3), np.uint8)
+        slots[:] = 0  # mapped before the clock starts, as a worker's recycled batch buffers are
+        shared[declared] = slots.reshape(64, *declared, 3)
+    out = {"seconds": 0.0, "cpu_s": 0.0, "shared_seconds": 0.0, "shared_cpu_s": 0.0, "pixels": 0,
+           "bytes": sum(len(b) for b, _ in blobs)}
+    for n, first in enumerate(range(0, len(blobs), 96)):
+        group = blobs[first:first + 96]
+        for variant in ("", "shared_") if n % 2 == 0 else ("shared_", ""):
+            c0, w0 = time.process_time(), time.perf_counter()  # user + system CPU of this process, to the ns
+            if variant:
+                for k, (blob, declared) in enumerate(group):
+                    decode_picture(blob, None, declared, "rgb24", False, None, out=shared[declared][k % 64])
+            else:
+                for blob, declared in group:
+                    out["pixels"] += decode_picture(blob, None, declared, "rgb24", False, None).size
+            out[f"{variant}seconds"] += time.perf_counter() - w0
+            out[f"{variant}cpu_s"] += time.process_time() - c0
+    return out
 
 
-_LIMIT_RATES = ("samples_per_s", "samples_per_cpu_s", "cpu_s_per_1000_samples", "samples_per_s_per_core")
+_LIMIT_RATES = ("samples_per_s", "samples_per_cpu_s", "cpu_s_per_1000_samples", "samples_per_s_per_core",
+                "shared_samples_per_s", "shared_cpu_s_per_1000_samples")
 """The figures of :func:`decode_limit` a round's bracket averages."""
 
 
@@ -315,12 +338,14 @@ def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, see
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         got = list(pool.map(_decode_chunk, [str(root)] * processes, chunks, [6] * processes))
     # timed inside each process, after its reads (the bytes' trip to it is no decoding); they run side by side
-    seconds = max(g[0] for g in got)
-    cpu_s = sum(g[1] for g in got)
+    seconds, shared_seconds = max(g["seconds"] for g in got), max(g["shared_seconds"] for g in got)
+    cpu_s, shared_cpu_s = sum(g["cpu_s"] for g in got), sum(g["shared_cpu_s"] for g in got)
     return {"samples": samples, "processes": processes, "seconds": seconds, "samples_per_s": samples / seconds,
             "samples_per_cpu_s": samples / max(cpu_s, 1e-9), "cpu_s_per_1000_samples": 1000 * cpu_s / samples,
-            "samples_per_s_per_core": samples / sum(g[0] for g in got), "bytes": sum(g[3] for g in got),
-            "decoder": jpeg_decoder()}
+            "samples_per_s_per_core": samples / sum(g["seconds"] for g in got),
+            "shared_samples_per_s": samples / shared_seconds,
+            "shared_cpu_s_per_1000_samples": 1000 * shared_cpu_s / samples,
+            "bytes": sum(g["bytes"] for g in got), "decoder": jpeg_decoder()}
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -363,6 +388,9 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
              "samples_per_s_spread": spread([r["samples_per_s"] for r in limit_runs]),
              "samples_per_s_per_core": statistics.median(r["samples_per_s_per_core"] for r in limit_runs),
              "cpu_s_per_1000_samples": statistics.median(r["cpu_s_per_1000_samples"] for r in limit_runs),
+             "shared_samples_per_s": statistics.median(r["shared_samples_per_s"] for r in limit_runs),
+             "shared_cpu_s_per_1000_samples": statistics.median(r["shared_cpu_s_per_1000_samples"]
+                                                                for r in limit_runs),
              "runs": limit_runs}
     out = {"dataset": info, "tf_data": tf, "mmfeed": mm, "limit": limit,
            "versions": tf_runs[-1].get("versions"),
@@ -374,7 +402,11 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
               "tf_over_limit": [t["samples_per_s"] / r["samples_per_s"] for t, r in zip(tf_runs, limit_runs)],
               "mmfeed_over_limit": [m["samples_per_s"] / r["samples_per_s"] for m, r in zip(mm_runs, limit_runs)],
               "mmfeed_over_limit_cpu": [r["cpu_s_per_1000_samples"] / m["cpu_s_per_1000_samples"]
-                                        for m, r in zip(mm_runs, limit_runs)]}
+                                        for m, r in zip(mm_runs, limit_runs)],
+              "mmfeed_over_shared_limit": [m["samples_per_s"] / r["shared_samples_per_s"]
+                                           for m, r in zip(mm_runs, limit_runs)],
+              "mmfeed_over_shared_limit_cpu": [r["shared_cpu_s_per_1000_samples"] / m["cpu_s_per_1000_samples"]
+                                               for m, r in zip(mm_runs, limit_runs)]}
     for name, ratios in paired.items():
         out[name], out[f"{name}_spread"] = statistics.median(ratios), spread(ratios)
     if cache:
@@ -459,6 +491,12 @@ def main(argv: list[str] | None = None) -> int:
           f"(min {c['min']:.2f}, max {c['max']:.2f}), each round's mmfeed over its own limit; tf.data / limit "
           f"{results['tf_over_limit']:.2f}; "
           f"mmfeed PSS / tf.data RSS {results['mmfeed_pss_over_tf_rss']:.2f}   ({time.perf_counter() - start:.0f} s)")
+    f, c = results["mmfeed_over_shared_limit_spread"], results["mmfeed_over_shared_limit_cpu_spread"]
+    print(f"limit into shared memory {lim['shared_samples_per_s']:.1f} samples/s, "
+          f"{lim['shared_cpu_s_per_1000_samples']:.2f} CPU-s / 1000 samples (the same pictures decoded into a batch's "
+          f"slots in shared memory, 4 KB pages); mmfeed / it {results['mmfeed_over_shared_limit']:.2f} "
+          f"(min {f['min']:.2f}, max {f['max']:.2f}), per CPU-second {results['mmfeed_over_shared_limit_cpu']:.2f} "
+          f"(min {c['min']:.2f}, max {c['max']:.2f})")
     if "cache" in results:
         epochs = results["cache"]["epochs"]
         print("mmfeed through a cold frame cache, epochs 1-3: " + ", ".join(

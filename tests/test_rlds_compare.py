@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mmfeed.bench.common import child_pids
-from mmfeed.bench.rlds_compare import CHILD_SCRIPT, decode_limit, main, parse_args, time_mmfeed
+from mmfeed.bench.rlds_compare import CHILD_SCRIPT, _decode_chunk, decode_limit, main, parse_args, time_mmfeed
 
 VERSION = Path(__file__).parent / "rlds_corpus" / "mmfeed_rlds_corpus" / "1.0.0"
 
@@ -64,10 +64,22 @@ def test_whole_epochs_through_the_frame_cache_fill_it_once(tmp_path):
     assert FrameStore(tmp_path / "frames").info().segments == 2 * len(open_dataset(VERSION))
 
 
-def test_the_limit_decodes_three_pictures_a_sample():
+def test_the_limit_decodes_three_pictures_a_sample_into_new_arrays_and_into_shared_memory():
     got = decode_limit(VERSION, samples=20, workers=1)
     assert got["samples"] == 20 and got["samples_per_s"] > 0 and got["bytes"] > 0
     assert got["samples_per_cpu_s"] > 0 and got["processes"] == 1
+    assert got["shared_samples_per_s"] > 0 and got["shared_cpu_s_per_1000_samples"] > 0
+
+
+def test_both_ways_of_the_limit_decode_the_same_pixels():
+    from mmfeed.bench.rlds_compare import _chunk_blobs
+    from mmfeed.loaders.formats.rlds.pictures import decode_picture
+
+    steps = [0, 3, 7]
+    got = _decode_chunk(str(VERSION), steps, warm=1)
+    blobs = _chunk_blobs(str(VERSION), steps)
+    assert got["pixels"] == sum(decode_picture(b, None, d, "rgb24", False, None).size for b, d in blobs)
+    assert got["seconds"] > 0 and got["shared_seconds"] > 0 and got["shared_cpu_s"] > 0
 
 
 def test_arguments(tmp_path):
@@ -94,6 +106,7 @@ def test_quick_benchmark_against_tf_data(tf_python, tmp_path):
     assert got["limit"]["samples_per_s"] > 0 and got["mmfeed_over_tf"] > 0
     assert got["mmfeed_over_limit"] == got["mmfeed"]["samples_per_s"] / got["limit"]["samples_per_s"]  # one round
     assert got["mmfeed_over_limit_cpu_spread"]["range"] == 0
+    assert got["mmfeed_over_shared_limit"] == got["mmfeed"]["samples_per_s"] / got["limit"]["shared_samples_per_s"]
     before, after = got["limit"]["runs"][0]["bracket"]  # the round's limit: right before and right after mmfeed
     assert before["samples"] == after["samples"] == 100
     assert got["limit"]["samples_per_s"] == (before["samples_per_s"] + after["samples_per_s"]) / 2
