@@ -406,7 +406,8 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_s_per_1000_samples": statistics.median(r["cpu_s_per_1000_samples"] for r in runs), "runs": runs}
 
 
-_LIMIT_RATES = ("samples_per_s", "raw_samples_per_s", "samples_per_cpu_s", "raw_samples_per_cpu_s")
+_LIMIT_RATES = ("samples_per_s", "raw_samples_per_s", "samples_per_cpu_s", "raw_samples_per_cpu_s",
+                "shared_samples_per_s", "shared_samples_per_cpu_s")
 """The figures of :func:`limit_samples` a round's bracket averages."""
 
 
@@ -414,14 +415,17 @@ def limit_samples(limit: Any, batches: Sequence[np.ndarray]) -> dict[str, Any]:
     """The physical limit of a stretch of mmfeed's batches (``LimitPool.measure`` of ``bench/limit.py``: the
     frames the batches deliver, each reached from its keyframe, decoded with plain PyAV in as many processes as
     the loaders have workers, nothing else): samples/s with RGB conversion (``rgb``, what both loaders here
-    deliver) and without (``raw``), and the frames decoded per frame delivered."""
+    deliver), without (``raw``) and with it into shared memory (``shared``: a batch's slots there, 4 KB pages),
+    and the frames decoded per frame delivered."""
     measured = list(batches[1::2])  # every other batch: half the time
     got = limit.measure(measured, lead=2)  # each process decodes its first two untimed first (warm videos)
     samples = sum(len(b) for b in measured)
-    rgb, raw = got["rgb"], got["raw"]
+    rgb, raw, shared = got["rgb"], got["raw"], got["rgb_shared"]
     return {"samples_per_s": samples / rgb["seconds"], "raw_samples_per_s": samples / raw["seconds"],
             "samples_per_cpu_s": samples / max(rgb["cpu_s"], 1e-9),
             "raw_samples_per_cpu_s": samples / max(raw["cpu_s"], 1e-9),
+            "shared_samples_per_s": samples / shared["seconds"],
+            "shared_samples_per_cpu_s": samples / max(shared["cpu_s"], 1e-9),
             "decoded_per_delivered": rgb["decoded"] / max(rgb["delivered"], 1),
             "seeks_per_batch": raw["seeks"] / max(raw["batches"], 1), "batches": len(measured),
             "cpu_share": rgb["cpu_s"] / rgb["worker_s"] if rgb["worker_s"] else None}
@@ -488,6 +492,7 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
         rates = [r["samples_per_s"] for r in limit_runs]
         out["limit"] = {"samples_per_s": med(rates), "samples_per_s_spread": spread(rates),
                         "raw_samples_per_s": med(r["raw_samples_per_s"] for r in limit_runs),
+                        "shared_samples_per_s": med(r["shared_samples_per_s"] for r in limit_runs),
                         "decoded_per_delivered": med(r["decoded_per_delivered"] for r in limit_runs),
                         "seeks_per_batch": med(r["seeks_per_batch"] for r in limit_runs), "runs": limit_runs}
         # each mmfeed stretch against the limit of its own batches, measured right before and right after it, for
@@ -504,6 +509,13 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
         out["limit_fraction_cpu"] = med(per_cpu)
         out["limit_fraction_cpu_spread"] = spread(per_cpu)
         out["limit_vs_lerobot"] = out["limit"][key] / lerobot["samples_per_s"]
+        if frame_format == "rgb24":  # against the limit that converts into shared memory, as mmfeed's workers do
+            for name, got in (("shared_limit_fraction", [m["samples_per_s"] / r["shared_samples_per_s"]
+                                                         for m, r in zip(mmfeed_runs, limit_runs)]),
+                              ("shared_limit_fraction_cpu", [m["samples"] / m["cpu_s"] / r["shared_samples_per_cpu_s"]
+                                                             if m["cpu_s"] > 0 else float("nan")
+                                                             for m, r in zip(mmfeed_runs, limit_runs)])):
+                out[name], out[f"{name}_spread"] = med(got), spread(got)
     return out
 
 
@@ -655,6 +667,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmfeed / limit: {results['limit_fraction']:.2f} (min {f['min']:.2f}, max {f['max']:.2f}); per "
               f"CPU-second {results['limit_fraction_cpu']:.2f} (min {c['min']:.2f}, max {c['max']:.2f}); "
               f"limit / LeRobot: {results['limit_vs_lerobot']:.2f}")
+        if "shared_limit_fraction" in results:
+            f, c = results["shared_limit_fraction_spread"], results["shared_limit_fraction_cpu_spread"]
+            print(f"limit into shared memory {lim['shared_samples_per_s']:.1f} samples/s (converting into a batch's "
+                  f"slots in shared memory, 4 KB pages); mmfeed / it: {results['shared_limit_fraction']:.2f} "
+                  f"(min {f['min']:.2f}, max {f['max']:.2f}); per CPU-second "
+                  f"{results['shared_limit_fraction_cpu']:.2f} (min {c['min']:.2f}, max {c['max']:.2f})")
     print(f"mmfeed / LeRobot (samples/s): {results['ratio_samples_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
     if args.profile:
         prof = results["mmfeed_profile"]

@@ -15,7 +15,11 @@ each variant (in turn first, so that both see the same moment's machine):
   mmfeed's PyAV reader makes into its batch), or, for a layout that does not take, one ``VideoReformatter`` per
   video on one swscale thread (the array ``frame.to_ndarray(format="rgb24")`` gives; that call builds a new
   swscale context for every frame, several ms where the reused one takes well under 0.1 ms at 320x240, so it
-  would not be the limit).
+  would not be the limit);
+- "rgb_shared": the same conversion into slots in shared memory, as a loader whose workers hand batches to the
+  training process must write them: shared memory gets no transparent huge pages unless
+  ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them (numpy gives the "rgb" variant's large array
+  huge pages), so this variant says what the page size costs.
 
 Nothing is copied, collated, packed or sent to another process. ``frames_per_s`` are the frames the batches
 deliver (what mmfeed's delivered frames/s is measured in) per second of the slowest process; the report also
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import io
 import logging
+import mmap
 import multiprocessing as mp
 import statistics
 import time
@@ -133,10 +138,17 @@ class _Video:
         self.container.close()
 
 
-def _aligned(n: int, height: int, width: int) -> np.ndarray:
-    """A 64-byte aligned uint8 ``[n, height, width, 3]`` array (as a batch's frame slots in shared memory are)."""
+def _aligned(n: int, height: int, width: int, shared: bool = False) -> np.ndarray:
+    """A 64-byte aligned uint8 ``[n, height, width, 3]`` array (as a batch's frame slots in shared memory are);
+    ``shared``: in shared memory itself, its pages mapped (4 KB pages: shared memory gets no transparent huge pages
+    unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them, where numpy gives a large private
+    array huge pages)."""
     size = n * height * width * 3
-    raw = np.empty(size + 64, dtype=np.uint8)
+    if shared:
+        raw = np.frombuffer(mmap.mmap(-1, size + 64), np.uint8)
+        raw[:] = 0
+    else:
+        raw = np.empty(size + 64, dtype=np.uint8)
     offset = (-raw.ctypes.data) % 64
     return raw[offset : offset + size].reshape(n, height, width, 3)
 
@@ -172,12 +184,15 @@ def decode_work(video: _Video, targets: np.ndarray, convert: bool,
     return decoded, seeks, seek_s
 
 
-_VARIANTS = ("rgb", "raw")
+_VARIANTS = ("rgb", "raw", "rgb_shared")
+"""Each batch decoded with conversion, without it, and with it into slots in shared memory (as a batch that goes to
+another process must be written)."""
 
 
 def _measure(items: Any, videos: dict[tuple, _Video], batches: Sequence[np.ndarray], lead: int) -> dict[str, Any]:
-    """Each batch decoded twice, with and without conversion (in turn first), each timed on its own: the two
-    variants see the same moment's machine, so their difference (the conversion) holds under changing load."""
+    """Each batch decoded three times, with and without conversion and with it into shared memory (each in turn
+    first), each timed on its own: the variants see the same moment's machine, so their differences (the
+    conversion, the page size of shared memory) hold under changing load."""
     work = [batch_work(items, b) for b in batches]
     opened = []
     for batch, _ in work:  # open every video first: opening is no part of the limit
@@ -185,7 +200,7 @@ def _measure(items: Any, videos: dict[tuple, _Video], batches: Sequence[np.ndarr
             if key not in videos:
                 videos[key] = _Video(video)
                 opened.append(videos[key].open_s)
-    slots = _BatchSlots()
+    slots, shared = _BatchSlots(), _BatchSlots(shared=True)
     for batch, _ in work[:lead]:  # untimed: the loaders' last in-flight batches finish meanwhile
         for (key, _, targets), slot in zip(batch, slots.of(batch, videos)):
             decode_work(videos[key], targets, True, slot)
@@ -193,11 +208,12 @@ def _measure(items: Any, videos: dict[tuple, _Video], batches: Sequence[np.ndarr
                            "open_s": sum(opened)}
     out.update({f"{v}_{k}": 0.0 for v in _VARIANTS for k in ("seconds", "cpu_s", "decoded", "seeks", "seek_s")})
     for n, (batch, delivered) in enumerate(work):
-        outs = slots.of(batch, videos)
-        for variant in _VARIANTS if n % 2 == 0 else _VARIANTS[::-1]:
+        outs = {"rgb": slots.of(batch, videos), "rgb_shared": shared.of(batch, videos)}
+        outs["raw"] = outs["rgb"]
+        for variant in _VARIANTS[n % 3:] + _VARIANTS[:n % 3]:
             start, cpu = time.perf_counter(), time.process_time()
-            for (key, _, targets), slot in zip(batch, outs):
-                decoded, seeks, seek_s = decode_work(videos[key], targets, variant == "rgb", slot)
+            for (key, _, targets), slot in zip(batch, outs[variant]):
+                decoded, seeks, seek_s = decode_work(videos[key], targets, variant != "raw", slot)
                 out[f"{variant}_decoded"] += decoded
                 out[f"{variant}_seeks"] += seeks
                 out[f"{variant}_seek_s"] += seek_s
@@ -212,8 +228,9 @@ class _BatchSlots:
     """The frame slots of one batch, per frame size one array for all of the batch's frames of that size, reused
     from batch to batch (grown when a batch holds more)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = False) -> None:
         self._arrays: dict[tuple[int, int], np.ndarray] = {}
+        self.shared = shared
 
     def of(self, batch: list[tuple[tuple, Any, np.ndarray]], videos: dict[tuple, _Video]) -> list[np.ndarray]:
         """``[len(targets), H, W, 3]`` slots for each video of ``batch``, side by side in one array per size."""
@@ -223,7 +240,7 @@ class _BatchSlots:
             need[size] = need.get(size, 0) + len(targets)
         for size, n in need.items():
             if size not in self._arrays or len(self._arrays[size]) < n:
-                self._arrays[size] = _aligned(n, *size)
+                self._arrays[size] = _aligned(n, *size, shared=self.shared)
         used = dict.fromkeys(need, 0)
         outs = []
         for size, (_, _, targets) in zip(sizes, batch):
@@ -270,10 +287,11 @@ class LimitPool:
             self._procs.append(proc)
 
     def measure(self, batches: Sequence[np.ndarray], *, lead: int = 0) -> dict[str, Any]:
-        """Decode ``batches`` (dealt round robin) with and without conversion: ``{"rgb": figures, "raw":
-        figures}``, each the sums over the processes (``worker_s``, ``cpu_s``, ``decoded``, ``seeks``,
-        ``seek_s``, ``delivered``, ``wanted``, ``batches``, ``opened``, ``open_s``), ``seconds`` the slowest
-        process's, ``frames_per_s`` the delivered frames per second of it and ``decoded_frames_per_s``."""
+        """Decode ``batches`` (dealt round robin) with and without conversion, and with it into shared memory:
+        ``{"rgb": figures, "raw": figures, "rgb_shared": figures}``, each the sums over the processes
+        (``worker_s``, ``cpu_s``, ``decoded``, ``seeks``, ``seek_s``, ``delivered``, ``wanted``, ``batches``,
+        ``opened``, ``open_s``), ``seconds`` the slowest process's, ``frames_per_s`` the delivered frames per
+        second of it and ``decoded_frames_per_s``."""
         parts = [list(batches[w :: self.processes]) for w in range(self.processes)]
         busy = [(c, p) for c, p in zip(self._conns, parts) if p]
         for conn, part in busy:

@@ -257,6 +257,7 @@ def test_the_limit_decodes_the_batches_mmfeed_delivered(two_cams):
         limit = limit_samples(pool, batches)
     assert limit["batches"] == 3
     assert limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
+    assert limit["raw_samples_per_s"] > limit["shared_samples_per_s"] > 0 and limit["shared_samples_per_cpu_s"] > 0
     assert limit["decoded_per_delivered"] >= 1.0 and limit["seeks_per_batch"] > 0
 
 
