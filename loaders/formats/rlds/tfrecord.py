@@ -99,18 +99,15 @@ _LANE_WORDS = 64
 """8-byte words each of the three interleaved streams of :func:`_crc32c_hardware` takes at a time (512 bytes)."""
 
 
-@njit(cache=True, nogil=True)
-def _lane_shift_table(words: int) -> np.ndarray:
-    """The CRC register after ``8 * words`` zero bytes, as a linear map of the register before them: int64
-    ``[4 * 256]``, the image of each byte of the register, so that ``Z(x)`` is four lookups XORed."""
-    out = np.empty(1024, np.int64)
-    for k in range(4):
-        for b in range(256):
-            x = np.uint64(b) << np.uint64(8 * k)
-            for _ in range(words):
-                x = _crc32_u64(x, np.uint64(0))
-            out[256 * k + b] = np.int64(x)
-    return out
+def _lane_shift_table(zero_bytes: int) -> np.ndarray:
+    """The CRC register after ``zero_bytes`` zero bytes, as a linear map of the register before them: int64
+    ``[4 * 256]``, the image of each byte of the register, so that ``Z(x)`` is four lookups XORed. numpy, not a
+    compiled kernel: it runs when this module is imported, where a compilation would cost 50 MB and seconds."""
+    x = np.concatenate([np.arange(256, dtype=np.int64) << (8 * k) for k in range(4)])
+    t = _TABLES[:256]
+    for _ in range(zero_bytes):  # the table kernel's step for one byte, here a zero
+        x = t[x & 0xFF] ^ (x >> 8)
+    return x
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -161,7 +158,7 @@ def _has_crc32_instruction() -> bool:
 
 _KERNEL = _crc32c_hardware if _has_crc32_instruction() and not numba.config.DISABLE_JIT else _crc32c_kernel
 if _KERNEL is _crc32c_hardware:  # the lane shift's table after the byte tables
-    _TABLES = np.concatenate([_TABLES, _lane_shift_table(_LANE_WORDS)])
+    _TABLES = np.concatenate([_TABLES, _lane_shift_table(8 * _LANE_WORDS)])
 
 
 @njit(cache=True, nogil=True)
