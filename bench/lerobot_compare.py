@@ -455,8 +455,8 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
     """Both loaders at the same :func:`sampling`, ``repeats`` times interleaved (LeRobot, limit, mmfeed, limit,
     ...): each side's median samples/s, its min-max spread, CPU seconds per 1000 samples, and the ratio mmfeed /
     LeRobot; with ``limit``, also the physical limit of each mmfeed stretch's batches (:func:`limit_samples`,
-    right before and right after the stretch, their mean), mmfeed's fraction of it and the limit / LeRobot: the most any loader could gain
-    over LeRobot on these processes while it decodes what the samples need."""
+    right before and right after the stretch, their mean), mmfeed's fraction of it and the limit / LeRobot: the
+    most any loader could gain over LeRobot on these processes while it decodes what the samples need."""
     from mmfeed.bench.limit import LimitPool
 
     same = sampling(batch_size, workers, seed)
@@ -497,24 +497,24 @@ def compare_throughput(python: str, root: str | os.PathLike, delta: Mapping[str,
                         "seeks_per_batch": med(r["seeks_per_batch"] for r in limit_runs), "runs": limit_runs}
         # each mmfeed stretch against the limit of its own batches, measured right before and right after it, for
         # the frames it delivers (RGB: decode and conversion; yuv420: decode alone)
+        def against(rate: str, cpu_rate: str) -> tuple[list[float], list[float]]:
+            """mmfeed over the limit's ``rate``, round by round, and the same per CPU-second (mmfeed: its main
+            process and workers; the limit: its decode processes), which other processes on the machine disturb
+            less, and which counts the main process's share of the cores."""
+            return ([m["samples_per_s"] / r[rate] for m, r in zip(mmfeed_runs, limit_runs)],
+                    [m["samples"] / m["cpu_s"] / r[cpu_rate] if m["cpu_s"] > 0 else float("nan")  # no CPU time read
+                     for m, r in zip(mmfeed_runs, limit_runs)])
+
         key = "samples_per_s" if frame_format == "rgb24" else "raw_samples_per_s"
-        fractions = [m["samples_per_s"] / r[key] for m, r in zip(mmfeed_runs, limit_runs)]
+        fractions, per_cpu = against(key, key.replace("samples_per_s", "samples_per_cpu_s"))
         out["limit_fraction"] = med(fractions)
         out["limit_fraction_spread"] = spread(fractions)
-        # the same per CPU-second (mmfeed: its main process and workers; the limit: its decode processes), which
-        # other processes on the machine disturb less, and which counts the main process's share of the cores
-        cpu_key = key.replace("samples_per_s", "samples_per_cpu_s")
-        per_cpu = [m["samples"] / m["cpu_s"] / r[cpu_key] if m["cpu_s"] > 0 else float("nan")  # < one clock tick
-                   for m, r in zip(mmfeed_runs, limit_runs)]
         out["limit_fraction_cpu"] = med(per_cpu)
         out["limit_fraction_cpu_spread"] = spread(per_cpu)
         out["limit_vs_lerobot"] = out["limit"][key] / lerobot["samples_per_s"]
         if frame_format == "rgb24":  # against the limit that converts into shared memory, as mmfeed's workers do
-            for name, got in (("shared_limit_fraction", [m["samples_per_s"] / r["shared_samples_per_s"]
-                                                         for m, r in zip(mmfeed_runs, limit_runs)]),
-                              ("shared_limit_fraction_cpu", [m["samples"] / m["cpu_s"] / r["shared_samples_per_cpu_s"]
-                                                             if m["cpu_s"] > 0 else float("nan")
-                                                             for m, r in zip(mmfeed_runs, limit_runs)])):
+            for name, got in zip(("shared_limit_fraction", "shared_limit_fraction_cpu"),
+                                 against("shared_samples_per_s", "shared_samples_per_cpu_s")):
                 out[name], out[f"{name}_spread"] = med(got), spread(got)
     return out
 

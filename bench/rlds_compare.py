@@ -284,18 +284,14 @@ def _decode_chunk(root: str, steps: list[int], warm: int) -> dict[str, float]:
     a batch's worth (96 pictures) at a time, twice: into new arrays, and into the slots of a 64-picture buffer in
     shared memory per picture size (as a batch for another process must be), in turn first: seconds and
     CPU-seconds of each, pixels and bytes."""
-    import mmap
-
+    from mmfeed.bench.limit import _aligned
     from mmfeed.loaders.formats.rlds.pictures import decode_picture
 
     blobs = _chunk_blobs(root, steps)
     for blob, declared in blobs[:3 * warm]:
         decode_picture(blob, None, declared, "rgb24", False, None)
-    shared = {}
-    for declared in {d for _, d in blobs}:  # 4 KB pages: shared memory has no transparent huge pages by default
-        slots = np.frombuffer(mmap.mmap(-1, 64 * declared[0] * declared[1] * 3), np.uint8)
-        slots[:] = 0  # mapped before the clock starts, as a worker's recycled batch buffers are
-        shared[declared] = slots.reshape(64, *declared, 3)
+    # mapped before the clock starts, as a worker's recycled batch buffers are
+    shared = {declared: _aligned(64, *declared, shared=True) for declared in {d for _, d in blobs}}
     out = {"seconds": 0.0, "cpu_s": 0.0, "shared_seconds": 0.0, "shared_cpu_s": 0.0, "pixels": 0,
            "bytes": sum(len(b) for b, _ in blobs)}
     for n, first in enumerate(range(0, len(blobs), 96)):
