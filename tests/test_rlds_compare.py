@@ -71,7 +71,7 @@ def test_the_limit_decodes_three_pictures_a_sample_into_new_arrays_and_into_shar
     assert got["shared_samples_per_s"] > 0 and got["shared_cpu_s_per_1000_samples"] > 0
 
 
-def test_both_ways_of_the_limit_decode_the_same_pixels():
+def test_the_limit_times_both_ways_over_every_picture():
     from mmfeed.bench.rlds_compare import _chunk_blobs
     from mmfeed.loaders.formats.rlds.pictures import decode_picture
 
