@@ -421,7 +421,8 @@ def _print_report(results: list[dict[str, Any]], checks: dict[str, dict[str, Any
                                     ("sequential_frames_per_s_spread", "sequential")]))
     print("\ncoalesced speedup over each method, and share of sequential (delivered / distinct frames)")
     print(table(results, key[:4] + [("speedup_vs_per_sample", "x per_sample"),
-                                    ("speedup_vs_per_sample_reopen", "x reopen"), ("speedup_vs_baseline", "x per_frame"),
+                                    ("speedup_vs_per_sample_reopen", "x reopen"),
+                                    ("speedup_vs_baseline", "x per_frame"),
                                     ("speedup_vs_lerobot", "x lerobot"), ("speedup_vs_torchcodec", "x venv tc"),
                                     ("fraction_of_sequential", "of seq"), ("unique_fraction_of_sequential", "uniq/seq"),
                                     ("cpu_speedup_vs_per_sample", "cpu x per_sample"),

@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="The single-camera windowed workload through mmfeed bench's "
                                                  "measurement: mmfeed, the decode limit and the torch baseline.")
     parser.add_argument("--format", choices=["webdataset", "lerobot"], default="webdataset")
-    parser.add_argument("--codec", choices=["h264", "av1"], default=None, help="default: h264 (webdataset), av1 (lerobot)")
+    parser.add_argument("--codec", choices=["h264", "av1"], default=None,
+                        help="default: h264 (webdataset), av1 (lerobot)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=None, help="batches per stretch (default: about 1.5 s of them)")
     parser.add_argument("--episode-block", type=int, default=0, help="0 = shuffle samples across the whole epoch")

@@ -116,7 +116,8 @@ def _packing_rows(sizes: list[int], repeats: int, sub: int, clock: str) -> list[
             need = RATE_TARGET.get(n)
             same_n = n == sub  # the 60x target is judged where the baseline ran at the same n
             ratio_ok = rate / py_rate >= 60 if same_n else True
-            target = (f">= {need:g} M/s" if need else "") + (", >= 60x" if same_n else f" (baseline rate at n={sub:.0e})")
+            target = ((f">= {need:g} M/s" if need else "")
+                      + (", >= 60x" if same_n else f" (baseline rate at n={sub:.0e})"))
             out.append(_row(f"bfd {dist} n={n:.0e}", rate, "M seq/s", py_rate, target.lstrip(", "),
                             (rate >= need if need else True) and ratio_ok))  # fmt: skip
             for algorithm in ("ffd", "nf"):

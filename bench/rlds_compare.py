@@ -434,7 +434,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tf-steps", type=int, default=100, help="timed batches per repeat, tf.data")
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches after the first")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; figures are their medians")
-    parser.add_argument("--limit-samples", type=int, default=4000, help="samples whose pictures the limit decodes each round (half right "
+    parser.add_argument("--limit-samples", type=int, default=4000,
+                        help="samples whose pictures the limit decodes each round (half right "
                         "before mmfeed's stretch, half right after)")
     parser.add_argument("--cache", action="store_true", help="then three whole mmfeed epochs through a cold "
                         "decoded-frame cache")

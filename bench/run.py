@@ -45,8 +45,9 @@ the StepTimer's diagnosis; ``sweep`` (``--sweep``) ``{workers, mmfeed: {figure: 
 ``settings``; ``environment``; ``details``: ``spread`` (``{mmfeed|baseline|paired_ratios: {figure: {min, max,
 range}}}``, range = (max - min) / median; the stages' seconds per batch as ``stage_s.<stage>``; under ``details``
 so that ``mmfeed compare`` does not judge min and max as figures), ``paired_ratios`` (mmfeed / baseline round by
-round), ``breakdown`` (where a batch's worker time goes, in seconds), ``limit`` (the limit's own figures, ``cpu_share`` below 1 when other processes took the CPUs
-too), ``steps`` and ``lead`` per system, ``slot_fraction``, the step time, capacities and wall seconds.
+round), ``breakdown`` (where a batch's worker time goes, in seconds), ``limit`` (the limit's own figures, ``cpu_share``
+below 1 when other processes took the CPUs too), ``steps`` and ``lead`` per system, ``slot_fraction``, the step time,
+capacities and wall seconds.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ on one CPU thread) wrapped in :class:`~torch.nn.parallel.DistributedDataParallel
 :class:`mmfeed.DataLoader` over :class:`SleepyDataset` (a seeded synthetic map-style dataset whose per-sample
 cost is a sleep inside ``stage("decode")``, so workers do not compete for the CPUs) through a per-rank
 DistributedSampler: weak scaling, the per-rank batch stays ``--batch`` whatever the world size. A
-:class:`~mmfeed.loaders.observe.timing.StepTimer` watches the DDP model, so each step splits into wait / copy / compute /
-comm. ``--compute-ms`` sleeps inside the model's forward (a bigger model, a flag away); ``--comm-delay-ms``
+:class:`~mmfeed.loaders.observe.timing.StepTimer` watches the DDP model, so each step splits into wait / copy / compute
+/ comm. ``--compute-ms`` sleeps inside the model's forward (a bigger model, a flag away); ``--comm-delay-ms``
 sleeps in the comm hook after each bucket's allreduce (a slower network).
 
 After ``--warmup`` steps the job measures ``--repeats`` stretches of ``--steps`` steps; each stretch ends with

@@ -32,9 +32,9 @@ Timing: all batches are built (and moved to the device) before training. After o
 (trained on, not timed), ``repeats`` stretches of ``steps`` optimizer steps per side, interleaved (A B C, then
 C B A, ...), each side continuing its own training. A stretch's useful tokens/s is its non-padding tokens over
 its wall time (CUDA synchronised) and, as ``cpu_useful_tokens_per_s``, over the process CPU time (steadier on a
-shared machine; on CUDA it is only the host's share); figures are medians with the per-stretch values under ``repeats``; a ratio is the median of
-the ratios of neighbouring stretches (stretch k of both sides). CPU runs use one torch thread by default
-(``--threads``): the model is small, a second thread buys little, and on a machine shared with other jobs the
+shared machine; on CUDA it is only the host's share); figures are medians with the per-stretch values under ``repeats``;
+a ratio is the median of the ratios of neighbouring stretches (stretch k of both sides). CPU runs use one torch thread
+by default (``--threads``): the model is small, a second thread buys little, and on a machine shared with other jobs the
 threads' barriers make timings erratic. Loss: per label term, over each side's last stretch, and after training
 on the same held-out packed batches. Targets: packed >= 1.5x the useful tokens/s of padded; losses within 1%.
 

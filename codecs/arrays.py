@@ -186,7 +186,8 @@ class _Literal:
     'shape': (2, 3), }``, structured ``descr`` lists of tuples included. Nesting is bounded (``MAX_DEPTH``)."""
 
     MAX_DEPTH = 32
-    _TOKEN = re.compile(r"""\s*(?:(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?P<int>-?\d+)(?:L)?|(?P<name>True|False|None)|(?P<punct>[{}()\[\]:,]))""")
+    _TOKEN = re.compile(r"""\s*(?:(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
+                        r"""|(?P<int>-?\d+)(?:L)?|(?P<name>True|False|None)|(?P<punct>[{}()\[\]:,]))""")
     _ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r", "0": "\0"}
 
     def __init__(self, text: str) -> None:

@@ -47,10 +47,10 @@ def open_dataset(path: Any, *, pad_to: Mapping[str, int] | None = None,
     in the training process: ``num_workers=0`` or ``worker_mode="thread"``; see
     :class:`~mmfeed.loaders.sources.options.ReadOptions`), ``max_frame_pixels`` (default 4096x4096; None lifts it)
     for the largest frames a dataset may declare or a video hold, refused before any is decoded; shards also take
-    ``cache_episodes`` and ``check_index``, LeRobot directories ``tolerance_s``. Each dataset of a mixture gets the options its format takes; an option that no dataset of
-    ``path`` takes is refused (ValueError naming it and the formats that take it). ``len(ds)`` is the number of
-    episodes, ``ds.features`` every feature under its own name, ``ds.stats`` their statistics and
-    ``ds.episode(i)`` one whole episode::
+    ``cache_episodes`` and ``check_index``, LeRobot directories ``tolerance_s``. Each dataset of a mixture gets the
+    options its format takes; an option that no dataset of ``path`` takes is refused (ValueError naming it and the
+    formats that take it). ``len(ds)`` is the number of episodes, ``ds.features`` every feature under its own name,
+    ``ds.stats`` their statistics and ``ds.episode(i)`` one whole episode::
 
         ds = open_dataset("shards/")                      # doctest: +SKIP
         ds.features["observation.state"]                  # doctest: +SKIP

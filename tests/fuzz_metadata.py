@@ -73,8 +73,8 @@ def same(a: dict, b: dict) -> bool:
             return False
         for k in x:
             if isinstance(x[k], np.ndarray):
-                if x[k].shape != y[k].shape or x[k].dtype != y[k].dtype or not np.array_equal(x[k], y[k],
-                                                                                         equal_nan=x[k].dtype.kind == "f"):
+                if x[k].shape != y[k].shape or x[k].dtype != y[k].dtype or not np.array_equal(
+                        x[k], y[k], equal_nan=x[k].dtype.kind == "f"):
                     return False
             elif x[k] != y[k]:
                 return False
@@ -132,7 +132,8 @@ EPISODE_COLUMNS = ["length", "dataset_from_index", "dataset_to_index", "data/chu
                    f"videos/{CAMERA}/chunk_index", f"videos/{CAMERA}/file_index", f"videos/{CAMERA}/from_timestamp",
                    f"videos/{CAMERA}/to_timestamp", "episode_index"]
 INDEX_FIELDS = [("length",), ("fps",), ("shard",), ("features", 0, "shape"), ("features", 0, "fps"),
-                ("features", 0, "frames"), ("features", 0, "offset"), ("features", 0, "size"), ("features", 0, "member"),
+                ("features", 0, "frames"), ("features", 0, "offset"), ("features", 0, "size"),
+                ("features", 0, "member"),
                 ("features", 1, "shape"), ("features", 1, "offset"), ("features", 1, "size"), ("features", 1, "dtype"),
                 ("shard_size",)]  # not episode_id: a label, renaming it may legally reorder the episodes
 

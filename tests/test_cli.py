@@ -358,7 +358,8 @@ def mixture(tmp_path_factory):
     from mmfeed.bench.run import QUICK_DATASET
 
     root = tmp_path_factory.mktemp("mixture")
-    paths = [str(write_synthetic(root / f"e{k}", d.synthetic(), processes=1)) for k, d in enumerate(QUICK_DATASET.datasets())]
+    paths = [str(write_synthetic(root / f"e{k}", d.synthetic(), processes=1))
+             for k, d in enumerate(QUICK_DATASET.datasets())]
     return QUICK_DATASET, paths
 
 
@@ -498,7 +499,8 @@ def test_bench_scale_quick_writes_the_plan_block_mask_open_windows_and_stats_fig
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "scale.json").read_text())
     plan, masks = report["plan"], report["block_mask"]
-    assert plan and {"samples", "world_size", "seconds", "peak_rss_bytes", "bytes_per_sample", "efficiency"} <= set(plan[0])
+    assert plan and {"samples", "world_size", "seconds", "peak_rss_bytes", "bytes_per_sample",
+                     "efficiency"} <= set(plan[0])
     assert all(r["seconds"] > 0 and 0.9 < r["efficiency"] <= 1 for r in plan)
     assert masks and all(r["seconds_per_row"] > 0 for r in masks)
     cold, warm = report["open"]  # a 1e5-episode index: derived once, then mapped

@@ -268,7 +268,8 @@ def test_killed_job_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, monke
     path = _generator_module(tmp_path, "slowgen", 6, delay=0.3)
     monkeypatch.syspath_prepend(path)
     dst = tmp_path / "killed"
-    code = f"from mmfeed.loaders.conversion.job import convert; convert('slowgen:slow', {str(dst)!r}, episodes_per_shard=2)"
+    code = ("from mmfeed.loaders.conversion.job import convert; "
+            f"convert('slowgen:slow', {str(dst)!r}, episodes_per_shard=2)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, os.environ.get("PYTHONPATH", "")])}
     job = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.DEVNULL)
     try:

@@ -11,13 +11,14 @@ def make_docs(n, seed=0):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 40, size=n)
     # Token values encode (document, position) so every token can be traced back.
-    return [{"input_ids": torch.arange(k) + 1000 * i, "labels": torch.arange(k)} for i, k in enumerate(lengths)], lengths
+    return [{"input_ids": torch.arange(k) + 1000 * i, "labels": torch.arange(k)}
+            for i, k in enumerate(lengths)], lengths
 
 
 def test_every_token_lands_in_its_document_in_order():
     docs, lengths = make_docs(60)
-    ds = PlannedDataset.records(docs, lambda i: len(docs[i]["input_ids"]), plan=PlanConfig(capacity=64, rows_per_batch=2),
-                                seed=4)
+    ds = PlannedDataset.records(docs, lambda i: len(docs[i]["input_ids"]),
+                                plan=PlanConfig(capacity=64, rows_per_batch=2), seed=4)
     seen = []
     for step in range(ds.num_steps(0)):
         b = ds[0, step]
@@ -33,7 +34,8 @@ def test_every_token_lands_in_its_document_in_order():
 
 def test_ranks_split_the_epoch_disjointly_with_equal_steps():
     docs, lengths = make_docs(80, seed=1)
-    per_rank = [PlannedDataset.records(docs, lengths, plan=PlanConfig(capacity=48), seed=2, rank=r, world_size=3) for r in range(3)]
+    per_rank = [PlannedDataset.records(docs, lengths, plan=PlanConfig(capacity=48), seed=2, rank=r, world_size=3)
+                for r in range(3)]
     steps = {d.num_steps(1) for d in per_rank}
     assert len(steps) == 1
     samples = [s for d in per_rank for t in range(d.num_steps(1)) for s in d[1, t].metadata["sample"].tolist()]

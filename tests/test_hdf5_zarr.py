@@ -295,7 +295,8 @@ def test_a_mixture_with_a_lerobot_directory_pads_packs_and_resumes(lerobot_dir):
 
 
 def test_options_of_these_formats_are_refused_where_none_takes_them(lerobot_dir):
-    with pytest.raises(ValueError, match="option 'fps' applies to RLDS, HDF5 demonstrations and Zarr ReplayBuffer only"):
+    with pytest.raises(ValueError,
+                       match="option 'fps' applies to RLDS, HDF5 demonstrations and Zarr ReplayBuffer only"):
         open_dataset(lerobot_dir, fps=30)
     with pytest.raises(ValueError, match="option 'split' applies to RLDS and HDF5 demonstrations only"):
         open_dataset(path_of("pusht"), fps=10, split="train")

@@ -226,8 +226,8 @@ def test_packing_is_pure():
 
 
 def test_the_torch_check_catches_every_spelling(tmp_path):
-    for text in ("import torch\n", "from torch import nn\n", "import torch.nn as nn\n", "from torch.utils import data\n",
-                 "def f():\n    import torch\n"):
+    for text in ("import torch\n", "from torch import nn\n", "import torch.nn as nn\n",
+                 "from torch.utils import data\n", "def f():\n    import torch\n"):
         (tmp_path / "m.py").write_text(text)
         assert _imports_torch(tmp_path / "m.py"), text
     (tmp_path / "m.py").write_text("import torchvision_like\nx = 'import torch'\n")

@@ -1,4 +1,5 @@
-"""The v2 LeRobot reader reads back, under their own names, every feature write_lerobot put in a LeRobot v3 directory."""
+"""The v2 LeRobot reader reads back, under their own names, every feature write_lerobot put in a LeRobot v3
+directory."""
 
 import json
 import pickle
@@ -176,7 +177,8 @@ def test_pickled_source_reopens_its_files(ds, root):
     ds.read_many([EpisodeRequest(0, {CAM: [0], "action": [0]})])
     clone = pickle.loads(pickle.dumps(ds))
     assert not clone._data_cache and not clone._videos
-    assert read_index(clone.read_many([EpisodeRequest(2, {CAM: [1]})])[0][CAM]).tolist() == [int(ds.lengths[:2].sum()) + 1]
+    assert (read_index(clone.read_many([EpisodeRequest(2, {CAM: [1]})])[0][CAM]).tolist()
+            == [int(ds.lengths[:2].sum()) + 1])
 
 
 @pytest.fixture

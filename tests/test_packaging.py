@@ -34,7 +34,8 @@ def test_every_package_folder_is_listed_and_is_a_package():
     lists it (the wheel would leave it out, and `import` would fail for whoever installed it)."""
     folders = package_folders()
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    assert set(folders) == listed, {"not listed": sorted(set(folders) - listed), "no folder": sorted(listed - set(folders))}
+    assert set(folders) == listed, {"not listed": sorted(set(folders) - listed),
+                                    "no folder": sorted(listed - set(folders))}
     assert [name for name, folder in folders.items() if not (folder / "__init__.py").exists()] == []
 
 

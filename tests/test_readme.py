@@ -281,7 +281,8 @@ def check_shards(ns):
 
     own = open_dataset("my_shards/")
     assert len(own) == 1 and own.lengths.tolist() == [50]
-    assert own.features["observation.state"].shape == (6,) and own.features["observation.gripper_closed"].dtype == "bool"
+    assert (own.features["observation.state"].shape == (6,)
+            and own.features["observation.gripper_closed"].dtype == "bool")
     top = own.features["observation.images.top"]
     assert (top.kind, top.shape, top.fps) == ("video", (224, 224, 3), 25.0)
 

@@ -3,8 +3,9 @@
 The corpus (``tests/rlds_corpus/``) was written by TFDS's own builder and its oracle is TFDS's own decoding of
 every episode (``tests/rlds_corpus/make_corpus.py`` regenerates both in a TensorFlow venv): every step feature of
 every episode of both splits must equal it, JPEG pictures exactly where simplejpeg decodes them (libjpeg-turbo's
-fast integer DCT, as TensorFlow's) and within JPEG rounding where Pillow does, PNGs exactly. Then the rest of mmfeed on it (windows, packing, a mixture with a LeRobot
-directory, resume) and broken input (truncated, corrupt, missing shards, features.json against the records).
+fast integer DCT, as TensorFlow's) and within JPEG rounding where Pillow does, PNGs exactly. Then the rest of mmfeed on
+it (windows, packing, a mixture with a LeRobot directory, resume) and broken input (truncated, corrupt, missing shards,
+features.json against the records).
 """
 
 import json
@@ -401,7 +402,8 @@ def test_a_shard_truncated_after_indexing_fails_the_sample_that_reads_past_its_e
     shard = copy / SHARD.format(2)
     e = int(np.flatnonzero(ds._shard_of == 2)[-1])
     shard.write_bytes(shard.read_bytes()[:int(ds._offset[e]) + 20])
-    with pytest.raises(SampleError, match=rf"{shard.name} record \d+ \(byte {int(ds._offset[e])}\): .*bytes \d+..\d+ of "
+    with pytest.raises(SampleError, match=rf"{shard.name} record \d+ \(byte {int(ds._offset[e])}\): "
+                                          r".*bytes \d+..\d+ of "
                                           r"the (record|shard) end \d+ bytes short: the shard is truncated"):
         ds.read_many([EpisodeRequest(e, {IMAGE: np.array([0])})])
 

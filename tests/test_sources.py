@@ -216,8 +216,8 @@ def test_a_mixture_takes_the_shared_options_and_each_format_its_own(shards, tmp_
     own = open_dataset([out, root], cache_episodes=3, check_index=False, tolerance_s=1e-3)
     assert own.sources[0].cache_episodes == 3 and own.sources[1].tolerance_s == 1e-3
     assert lerobot_source.tolerance_s == 1e-4  # LeRobot's default where the option was not given
-    with pytest.raises(ValueError, match=r"'cache_episodes' applies to RLDS and webdataset shards only.*lr is LeRobot v3.*"
-                                         r"drop cache_episodes="):
+    with pytest.raises(ValueError, match=r"'cache_episodes' applies to RLDS and webdataset shards only"
+                                         r".*lr is LeRobot v3.*drop cache_episodes="):
         open_dataset(root, cache_episodes=3)
     with pytest.raises(ValueError, match=r"'tolerance_s' applies to LeRobot v3 only"):
         open_dataset([out, out], tolerance_s=1e-3)

@@ -168,7 +168,8 @@ def test_sparse_windows_read_only_the_frames_of_their_anchors(shards, episodes):
         got = read_index(batch.data[CAM].numpy()).tolist()
         assert got == batch.metadata["start_step"].tolist()
     # One frame per anchor, far fewer than the frames in the shards.
-    assert sum(len(b.data[CAM]) for b in batches) == len(all_windows(episodes, stride=4)) < sum(e.length for e in episodes)
+    assert (sum(len(b.data[CAM]) for b in batches) == len(all_windows(episodes, stride=4))
+            < sum(e.length for e in episodes))
 
 
 def test_a_camera_at_its_own_rate_is_aligned_by_time(tmp_path):
@@ -314,7 +315,8 @@ def test_an_unreadable_episode_is_named_or_skipped_and_counted(tmp_path, episode
     write_webdataset(tmp_path / "ok", episodes[:2], episodes_per_shard=2)
     broken = tmp_path / "broken"
     broken.mkdir()
-    with tarfile.open(tmp_path / "ok" / "shard-000000.tar") as src, tarfile.open(broken / "shard-000000.tar", "w") as out:
+    with (tarfile.open(tmp_path / "ok" / "shard-000000.tar") as src,
+          tarfile.open(broken / "shard-000000.tar", "w") as out):
         for info in src.getmembers():
             data = src.extractfile(info).read()
             if info.name == "episode_000001.observation.state.npy":

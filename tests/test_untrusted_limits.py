@@ -46,7 +46,8 @@ QUICK_S = 5.0
 _CHILD = """
 import json, resource, sys, time
 import av, numpy, pyarrow.parquet
-import mmfeed.loaders, mmfeed.loaders.formats.lerobot.source, mmfeed.loaders.formats.webdataset.source, mmfeed.codecs.video
+import mmfeed.loaders, mmfeed.loaders.formats.lerobot.source
+import mmfeed.loaders.formats.webdataset.source, mmfeed.codecs.video
 
 args = json.loads(sys.argv[1])
 def peak():  # this memory map's own high-water mark (ru_maxrss would carry the parent's across vfork and exec)

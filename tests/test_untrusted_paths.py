@@ -125,7 +125,8 @@ def test_a_folder_the_user_trusts_may_be_linked_into(lerobot, tmp_path, monkeypa
     os.symlink(tmp_path / "elsewhere" / "videos" / CAM, root / "videos" / CAM)
     with pytest.raises(UnsafePathError, match="MMFEED_TRUSTED_ROOTS"):
         LeRobotSource(root)
-    monkeypatch.setenv("MMFEED_TRUSTED_ROOTS", os.pathsep.join(["/nonexistent", str(tmp_path / "elsewhere" / "videos")]))
+    monkeypatch.setenv("MMFEED_TRUSTED_ROOTS",
+                       os.pathsep.join(["/nonexistent", str(tmp_path / "elsewhere" / "videos")]))
     source = LeRobotSource(root)
     assert source.episode(0)[CAM].shape[0] == source.lengths[0]
     monkeypatch.setenv("MMFEED_TRUSTED_ROOTS", str(tmp_path / "elsewhere" / "meta"))

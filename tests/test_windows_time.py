@@ -270,9 +270,11 @@ def test_pieces_observed_at_one_time_share_an_attention_step():
     sample = layout.sample({"cam": (-1 / 15, 0.0), "observation.state": (-0.02, 0.0), "action": (0.0, 0.02)}, 3)
     # 3 text steps, cam at -1/15, state at -0.02, cam + state at 0, the action chunk as one step
     assert sample.step_sizes == (1, 1, 1, 4, 1, 5, 2)
-    causal = TokenLayout(tokens_per_frame={"cam": 4}, causal_chunk=True).sample({"cam": (0.0,), "action": (0.0, 0.1)}, 0)
+    causal = TokenLayout(tokens_per_frame={"cam": 4}, causal_chunk=True).sample(
+        {"cam": (0.0,), "action": (0.0, 0.1)}, 0)
     assert causal.step_sizes == (4, 1, 1)
-    joined = TokenLayout(tokens_per_frame={"cam": 4}, interleave_chunk=True).sample({"cam": (0.0,), "action": (0.0, 0.1)}, 0)
+    joined = TokenLayout(tokens_per_frame={"cam": 4}, interleave_chunk=True).sample(
+        {"cam": (0.0,), "action": (0.0, 0.1)}, 0)
     assert joined.step_sizes == (5, 1) and joined.runs[:2] == (("cam", 0, 4), ("action", 0, 1))
     with pytest.raises(ValueError, match="tokens_per_frame"):
         TokenLayout(tokens_per_frame={"cam": 0})

@@ -89,7 +89,8 @@ from mmfeed.loaders.sources.base import EpisodeSource
 __all__ = ["DataLoader"]
 
 WORKER_MODES = ("process", "thread")
-"""``worker_mode`` values: worker processes (torch's), or threads of this process (:mod:`mmfeed.loaders.loop.threads`)."""
+"""``worker_mode`` values: worker processes (torch's), or threads of this process
+(:mod:`mmfeed.loaders.loop.threads`)."""
 _TORCH_PARAMS = frozenset(inspect.signature(TorchDataLoader.__init__).parameters) - {"self"}
 _T_co = TypeVar("_T_co", covariant=True)
 _TORCH_SETTINGS = frozenset({"num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
@@ -189,8 +190,8 @@ class DataLoader(TorchDataLoader[_T_co]):
     ``packing=Packing(layout=..., window=..., plan=PlanConfig(capacity=8192, rows_per_batch=4))`` over an episode
     source (or a path, or a list of them for a mixture, see :func:`~mmfeed.loaders.open.open_dataset`) plans the
     epoch for this rank and yields :class:`~mmfeed.packing.PackedBatch` objects; so does passing a
-    :class:`~mmfeed.loaders.planned.dataset.PlannedDataset` directly. Each ``iter(loader)`` runs the next epoch of the plan, and
-    ``state_dict()`` resumes mid-epoch by step, with any ``num_workers``. With workers and
+    :class:`~mmfeed.loaders.planned.dataset.PlannedDataset` directly. Each ``iter(loader)`` runs the next epoch of the
+    plan, and ``state_dict()`` resumes mid-epoch by step, with any ``num_workers``. With workers and
     ``persistent_workers=True`` its epochs chain: the next epoch's first batches load while the loop finishes this
     one (see the module docstring; ``chain_epochs = False`` on the loader or a subclass drains them as torch does).
 

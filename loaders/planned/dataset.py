@@ -55,7 +55,8 @@ class PlannedDataset(torch.utils.data.Dataset):
     plan: capacity, rows per batch, mode, ... (:class:`~mmfeed.packing.plan.PlanConfig`).
     seed, rank, world_size: the plan is a pure function of these and the epoch.
     static_shapes: every batch tensor, ``cu_seqlens`` included, has one shape for the whole epoch.
-    errors: what a sample that cannot be loaded does (:class:`~mmfeed.loaders.planned.errors.ErrorPolicy`; default raise).
+    errors: what a sample that cannot be loaded does (:class:`~mmfeed.loaders.planned.errors.ErrorPolicy`; default
+        raise).
     transform: ``fn(sample: dict, generator) -> dict`` run on each sample after it is read, the generator seeded
         from ``(seed, epoch, sample id)``; it may change values, not the first dimension of any array (frames, or
         a record's tokens), since tokens are planned before reading.

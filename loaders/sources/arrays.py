@@ -72,7 +72,8 @@ class ArraySource(EpisodeSource):
                 got = feature_of(v, own.get(k, rate))
                 if want is None or (want.kind, want.dtype, want.shape) != (got.kind, got.dtype, got.shape):
                     raise ValueError(f"episode {i} of source {name!r} feature {k!r} is {got.dtype} {list(got.shape)}; "
-                                     f"episode 0 has {'no such feature' if want is None else f'{want.dtype} {list(want.shape)}'}")
+                                     "episode 0 has "
+                                     f"{'no such feature' if want is None else f'{want.dtype} {list(want.shape)}'}")
             missing = sorted(set(self.features) - set(arrays))
             if missing:
                 raise ValueError(f"episode {i} of source {name!r} lacks features {missing} that episode 0 has")

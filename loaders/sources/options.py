@@ -8,10 +8,11 @@ format has it, and is refused only when none does::
 
     >>> ReadOptions(frame_size=(224, 224)).given()
     ['frame_size']
-    >>> ReadOptions(frame_format="yuv420", backend="decord")
+    >>> ReadOptions(frame_format="yuv420", backend="decord")  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    ValueError: backend 'decord' cannot deliver frame_format='yuv420' (decord only gives RGB); use backend='pyav' or 'auto'
+    ValueError: backend 'decord' cannot deliver frame_format='yuv420' (decord only gives RGB); use backend='pyav' or
+    'auto'
 """
 
 from __future__ import annotations

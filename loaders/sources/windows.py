@@ -2,8 +2,8 @@
 
 One sample per step of every episode, in LeRobot's order (episode by episode, step by step). Sample ``i`` is found
 from cumulative episode lengths (nothing is stored per window) and read through the same request builder as the
-packed loader (:func:`mmfeed.loaders.sources.requests.window_requests`), so ``windows[i]`` holds the very frames and flags
-the packed loader lays out for that sample. A user moving from LeRobot changes one line and keeps
+packed loader (:func:`mmfeed.loaders.sources.requests.window_requests`), so ``windows[i]`` holds the very frames and
+flags the packed loader lays out for that sample. A user moving from LeRobot changes one line and keeps
 ``mmfeed.DataLoader(windows, batch_size=32, shuffle=True)``::
 
     windows = open_dataset(root).windows(WindowSpec.from_delta_timestamps(delta_timestamps))

@@ -5,9 +5,9 @@ steps first) or ``<key>.<feature>.mp4`` per feature, and ``<key>.meta.json`` (``
 ``length`` in steps, ``task``, optional ``rates`` {feature: fps} and, for an episode whose task changes,
 ``task_runs`` ``[[first step, task], ...]``; :class:`~mmfeed.loaders.conversion.writer.ShardWriter`
 adds ``features`` {name: {kind, dtype, shape, frames, stats}}, so indexing its shards reads only tar headers,
-meta.json and npy headers). Member names split as in :func:`~mmfeed.loaders.transport.tar.split_member`. First-version shards (meta.json
-``cameras`` / ``camera_fps``; ``<cam>.mp4``, ``proprio.npy``, ``action.npy``) index the same way, as features
-``proprio``, ``action`` and one per camera at its ``camera_fps``; their videos are probed, their arrays read.
+meta.json and npy headers). Member names split as in :func:`~mmfeed.loaders.transport.tar.split_member`. First-version
+shards (meta.json ``cameras`` / ``camera_fps``; ``<cam>.mp4``, ``proprio.npy``, ``action.npy``) index the same way, as
+features ``proprio``, ``action`` and one per camera at its ``camera_fps``; their videos are probed, their arrays read.
 
     >>> table = read_shard_index("shards/" + INDEX_FILENAME)                                    # doctest: +SKIP
     >>> state = feature_columns(table)["observation.state"]                                     # doctest: +SKIP
@@ -117,8 +117,8 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
     naming the shard, key and member for a missing or malformed meta.json, an unreadable npy or mp4 member, an
     array at the control clock without one row per step, a stream more than one frame short of what the episode's
     span implies (:func:`~mmfeed.packing.windows.fewest_frames`; a stream up to one frame short, or longer, is
-    indexed with the frames it holds), an episode id seen twice, or a feature whose kind, dtype or shape differs between two episodes.
-    ``progress(1)`` is called as each shard is indexed (e.g. a tqdm bar's ``update``).
+    indexed with the frames it holds), an episode id seen twice, or a feature whose kind, dtype or shape differs between
+    two episodes. ``progress(1)`` is called as each shard is indexed (e.g. a tqdm bar's ``update``).
     """
     shards = _paths(shards)
     root = os.fspath(root) if root is not None else _dirname(shards[0])
@@ -145,8 +145,8 @@ def build_index(shards: Sequence[str | os.PathLike] | str | os.PathLike, root: s
 
 def memory_table(name: str, episodes: Sequence[tuple[str, Mapping[str, bytes]]]) -> pa.Table:
     """The index table of episodes held in memory as ``(key, {member name after the key: bytes})`` (what
-    :func:`~mmfeed.loaders.transport.tar.iter_shard` yields), every member at offset 0 of its own bytes: how a stream reads the episodes it
-    holds with the very reader that reads indexed shards."""
+    :func:`~mmfeed.loaders.transport.tar.iter_shard` yields), every member at offset 0 of its own bytes: how a stream
+    reads the episodes it holds with the very reader that reads indexed shards."""
     rows: dict[str, list[Any]] = {n: [] for n in INDEX_SCHEMA.names}
     partials: list[dict[str, dict[str, np.ndarray]]] = []
     for key, members in episodes:

@@ -3,7 +3,8 @@
 A shard index (:mod:`.index`) is a parquet table with a row per episode and nested lists per row (features,
 members, stats). Opening it used to turn every row into Python objects: at a million episodes that took ~28 s
 and ~3 GB in every process (each DataLoader worker and each rank of a node held its own copy). Instead,
-:func:`index_arrays` derives, once, the flat columns a :class:`~mmfeed.loaders.formats.webdataset.source.WebDatasetSource` reads (episode
+:func:`index_arrays` derives, once, the flat columns a
+:class:`~mmfeed.loaders.formats.webdataset.source.WebDatasetSource` reads (episode
 ids, shard and task codes, lengths and rates, and per feature its rate, frame count, member name, offset and
 size; the task runs where an episode changes task), writes them as an uncompressed Arrow IPC file in the cache
 directory, keyed by the index file's path, size and mtime, and memory-maps it. Every later open, in any process
@@ -253,8 +254,9 @@ def _read_regular(index_path: str) -> pa.Table | None:
         return None
     flat = features.flatten()
     fields = {name: flat.field(name) for name in (*_LEAVES, "shape")}
-    if any(rows[c].null_count for c in ("episode_id", "shard", "length", "fps")) or fields["shape"].flatten().null_count or any(
-            v.null_count for v in fields.values()):  # empty values: the full reader names them
+    if (any(rows[c].null_count for c in ("episode_id", "shard", "length", "fps"))
+            or fields["shape"].flatten().null_count
+            or any(v.null_count for v in fields.values())):  # empty values: the full reader names them
         return None
     codes = {key: numpy_of(fields[key].indices).reshape(n, k) for key in ("name", "kind", "dtype")}
     if any((c != c[0]).any() for c in codes.values()) or len(set(codes["name"][0].tolist())) != k:

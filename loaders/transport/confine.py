@@ -21,11 +21,12 @@ Results are kept per distinct file, so checking costs per file, not per episode 
     >>> PathTemplate("data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet", ("chunk_index", "file_index"),
     ...              where="meta/info.json", field="data_path").fill(chunk_index=1, file_index=12)
     'data/chunk-001/file-012.parquet'
-    >>> try:
+    >>> try:  # doctest: +NORMALIZE_WHITESPACE
     ...     PathTemplate("{chunk_index.__class__}", ("chunk_index",), where="meta/info.json", field="data_path")
     ... except UnsafePathError as err:
     ...     print(err)
-    meta/info.json: data_path '{chunk_index.__class__}': field 'chunk_index.__class__' reaches into a value (attribute or item access); a template names its fields plainly, as {chunk_index}
+    meta/info.json: data_path '{chunk_index.__class__}': field 'chunk_index.__class__' reaches into a value (attribute
+    or item access); a template names its fields plainly, as {chunk_index}
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["MAX_WIDTH", "TRUSTED_ROOTS_ENV", "Confined", "PathTemplate", "UnsafePathError", "check_shards", "shard_outside", "shorten"]
+__all__ = ["MAX_WIDTH", "TRUSTED_ROOTS_ENV", "Confined", "PathTemplate", "UnsafePathError", "check_shards",
+           "shard_outside", "shorten"]
 
 MAX_WIDTH = 20
 """The widest integer field a path template may ask for (``{chunk_index:03d}`` asks for 3)."""

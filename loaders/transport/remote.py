@@ -108,7 +108,8 @@ class RetryPolicy:
                 try:
                     kwargs[field] = kind(raw)
                 except ValueError:
-                    raise ValueError(f"{name}={raw!r} must be a {'whole number of tries' if kind is int else 'number of seconds'}") from None
+                    raise ValueError(f"{name}={raw!r} must be a "
+                                     f"{'whole number of tries' if kind is int else 'number of seconds'}") from None
         return cls(**kwargs)
 
     def wait(self, failed: int) -> float:

@@ -68,5 +68,5 @@ def resolve(repo_id: str, *, revision: str | None = None, download: bool = False
             why = f"{url} has no meta/info.json"
         except (FileNotFoundError, PermissionError) as err:
             why = f"{url}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'not found'}"
-    raise FileNotFoundError(f"{repo_id}: no such file or directory, nor a LeRobot dataset of that Hub id: looked in {'; '.join(looked)}; and on the "
-                            f"Hub: {why}")
+    raise FileNotFoundError(f"{repo_id}: no such file or directory, nor a LeRobot dataset of that Hub id: looked in "
+                            f"{'; '.join(looked)}; and on the Hub: {why}")

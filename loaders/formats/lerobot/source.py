@@ -440,8 +440,8 @@ class LeRobotSource(EpisodeSource):
 
     def _refuse_bad_rows(self, relative: str, episodes: Sequence[int], where: Any) -> None:
         """A :class:`SampleError` naming the first of ``episodes`` whose rows in data file ``relative`` disagree
-        with meta/episodes (checked when the file was read: :func:`~mmfeed.loaders.sources.consistency.lerobot_rows`); ``where(e)`` is how
-        the error names the episode (and feature)."""
+        with meta/episodes (checked when the file was read: :func:`~mmfeed.loaders.sources.consistency.lerobot_rows`);
+        ``where(e)`` is how the error names the episode (and feature)."""
         bad = self._bad_rows.get(relative)
         if bad:
             for e in episodes:
@@ -624,8 +624,9 @@ class LeRobotSource(EpisodeSource):
     def _check_rows(self, relative: str, path: str, index: np.ndarray, table: pa.Table, order: np.ndarray,
                     widths: Mapping[str, np.ndarray]) -> dict[int, str]:
         """``{episode: why}`` for the episodes of data file ``relative`` whose rows there disagree with meta/episodes
-        (:func:`~mmfeed.loaders.sources.consistency.lerobot_rows`: every row of its range there once, each carrying its episode_index)
-        or hold a number of values other than info.json's shape declares (``widths``); read as the file is."""
+        (:func:`~mmfeed.loaders.sources.consistency.lerobot_rows`: every row of its range there once, each carrying its
+        episode_index) or hold a number of values other than info.json's shape declares (``widths``); read as the
+        file is."""
         episodes = self._episodes_in(relative)
         lo = self._meta["dataset_from_index"][episodes].astype(np.int64)
         hi = self._meta["dataset_to_index"][episodes].astype(np.int64)

@@ -131,7 +131,8 @@ class WebDatasetSource(EpisodeSource):
     def _from_arrays(self, arrays: IndexArrays, index_path: str, name: str, options: ReadOptions
                      ) -> np.ndarray | None:
         """Bind the index ``arrays``; returns which episodes were kept (None: all, else ``errors="skip"`` left out
-        those whose lengths, rates or frame counts are impossible: :func:`~mmfeed.loaders.sources.consistency.index_episodes`)."""
+        those whose lengths, rates or frame counts are impossible:
+        :func:`~mmfeed.loaders.sources.consistency.index_episodes`)."""
         self.name = name
         self._held: list[dict[str, bytes]] | None = None
         if len(arrays) == 0:
@@ -334,9 +335,9 @@ def _check_members(arrays: IndexArrays, shards: Sequence[str], name: str, sized:
     """Every npy member's size is at most what its feature's dtype, step shape and frame count take, plus a
     header of at most :data:`~mmfeed.codecs.arrays.MAX_HEADER_BYTES`, and, where ``sized`` (``check_index``: the
     shards still have the sizes the index recorded), every member lies inside its shard's bytes: a reader never
-    asks for more bytes than a shard or an array can hold (without ``check_index``, :func:`~mmfeed.loaders.transport.tar.read_member`
-    compares each read with the shard's size). Vectorized over the episodes; ValueError naming the index, the
-    shard and key, the feature and the limit."""
+    asks for more bytes than a shard or an array can hold (without ``check_index``,
+    :func:`~mmfeed.loaders.transport.tar.read_member` compares each read with the shard's size). Vectorized over the
+    episodes; ValueError naming the index, the shard and key, the feature and the limit."""
     recorded = np.array([np.nan if size is None or not sized else size for size, _ in arrays.shard_stamps],
                         np.float64)
     shard_size = recorded[np.asarray(arrays.shard_of, np.int64)]
@@ -347,7 +348,8 @@ def _check_members(arrays: IndexArrays, shards: Sequence[str], name: str, sized:
             e = int(np.flatnonzero(bad)[0])
             where = f"{shards[arrays.shard_of[e]]} key {arrays.ids[e].as_py()!r}"
             raise ValueError(f"{name}: feature {feature!r} of {where}: the index places its member at bytes "
-                             f"{int(offsets[e])}..{int(offsets[e]) + int(sizes[e])}, outside the shard's {shard_size[e]:.0f} bytes; "
+                             f"{int(offsets[e])}..{int(offsets[e]) + int(sizes[e])}, outside the shard's "
+                             f"{shard_size[e]:.0f} bytes; "
                              "rebuild the index with `mmfeed index`")
         if column["kind"] != "array":
             continue

@@ -1,0 +1,16 @@
+"""The project's Python files (library, benchmarks, tests, examples) keep lines to 120 characters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("packing", "loaders", "codecs", "bench", "mmfeed", "tests", "examples")
+WIDTH = 120
+
+
+def test_every_line_fits_in_120_characters():
+    long = [f"{path.relative_to(ROOT)}:{n}: {len(line)}"
+            for folder in FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > WIDTH]
+    assert long == []
