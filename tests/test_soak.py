@@ -142,6 +142,8 @@ PER_WORKER = (2 + 1) * (2 + 4)
 usual, at an epoch's boundary): bounded, not constant."""
 POOLED = 2 * PER_WORKER
 """The pooled buffers the training process may map: those of 2 workers."""
+BUFFER = "mmfeed.loaders.shm._Buffer"
+"""A worker's pooled buffer, as the soak counts objects by type."""
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +159,7 @@ def test_ten_epochs_keep_the_same_objects_descriptors_and_shared_memory(soak_dat
     from mmfeed.bench.soak import run_path
 
     result = run_path(path, soak_data, 10, probe=True, baseline_epoch=3)
+    pooled = result["pooled"]["last"] - result["pooled"]["baseline"]  # the buffers the training process gained
     assert result["baseline_epoch"] == 3 and len(result["epochs"]) == 10
     workers = [name for name in result["summary"] if name.startswith("worker")]
     assert len(workers) == 2
@@ -169,17 +172,15 @@ def test_ten_epochs_keep_the_same_objects_descriptors_and_shared_memory(soak_dat
             elif kind in IN_FLIGHT:
                 bound = MAIN_BATCHES if name == "main" and kind.endswith("PackedBatch") else IN_FLIGHT[kind]
                 assert after.get(kind, 0) <= bound, (name, kind, after.get(kind))
-            elif name != "main" and kind == "mmfeed.loaders.shm._Buffer":
+            elif name != "main" and kind == BUFFER:
                 assert after.get(kind, 0) <= PER_WORKER, (name, kind, before.get(kind), after.get(kind))
             elif name != "main" and kind == "torch.storage.UntypedStorage":
                 # one storage a pooled buffer: more only where the pool grew
-                buffer = "mmfeed.loaders.shm._Buffer"
-                grown = after.get(buffer, 0) - before.get(buffer, 0)
+                grown = after.get(BUFFER, 0) - before.get(BUFFER, 0)
                 assert after.get(kind, 0) - before.get(kind, 0) == grown, (name, kind, before, after)
             elif name == "main" and kind == "torch.storage.UntypedStorage":
                 # one storage a pooled buffer: more only where a worker's pool grew, within its bound
-                grown = result["pooled"]["last"] - result["pooled"]["baseline"]
-                assert after.get(kind, 0) - before.get(kind, 0) == grown, (kind, before, after, result["pooled"])
+                assert after.get(kind, 0) - before.get(kind, 0) == pooled, (kind, before, after, result["pooled"])
                 assert result["pooled"]["last"] <= POOLED, result["pooled"]
             else:
                 assert before.get(kind, 0) == after.get(kind, 0), (name, kind, before.get(kind), after.get(kind))
@@ -188,10 +189,9 @@ def test_ten_epochs_keep_the_same_objects_descriptors_and_shared_memory(soak_dat
         # process, which count its storages at the moment they count descriptors; a worker's pool may have
         # grown between the two counts
         if name == "main":
-            grown = result["pooled"]["last"] - result["pooled"]["baseline"]
-            low = high = grown
+            low = high = pooled
         else:
-            low, high = 0, PER_WORKER - result["suspects"][name]["baseline"].get("mmfeed.loaders.shm._Buffer", 0)
+            low, high = 0, PER_WORKER - result["suspects"][name]["baseline"].get(BUFFER, 0)
         for key in ("fds", "shm"):
             assert low <= summary[key]["end"] - summary[key]["start"] <= high, (name, key, summary[key], low, high)
     if path == "windows" and result["epochs"][-1]["processes"]["worker 0"]["malloc"] is not None:
