@@ -138,18 +138,18 @@ class _Video:
         self.container.close()
 
 
-def _aligned(n: int, height: int, width: int, shared: bool = False) -> np.ndarray:
-    """A 64-byte aligned uint8 ``[n, height, width, 3]`` array (as a batch's frame slots in shared memory are);
-    ``shared``: in shared memory itself, its pages mapped (4 KB pages: shared memory gets no transparent huge pages
-    unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them, where numpy gives a large private
-    array huge pages)."""
+def _aligned(n: int, height: int, width: int, shared: bool = False, phase: int = 0) -> np.ndarray:
+    """A uint8 ``[n, height, width, 3]`` array starting ``phase`` bytes past a 64-byte boundary (0: aligned, as a
+    batch's video frame slots in shared memory are); ``shared``: in shared memory itself, its pages mapped (4 KB
+    pages: shared memory gets no transparent huge pages unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled``
+    allows them, where numpy gives a large private array huge pages)."""
     size = n * height * width * 3
     if shared:
-        raw = np.frombuffer(mmap.mmap(-1, size + 64), np.uint8)
+        raw = np.frombuffer(mmap.mmap(-1, size + 128), np.uint8)
         raw[:] = 0
     else:
-        raw = np.empty(size + 64, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % 64
+        raw = np.empty(size + 128, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 64 + phase
     return raw[offset : offset + size].reshape(n, height, width, 3)
 
 

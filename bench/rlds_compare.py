@@ -19,11 +19,13 @@ a 4-step action chunk ``[t, t+3]`` (indices clamped inside the episode), batches
   read beforehand, decoded to RGB arrays by the library mmfeed decodes them with (libjpeg-turbo through
   simplejpeg, as TensorFlow's own decoder; Pillow without it) in ``--workers`` processes: no pipeline. Those
   processes are started fresh each round and read the bytes themselves, so this process (whose memory is
-  measured with mmfeed's) never holds them. Each batch's worth of pictures (96) is decoded twice, in turn first:
-  into new arrays (the limit), and into the slots of a batch buffer in shared memory (``shared_*``: 4 KB pages,
-  as a batch any worker process hands to the training process must be; shared memory gets no transparent huge
-  pages unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them). Measured here, the second
-  costs 2-3% more CPU: that much of mmfeed's distance to the limit is the page size of shared memory.
+  measured with mmfeed's) never holds them. Each batch's worth of pictures (96) is decoded three ways, in turn
+  first: into new arrays (the limit); into the slots of a batch buffer in shared memory (``shared_*``: 4 KB pages,
+  as a batch any worker process hands to the training process must be), laid out as mmfeed lays them out; and
+  into such slots 64-byte aligned (``aligned_*``, as mmfeed 0.7.5 laid them out). libjpeg-turbo writes rows that
+  start 32-byte aligned with non-temporal stores, which cost more here
+  (:data:`~mmfeed.loaders.formats.rlds.pictures.SLOT_PHASE`): what 0.7.5's CHANGELOG put down to the page size of
+  shared memory was mostly that.
 
 Reported: samples/s, CPU-seconds per 1000 samples (the loader's process and its workers; for tf.data, its one
 process), the time to the first batch (from opening the dataset, imports excluded), the RSS and PSS of the
@@ -281,26 +283,32 @@ def _chunk_blobs(root: str, steps: list[int]) -> list[tuple[bytes, tuple]]:
 
 def _decode_chunk(root: str, steps: list[int], warm: int) -> dict[str, float]:
     """Read the pictures of ``steps``, decode the first ``warm`` samples' untimed, then time decoding them all,
-    a batch's worth (96 pictures) at a time, twice: into new arrays, and into the slots of a 64-picture buffer in
-    shared memory per picture size (as a batch for another process must be), in turn first: seconds and
-    CPU-seconds of each, pixels and bytes."""
+    a batch's worth (96 pictures) at a time, three ways, in turn first: into new arrays; into the slots of a
+    64-picture buffer in shared memory per picture size (as a batch for another process must be), starting where
+    mmfeed's batches start them (:data:`~mmfeed.loaders.formats.rlds.pictures.SLOT_PHASE` bytes past a 64-byte
+    boundary, ``shared_``); and into such slots 64-byte aligned (``aligned_``, as mmfeed 0.7.5 laid them out):
+    seconds and CPU-seconds of each, pixels and bytes."""
     from mmfeed.bench.limit import _aligned
-    from mmfeed.loaders.formats.rlds.pictures import decode_picture
+    from mmfeed.loaders.formats.rlds.pictures import SLOT_PHASE, decode_picture
 
     blobs = _chunk_blobs(root, steps)
     for blob, declared in blobs[:3 * warm]:
         decode_picture(blob, None, declared, "rgb24", False, None)
     # mapped before the clock starts, as a worker's recycled batch buffers are
-    shared = {declared: _aligned(64, *declared, shared=True) for declared in {d for _, d in blobs}}
-    out = {"seconds": 0.0, "cpu_s": 0.0, "shared_seconds": 0.0, "shared_cpu_s": 0.0, "pixels": 0,
-           "bytes": sum(len(b) for b, _ in blobs)}
+    sizes = {d for _, d in blobs}
+    slots = {"shared_": {d: _aligned(64, *d, shared=True, phase=SLOT_PHASE) for d in sizes},
+             "aligned_": {d: _aligned(64, *d, shared=True) for d in sizes}}
+    variants = ("", *slots)
+    out = {f"{v}{k}": 0.0 for v in variants for k in ("seconds", "cpu_s")}
+    out.update(pixels=0, bytes=sum(len(b) for b, _ in blobs))
     for n, first in enumerate(range(0, len(blobs), 96)):
         group = blobs[first:first + 96]
-        for variant in ("", "shared_") if n % 2 == 0 else ("shared_", ""):
+        for variant in variants[n % 3:] + variants[:n % 3]:
             c0, w0 = time.process_time(), time.perf_counter()  # user + system CPU of this process, to the ns
             if variant:
+                into = slots[variant]
                 for k, (blob, declared) in enumerate(group):
-                    decode_picture(blob, None, declared, "rgb24", False, None, out=shared[declared][k % 64])
+                    decode_picture(blob, None, declared, "rgb24", False, None, out=into[declared][k % 64])
             else:
                 for blob, declared in group:
                     out["pixels"] += decode_picture(blob, None, declared, "rgb24", False, None).size
@@ -310,7 +318,8 @@ def _decode_chunk(root: str, steps: list[int], warm: int) -> dict[str, float]:
 
 
 _LIMIT_RATES = ("samples_per_s", "samples_per_cpu_s", "cpu_s_per_1000_samples", "samples_per_s_per_core",
-                "shared_samples_per_s", "shared_cpu_s_per_1000_samples")
+                "shared_samples_per_s", "shared_cpu_s_per_1000_samples", "aligned_samples_per_s",
+                "aligned_cpu_s_per_1000_samples")
 """The figures of :func:`decode_limit` a round's bracket averages."""
 
 
@@ -334,14 +343,15 @@ def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, see
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         got = list(pool.map(_decode_chunk, [str(root)] * processes, chunks, [6] * processes))
     # timed inside each process, after its reads (the bytes' trip to it is no decoding); they run side by side
-    seconds, shared_seconds = max(g["seconds"] for g in got), max(g["shared_seconds"] for g in got)
-    cpu_s, shared_cpu_s = sum(g["cpu_s"] for g in got), sum(g["shared_cpu_s"] for g in got)
-    return {"samples": samples, "processes": processes, "seconds": seconds, "samples_per_s": samples / seconds,
-            "samples_per_cpu_s": samples / max(cpu_s, 1e-9), "cpu_s_per_1000_samples": 1000 * cpu_s / samples,
-            "samples_per_s_per_core": samples / sum(g["seconds"] for g in got),
-            "shared_samples_per_s": samples / shared_seconds,
-            "shared_cpu_s_per_1000_samples": 1000 * shared_cpu_s / samples,
-            "bytes": sum(g["bytes"] for g in got), "decoder": jpeg_decoder()}
+    seconds, cpu_s = max(g["seconds"] for g in got), sum(g["cpu_s"] for g in got)
+    out = {"samples": samples, "processes": processes, "seconds": seconds, "samples_per_s": samples / seconds,
+           "samples_per_cpu_s": samples / max(cpu_s, 1e-9), "cpu_s_per_1000_samples": 1000 * cpu_s / samples,
+           "samples_per_s_per_core": samples / sum(g["seconds"] for g in got),
+           "bytes": sum(g["bytes"] for g in got), "decoder": jpeg_decoder()}
+    for variant in ("shared_", "aligned_"):  # the same pictures into a batch's slots, at mmfeed's phase and aligned
+        out[f"{variant}samples_per_s"] = samples / max(g[f"{variant}seconds"] for g in got)
+        out[f"{variant}cpu_s_per_1000_samples"] = 1000 * sum(g[f"{variant}cpu_s"] for g in got) / samples
+    return out
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -387,6 +397,10 @@ def run(tf_python: str, *, root: str | os.PathLike | None = None, episodes: int 
              "shared_samples_per_s": statistics.median(r["shared_samples_per_s"] for r in limit_runs),
              "shared_cpu_s_per_1000_samples": statistics.median(r["shared_cpu_s_per_1000_samples"]
                                                                 for r in limit_runs),
+             "aligned_cpu_s_per_1000_samples": statistics.median(r["aligned_cpu_s_per_1000_samples"]
+                                                                 for r in limit_runs),
+             "aligned_over_shared_cpu": statistics.median(r["aligned_cpu_s_per_1000_samples"]
+                                                          / r["shared_cpu_s_per_1000_samples"] for r in limit_runs),
              "runs": limit_runs}
     out = {"dataset": info, "tf_data": tf, "mmfeed": mm, "limit": limit,
            "versions": tf_runs[-1].get("versions"),
@@ -491,9 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     f, c = results["mmfeed_over_shared_limit_spread"], results["mmfeed_over_shared_limit_cpu_spread"]
     print(f"limit into shared memory {lim['shared_samples_per_s']:.1f} samples/s, "
           f"{lim['shared_cpu_s_per_1000_samples']:.2f} CPU-s / 1000 samples (the same pictures decoded into a batch's "
-          f"slots in shared memory, 4 KB pages); mmfeed / it {results['mmfeed_over_shared_limit']:.2f} "
-          f"(min {f['min']:.2f}, max {f['max']:.2f}), per CPU-second {results['mmfeed_over_shared_limit_cpu']:.2f} "
-          f"(min {c['min']:.2f}, max {c['max']:.2f})")
+          f"slots in shared memory, 4 KB pages, as mmfeed lays them out); mmfeed / it "
+          f"{results['mmfeed_over_shared_limit']:.2f} (min {f['min']:.2f}, max {f['max']:.2f}), per CPU-second "
+          f"{results['mmfeed_over_shared_limit_cpu']:.2f} (min {c['min']:.2f}, max {c['max']:.2f}); into slots "
+          f"64-byte aligned {lim['aligned_cpu_s_per_1000_samples']:.2f} CPU-s / 1000 samples "
+          f"({lim['aligned_over_shared_cpu']:.3f}x, median of the rounds)")
     if "cache" in results:
         epochs = results["cache"]["epochs"]
         print("mmfeed through a cold frame cache, epochs 1-3: " + ", ".join(

@@ -57,11 +57,13 @@ import torch
 from mmfeed.loaders.clock import TimedBatch
 from mmfeed.packing.batch import PackedBatch, map_tensors, small_array
 
-__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "pooled_buffer", "received_buffers"]
+__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "phase_offset", "pooled_buffer",
+           "received_buffers"]
 
 _MAGIC = b"mmfeed/shm/pool\x00"  # 16 bytes
 _TRAILER = 32  # magic (16), state (int64), the pool's nonce (8)
 FREE, IN_WORKER, IN_MAIN = 0, 1, 2
+_ALIGN = 64  # each small array starts on a cache line of the buffer, aligned for any dtype
 _ROUND = 1 << 20  # capacities are whole MiB, with some headroom, so that batches of similar size share buffers
 
 
@@ -109,9 +111,11 @@ class BufferPool:
         self.allocated = 0  # buffers created, and buffers taken again: for tests and benchmarks
         self.reused = 0
 
-    def take(self, key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-        """An uninitialised ``shape`` tensor in a pooled shared-memory buffer for payload ``key``."""
-        nbytes = math.prod(shape) * dtype.itemsize
+    def take(self, key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8, phase: int = 0
+             ) -> torch.Tensor:
+        """An uninitialised ``shape`` tensor in a pooled shared-memory buffer for payload ``key``, starting
+        ``phase`` bytes past a 64-byte boundary (see :func:`phase_offset`)."""
+        nbytes = math.prod(shape) * dtype.itemsize + (_ALIGN if phase else 0)
         with self._lock:
             buffers = self._buffers.setdefault(key, OrderedDict())
             best = None  # the smallest free buffer that fits
@@ -138,7 +142,8 @@ class BufferPool:
                 self.allocated += 1
             _state(buffer.storage).value = IN_WORKER
             buffers[buffer.storage.data_ptr()] = buffer  # most recently taken last
-        return torch.empty(0, dtype=dtype).set_(buffer.storage, 0, shape)
+        offset = phase_offset(buffer.storage.data_ptr(), phase, dtype.itemsize)
+        return torch.empty(0, dtype=dtype).set_(buffer.storage, offset // dtype.itemsize, shape)
 
     def give_back(self, tensor: torch.Tensor) -> None:
         """Free ``tensor``'s buffer again when it is one of this pool's, taken and never sent."""
@@ -177,11 +182,23 @@ def enable_pool(per_key: int) -> None:
     ForkingPickler.register(PackedBatch, _reduce_batch)
 
 
-def pooled_buffer(key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor | None:
-    """A recycled shared-memory tensor for ``key`` when this process recycles buffers, else None."""
+def pooled_buffer(key: str, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8, phase: int = 0
+                  ) -> torch.Tensor | None:
+    """A recycled shared-memory tensor for ``key`` (starting ``phase`` bytes past a 64-byte boundary) when this
+    process recycles buffers, else None."""
     if _pool is None or _pool_pid != os.getpid():  # never use a pool inherited through fork
         return None
-    return _pool.take(key, shape, dtype)
+    return _pool.take(key, shape, dtype, phase)
+
+
+def phase_offset(address: int, phase: int, itemsize: int = 1) -> int:
+    """The bytes past ``address`` at which a buffer starts ``phase`` bytes past a 64-byte boundary (0 for phase 0:
+    where it is). A decoder may store faster into one phase than another: libjpeg-turbo writes a row that starts
+    32-byte aligned with non-temporal stores (see :data:`mmfeed.loaders.formats.rlds.pictures.SLOT_PHASE`). A
+    ValueError for a phase outside ``[0, 64)`` or not a multiple of ``itemsize``."""
+    if not 0 <= phase < _ALIGN or phase % itemsize:
+        raise ValueError(f"a buffer's phase is a multiple of its item size ({itemsize}) in [0, {_ALIGN}), got {phase}")
+    return (phase - address) % _ALIGN if phase else 0
 
 
 def give_back(tensor: object) -> None:
@@ -207,7 +224,6 @@ class _PoolRef:
 
 SMALL_KEY = "_small"
 """The pool key of each batch's buffer of small arrays (ids, masks, metadata, small payloads)."""
-_ALIGN = 64  # each small array starts on a cache line of the buffer, aligned for any dtype
 
 
 class _Packed:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from mmfeed import DataLoader
 from mmfeed.loaders import Packing, PlanConfig, TokenLayout, WindowSpec, open_dataset
 from mmfeed.loaders.formats.rlds.example import parse_example
-from mmfeed.loaders.formats.rlds.pictures import decode_picture, jpeg_decoder
+from mmfeed.loaders.formats.rlds.pictures import SLOT_PHASE, decode_picture, jpeg_decoder
 from mmfeed.loaders.formats.rlds.tfrecord import crc32c, masked_crc32c, scan_records
 from mmfeed.loaders.sources.requests import EpisodeRequest
 from mmfeed.loaders.transport.errors import SampleError
@@ -220,6 +220,8 @@ def test_windows_and_packed_batches_hold_the_episodes_steps():
     seen = []
     for batch in loader:
         assert batch.data[IMAGE].dtype == torch.uint8 and batch.data[IMAGE].shape[1:] == (16, 20, 3)
+        # decoded in a worker into its batch's slots, whose run starts where libjpeg-turbo stores fastest
+        assert batch.data[IMAGE].data_ptr() % 64 == SLOT_PHASE and batch.data[IMAGE].untyped_storage().is_shared()
         n = len(batch.metadata["sample"])
         assert batch.data[STATE].shape == (n, 8) and batch.data[STATE].dtype == torch.float64
         for k in range(n):
@@ -391,6 +393,15 @@ def test_gathered_ranges_read_only_their_pieces_and_small_gaps_in_each_shard(tmp
         assert buffer[x:y].tobytes() == data[s][a:b]
     need = sum(b - a for _, a, b in wanted)
     assert buffer.size == need + 100, buffer.size  # the only gap read: 100 bytes between two pieces of shard b
+    # into the thread's scratch: the same bytes, in one buffer used again by the next such call (a new one if it
+    # must grow), never by a call without it
+    first, _ = ranges.gather(pieces, lambda k: f"piece {k}", scratch=True)
+    assert np.array_equal(first, buffer) and not np.shares_memory(first, ranges.gather(pieces, str)[0])
+    second, _ = ranges.gather(pieces[:2], lambda k: f"piece {k}", scratch=True)
+    assert np.shares_memory(first, second) and second.tobytes() == data[0][900_000:905_000] + data[1][10:2_000]
+    bigger = np.concatenate([pieces, [[5, 0, -12, 0, 1 << 20, crc32c(data[0])]]])
+    grown, where = ranges.gather(bigger, lambda k: f"piece {k}", scratch=True)
+    assert not np.shares_memory(grown, first) and grown[slice(*where[-1])].tobytes() == data[0]
     pieces[2, 5] ^= 1
     with pytest.raises(SampleError, match=r"episode 2: piece 2 \(bytes 500000..501000 of the record\) fails its "
                                           "CRC-32C check"):

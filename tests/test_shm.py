@@ -154,6 +154,40 @@ def test_a_buffers_descriptor_crosses_once_and_a_dropped_buffer_is_forgotten(poo
     assert pool_here.nonce not in shm._received
 
 
+def test_a_phased_buffer_starts_past_a_64_byte_boundary_and_crosses_as_it_is(pool_here):
+    tracker = ReleaseTracker()
+    a = pool_here.take(KEY, (2, 16, 16, 3), phase=16)
+    assert a.data_ptr() % 64 == 16 and a.is_contiguous() and a.untyped_storage().nbytes() >= a.nbytes + 16
+    a.copy_(torch.arange(a.numel(), dtype=torch.uint8).view(a.shape))
+    got = _arrive(tracker, bytes(ForkingPickler.dumps(_batch(a))))
+    assert got.data[KEY].data_ptr() == a.data_ptr() and torch.equal(got.data[KEY], a)
+    storage = a.untyped_storage()
+    del a, got
+    tracker.sweep()
+    again = pool_here.take(KEY, (2, 16, 16, 3))  # the same buffer, taken at phase 0: its start
+    assert again.untyped_storage().data_ptr() == storage.data_ptr() and again.storage_offset() == 0
+    assert pool_here.take("floats", (3, 5), torch.float32, phase=16).data_ptr() % 64 == 16
+    for phase, dtype in ((64, torch.uint8), (-16, torch.uint8), (6, torch.float32)):
+        with pytest.raises(ValueError, match="phase"):
+            pool_here.take("bad", (4,), dtype, phase=phase)
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_collation_buffers_start_at_the_phase_asked_for(worker, monkeypatch):
+    from mmfeed.loaders.planned.collate import _alloc
+
+    if worker:
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    for phase in (0, 16, 48):
+        buffer, view = _alloc(KEY, (3, 8, 10, 3), phase)
+        assert view.shape == (3, 8, 10, 3) and view.flags.c_contiguous
+        assert isinstance(buffer, torch.Tensor) == worker and np.shares_memory(view, np.asarray(buffer))
+        if phase:
+            assert view.ctypes.data % 64 == phase
+        view[...] = 5  # every byte of it is ours
+        assert int(np.asarray(buffer).sum()) == 5 * view.size
+
+
 def test_small_arrays_travel_in_one_pooled_buffer_with_their_dtypes_and_shapes(pool_here):
     tracker = ReleaseTracker()
     batch = PackedBatch.from_segments([[2, 1], [3]], 4, data={KEY: pool_here.take(KEY, (3, 2, 2, 3)).zero_(),

@@ -56,7 +56,7 @@ from mmfeed.loaders.planned.steps import (
     transform_each,
     without_failures,
 )
-from mmfeed.loaders.shm import give_back, pooled_buffer
+from mmfeed.loaders.shm import give_back, phase_offset, pooled_buffer
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, WindowArrays
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
@@ -324,9 +324,9 @@ def _read_windows(source: EpisodeSource, windows: WindowArrays, plans: list
         return None
     batch, taken = len(windows.episodes), {}
 
-    def buffer(feature: str) -> np.ndarray:
+    def buffer(feature: str, phase: int = 0) -> np.ndarray:
         n = windows.indices[feature].shape[1]
-        taken[feature], view = _alloc(feature, (batch * n, *steps[feature]))
+        taken[feature], view = _alloc(feature, (batch * n, *steps[feature]), phase)
         return view.reshape(batch, n, *steps[feature])
 
     try:
@@ -428,23 +428,28 @@ def _frame_step(source: EpisodeSource, feature: str, episodes: Sequence[int]) ->
     return frame_step_shape(*shapes.pop(), source.features[feature].frame_format or "rgb24")
 
 
-def _alloc(key: str, shape: tuple[int, ...]) -> tuple[np.ndarray | torch.Tensor, np.ndarray]:
-    """A uint8 buffer for payload ``key`` and a numpy view of it; in a DataLoader worker a shared-memory tensor,
-    which the training process maps as is (a recycled one when the worker recycles buffers, see
-    :mod:`mmfeed.loaders.shm`)."""
+def _alloc(key: str, shape: tuple[int, ...], phase: int = 0) -> tuple[np.ndarray | torch.Tensor, np.ndarray]:
+    """A uint8 buffer for payload ``key`` and a numpy view of it, starting ``phase`` bytes past a 64-byte boundary
+    (:func:`~mmfeed.loaders.shm.phase_offset`); in a DataLoader worker a shared-memory tensor, which the training
+    process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.shm`)."""
     if torch.utils.data.get_worker_info() is None:
-        buffer = np.empty(shape, dtype=np.uint8)
+        size = int(np.prod(shape))
+        raw = np.empty(size + (64 if phase else 0), dtype=np.uint8)
+        at = phase_offset(raw.ctypes.data, phase)
+        buffer = raw[at:at + size].reshape(shape)
         return buffer, buffer
-    pooled = pooled_buffer(key, shape)
-    buffer = pooled if pooled is not None else _shared(shape, torch.uint8)
+    pooled = pooled_buffer(key, shape, phase=phase)
+    buffer = pooled if pooled is not None else _shared(shape, torch.uint8, phase)
     return buffer, buffer.numpy()
 
 
-def _shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised tensor allocated in shared memory (``share_memory_()`` would allocate, then copy)."""
-    numel = int(np.prod(shape))
-    storage = torch.UntypedStorage._new_shared(numel * torch.empty((), dtype=dtype).element_size())
-    return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+def _shared(shape: tuple[int, ...], dtype: torch.dtype, phase: int = 0) -> torch.Tensor:
+    """An uninitialised tensor allocated in shared memory (``share_memory_()`` would allocate, then copy), starting
+    ``phase`` bytes past a 64-byte boundary."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * itemsize + (64 if phase else 0))
+    offset = phase_offset(storage.data_ptr(), phase, itemsize) // itemsize
+    return torch.empty(0, dtype=dtype).set_(storage, offset, shape)
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray | torch.Tensor:

@@ -243,14 +243,16 @@ class EpisodeSource:
         """The requested frames of each request, in request order: feature -> ``[n, *shape]``."""
         raise NotImplementedError
 
-    def read_windows(self, windows: WindowArrays, buffer: Callable[[str], np.ndarray]
+    def read_windows(self, windows: WindowArrays, buffer: Callable[..., np.ndarray]
                      ) -> dict[str, np.ndarray] | None:
         """The frames of a batch of windows in one call, where this source can: feature -> ``[B, n, *shape]``
         (:class:`~mmfeed.loaders.sources.requests.WindowArrays`: every sample reads every feature), a video
         feature's frames decoded into ``buffer(feature)`` (uint8 ``[B, n, H, W, 3]``, yuv420 ``[B, n, H * 3 // 2,
-        W]``; called only for a batch it reads). None (before calling ``buffer``) where it reads them one request
-        at a time: the caller then uses :meth:`read_many`, as it does after any error here, so that an error names
-        the request it concerns. This default: None."""
+        W]``; called only for a batch it reads; ``buffer(feature, phase=16)`` starts it 16 bytes past a 64-byte
+        boundary, for a decoder that stores faster there, see :func:`mmfeed.loaders.shm.phase_offset`). None
+        (before calling ``buffer``) where it reads them one request at a time: the caller then uses
+        :meth:`read_many`, as it does after any error here, so that an error names the request it concerns. This
+        default: None."""
         return None
 
     def _windows_in_range(self, windows: WindowArrays) -> bool:

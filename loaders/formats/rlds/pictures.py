@@ -20,10 +20,20 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["PictureError", "decode_picture", "decode_pictures", "jpeg_decoder", "jpeg_frames"]
+__all__ = ["SLOT_PHASE", "PictureError", "decode_picture", "decode_pictures", "jpeg_decoder", "jpeg_frames"]
 
 _JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 _simplejpeg: Any = None
+
+SLOT_PHASE = 16
+"""Where a batch's run of picture slots starts: this many bytes past a 64-byte boundary. libjpeg-turbo's AVX2
+colour conversion writes each output row that starts 32-byte aligned with non-temporal stores (``vmovntdq``,
+past the caches) and any other row with ordinary stores. Decoding a batch's 96 JPEGs (64 at 256x256, 32 at
+128x128) into pooled shared-memory slots took 3-6% more CPU with the rows aligned than 16 bytes off (one
+process, 7 interleaved rounds; ``python -m mmfeed.bench.rlds_compare`` measures its limit both ways). Rows are
+``3 * width`` bytes, so where the width is a multiple of 32 (128, 224, 256, 320, 640) every row of every slot
+keeps the run's phase. (Without AVX2, libjpeg-turbo's SSE2 code tests 16-byte alignment, which this phase
+keeps: such CPUs store as before.)"""
 
 
 def jpeg_decoder() -> str:

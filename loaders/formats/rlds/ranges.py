@@ -44,15 +44,16 @@ class RecordRanges:
         self._fds: dict[int, int] = {}
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._local = threading.local()  # each thread's scratch buffer for gather(..., scratch=True)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fds={}, _pid=None, _lock=None)  # a pickled copy opens its own files
+        state.update(_fds={}, _pid=None, _lock=None, _local=None)  # a pickled copy opens its own files
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock, self._local = threading.Lock(), threading.local()
 
     def __del__(self) -> None:
         if getattr(self, "_pid", None) == os.getpid():
@@ -85,17 +86,20 @@ class RecordRanges:
         self._check(data, crc, episode, what, start, stop)
         return data
 
-    def gather(self, pieces: np.ndarray, name: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray]:
+    def gather(self, pieces: np.ndarray, name: Callable[[int], str], scratch: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Pieces of payloads, as few reads as neighbours allow: ``pieces`` int64 ``[n, 6]``, one row each
         (episode, shard, the record's frame offset, start and stop in its payload, CRC-32C); ``name(k)`` says
         what piece ``k`` is, for errors. Returns one uint8 buffer and each piece's ``[start, stop)`` in it, every
         piece checked against its CRC in one pass. Pieces of a shard whose gaps are at most 64 KiB share a read
-        (frames ``[t-1, t]`` of a window lie side by side in their record)."""
+        (frames ``[t-1, t]`` of a window lie side by side in their record). ``scratch``: the buffer is this
+        thread's scratch, which its next ``scratch`` call overwrites (a batch's pictures, decoded before the next
+        batch is read: its pages stay mapped, where a new 2 MB buffer each batch faults them in again)."""
         n = len(pieces)
         if not n:
             return np.zeros(0, np.uint8), np.empty((0, 2), np.int64)
         groups, where, total = read_plan(np.ascontiguousarray(pieces, dtype=np.int64), _HEADER, _GAP)
-        buffer = np.empty(total, np.uint8)
+        buffer = self._scratch(total) if scratch else np.empty(total, np.uint8)
         view, at = memoryview(buffer), 0
         fds = {s: self._fd(s) for s in set(groups[:, 0].tolist())}
         for s, a, b, k in groups.tolist():
@@ -112,6 +116,14 @@ class RecordRanges:
             episode, _, _, start, stop, crc = pieces[k].tolist()
             self._fail(episode, name(k), start, stop, crc, int(crcs[k]))
         return buffer, where
+
+    def _scratch(self, size: int) -> np.ndarray:
+        """This thread's scratch buffer, at least ``size`` bytes (grown by half again when it is not): its first
+        ``size``."""
+        held = getattr(self._local, "buffer", None)
+        if held is None or len(held) < size:
+            held = self._local.buffer = np.empty(size + size // 2, np.uint8)
+        return held[:size]
 
     def _check(self, data: bytes | memoryview, crc: int, episode: int, what: str, start: int, stop: int) -> None:
         actual = crc32c(data)

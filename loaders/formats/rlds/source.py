@@ -45,7 +45,7 @@ from mmfeed.loaders.clock import record_stage, stage
 from mmfeed.loaders.formats.rlds.example import ExampleError, Values, parse_example, parse_feature
 from mmfeed.loaders.formats.rlds.index import record_index
 from mmfeed.loaders.formats.rlds.metadata import Leaf, decode_leaf, locate, read_leaves, read_split
-from mmfeed.loaders.formats.rlds.pictures import PictureError, decode_picture, decode_pictures
+from mmfeed.loaders.formats.rlds.pictures import SLOT_PHASE, PictureError, decode_picture, decode_pictures
 from mmfeed.loaders.formats.rlds.ranges import RecordRanges
 from mmfeed.loaders.formats.rlds.rates import published_rate
 from mmfeed.loaders.formats.rlds.tfrecord import TFRecordError, crc32c, framed_size, split_record
@@ -311,7 +311,7 @@ class RldsSource(EpisodeSource):
             record_stage("read", read_s)
         return out
 
-    def read_windows(self, windows: WindowArrays, buffer: Callable[[str], np.ndarray]
+    def read_windows(self, windows: WindowArrays, buffer: Callable[..., np.ndarray]
                      ) -> dict[str, np.ndarray] | None:
         """A batch of windows in one call (see :meth:`EpisodeSource.read_windows`), from a local split read by
         range: each step feature gathered from its episodes' decoded arrays, every picture of the batch read in
@@ -336,7 +336,7 @@ class RldsSource(EpisodeSource):
         with stage("decode"):
             k = 0
             for feature, idx in cameras.items():
-                into, (batch, n) = buffer(feature), idx.shape
+                into, (batch, n) = buffer(feature, phase=SLOT_PHASE), idx.shape
                 if not into.flags.c_contiguous:  # decoded through a flat view of it
                     return None
                 f = self.features[feature]
@@ -365,7 +365,8 @@ class RldsSource(EpisodeSource):
 
     def _gather_windows(self, episodes: np.ndarray, cameras: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The encoded pictures of a batch's windows (camera -> ``[B, n]`` steps of ``episodes``), back to back
-        camera by camera, sample by sample: :meth:`_gather`'s buffer and spans, built from the arrays."""
+        camera by camera, sample by sample: :meth:`_gather`'s buffer and spans, built from the arrays; the buffer
+        is the thread's scratch, good until its next batch is read."""
         owners, tables, blocks = [], [], []
         for feature, idx in cameras.items():
             owner = np.repeat(episodes, idx.shape[1])
@@ -380,18 +381,19 @@ class RldsSource(EpisodeSource):
                 k -= size
             raise IndexError(k)
 
-        return self._read_pieces(np.concatenate(owners), np.concatenate(tables), name)
+        return self._read_pieces(np.concatenate(owners), np.concatenate(tables), name, scratch=True)
 
     def _picture_rows(self, feature: str, owner: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Where the pictures of camera ``feature`` at ``steps`` of episodes ``owner`` lie in their records, with
         their CRC-32C: int64 ``[n, 3]`` (start, stop, crc) from the index."""
         return self._picture_at[feature][self._task_start[owner] + steps]
 
-    def _read_pieces(self, owner: np.ndarray, table: np.ndarray, name: Callable[[int], str]
+    def _read_pieces(self, owner: np.ndarray, table: np.ndarray, name: Callable[[int], str], scratch: bool = False
                      ) -> tuple[np.ndarray, np.ndarray]:
-        """The pictures ``table`` (:meth:`_picture_rows`) of episodes ``owner`` read by range, back to back."""
+        """The pictures ``table`` (:meth:`_picture_rows`) of episodes ``owner`` read by range, back to back
+        (``scratch``: into the thread's scratch buffer, see :meth:`RecordRanges.gather`)."""
         pieces = np.column_stack([owner, self._shard_of[owner], self._offset[owner], table])
-        return self._ranges.gather(pieces, name)
+        return self._ranges.gather(pieces, name, scratch)
 
     def _gather(self, pictures: list[tuple[int, str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
         """The encoded pictures of ``pictures`` (episode, camera, steps), back to back in their order: one buffer
