@@ -115,6 +115,7 @@ class BufferPool:
              ) -> torch.Tensor:
         """An uninitialised ``shape`` tensor in a pooled shared-memory buffer for payload ``key``, starting
         ``phase`` bytes past a 64-byte boundary (see :func:`phase_offset`)."""
+        phase_offset(0, phase, dtype.itemsize)  # a bad phase is refused before a buffer is taken
         nbytes = math.prod(shape) * dtype.itemsize + (_ALIGN if phase else 0)
         with self._lock:
             buffers = self._buffers.setdefault(key, OrderedDict())

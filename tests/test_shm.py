@@ -167,9 +167,11 @@ def test_a_phased_buffer_starts_past_a_64_byte_boundary_and_crosses_as_it_is(poo
     again = pool_here.take(KEY, (2, 16, 16, 3))  # the same buffer, taken at phase 0: its start
     assert again.untyped_storage().data_ptr() == storage.data_ptr() and again.storage_offset() == 0
     assert pool_here.take("floats", (3, 5), torch.float32, phase=16).data_ptr() % 64 == 16
+    taken = pool_here.allocated
     for phase, dtype in ((64, torch.uint8), (-16, torch.uint8), (6, torch.float32)):
         with pytest.raises(ValueError, match="phase"):
             pool_here.take("bad", (4,), dtype, phase=phase)
+    assert pool_here.allocated == taken  # refused before any buffer was taken
 
 
 @pytest.mark.parametrize("worker", [False, True])
