@@ -281,6 +281,10 @@ def _chunk_blobs(root: str, steps: list[int]) -> list[tuple[bytes, tuple]]:
     return blobs
 
 
+_SLOTS = ("shared_", "aligned_")
+"""The limit's ways into a batch's slots in shared memory: at mmfeed's phase, and 64-byte aligned."""
+
+
 def _decode_chunk(root: str, steps: list[int], warm: int) -> dict[str, float]:
     """Read the pictures of ``steps``, decode the first ``warm`` samples' untimed, then time decoding them all,
     a batch's worth (96 pictures) at a time, three ways, in turn first: into new arrays; into the slots of a
@@ -296,14 +300,14 @@ def _decode_chunk(root: str, steps: list[int], warm: int) -> dict[str, float]:
         decode_picture(blob, None, declared, "rgb24", False, None)
     # mapped before the clock starts, as a worker's recycled batch buffers are
     sizes = {d for _, d in blobs}
-    slots = {"shared_": {d: _aligned(64, *d, shared=True, phase=SLOT_PHASE) for d in sizes},
-             "aligned_": {d: _aligned(64, *d, shared=True) for d in sizes}}
-    variants = ("", *slots)
+    slots = {variant: {d: _aligned(64, *d, shared=True, phase=phase) for d in sizes}
+             for variant, phase in zip(_SLOTS, (SLOT_PHASE, 0))}
+    variants = ("", *_SLOTS)
     out = {f"{v}{k}": 0.0 for v in variants for k in ("seconds", "cpu_s")}
     out.update(pixels=0, bytes=sum(len(b) for b, _ in blobs))
     for n, first in enumerate(range(0, len(blobs), 96)):
         group = blobs[first:first + 96]
-        for variant in variants[n % 3:] + variants[:n % 3]:
+        for variant in variants[n % len(variants):] + variants[:n % len(variants)]:
             c0, w0 = time.process_time(), time.perf_counter()  # user + system CPU of this process, to the ns
             if variant:
                 into = slots[variant]
@@ -348,7 +352,7 @@ def decode_limit(root: str | os.PathLike, *, samples: int, workers: int = 2, see
            "samples_per_cpu_s": samples / max(cpu_s, 1e-9), "cpu_s_per_1000_samples": 1000 * cpu_s / samples,
            "samples_per_s_per_core": samples / sum(g["seconds"] for g in got),
            "bytes": sum(g["bytes"] for g in got), "decoder": jpeg_decoder()}
-    for variant in ("shared_", "aligned_"):  # the same pictures into a batch's slots, at mmfeed's phase and aligned
+    for variant in _SLOTS:  # the same pictures into a batch's slots, at mmfeed's phase and aligned
         out[f"{variant}samples_per_s"] = samples / max(g[f"{variant}seconds"] for g in got)
         out[f"{variant}cpu_s_per_1000_samples"] = 1000 * sum(g[f"{variant}cpu_s"] for g in got) / samples
     return out

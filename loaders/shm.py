@@ -57,8 +57,8 @@ import torch
 from mmfeed.loaders.clock import TimedBatch
 from mmfeed.packing.batch import PackedBatch, map_tensors, small_array
 
-__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "phase_offset", "pooled_buffer",
-           "received_buffers"]
+__all__ = ["BufferPool", "ReleaseTracker", "enable_pool", "give_back", "phase_headroom", "phase_offset",
+           "pooled_buffer", "received_buffers"]
 
 _MAGIC = b"mmfeed/shm/pool\x00"  # 16 bytes
 _TRAILER = 32  # magic (16), state (int64), the pool's nonce (8)
@@ -116,7 +116,7 @@ class BufferPool:
         """An uninitialised ``shape`` tensor in a pooled shared-memory buffer for payload ``key``, starting
         ``phase`` bytes past a 64-byte boundary (see :func:`phase_offset`)."""
         phase_offset(0, phase, dtype.itemsize)  # a bad phase is refused before a buffer is taken
-        nbytes = math.prod(shape) * dtype.itemsize + (_ALIGN if phase else 0)
+        nbytes = math.prod(shape) * dtype.itemsize + phase_headroom(phase)
         with self._lock:
             buffers = self._buffers.setdefault(key, OrderedDict())
             best = None  # the smallest free buffer that fits
@@ -200,6 +200,12 @@ def phase_offset(address: int, phase: int, itemsize: int = 1) -> int:
     if not 0 <= phase < _ALIGN or phase % itemsize:
         raise ValueError(f"a buffer's phase is a multiple of its item size ({itemsize}) in [0, {_ALIGN}), got {phase}")
     return (phase - address) % _ALIGN if phase else 0
+
+
+def phase_headroom(phase: int) -> int:
+    """The spare bytes a buffer needs to start ``phase`` bytes past a 64-byte boundary wherever it was allocated
+    (none for phase 0: it starts where it was allocated)."""
+    return _ALIGN if phase else 0
 
 
 def give_back(tensor: object) -> None:

@@ -56,7 +56,7 @@ from mmfeed.loaders.planned.steps import (
     transform_each,
     without_failures,
 )
-from mmfeed.loaders.shm import give_back, phase_offset, pooled_buffer
+from mmfeed.loaders.shm import give_back, phase_headroom, phase_offset, pooled_buffer
 from mmfeed.loaders.sources.base import EpisodeRequest, EpisodeSource, WindowArrays
 from mmfeed.packing import PackedBatch
 from mmfeed.packing.batch import BY_VALUE_BYTES
@@ -434,7 +434,7 @@ def _alloc(key: str, shape: tuple[int, ...], phase: int = 0) -> tuple[np.ndarray
     process maps as is (a recycled one when the worker recycles buffers, see :mod:`mmfeed.loaders.shm`)."""
     if torch.utils.data.get_worker_info() is None:
         size = int(np.prod(shape))
-        raw = np.empty(size + (64 if phase else 0), dtype=np.uint8)
+        raw = np.empty(size + phase_headroom(phase), dtype=np.uint8)
         at = phase_offset(raw.ctypes.data, phase)
         buffer = raw[at:at + size].reshape(shape)
         return buffer, buffer
@@ -447,7 +447,7 @@ def _shared(shape: tuple[int, ...], dtype: torch.dtype, phase: int = 0) -> torch
     """An uninitialised tensor allocated in shared memory (``share_memory_()`` would allocate, then copy), starting
     ``phase`` bytes past a 64-byte boundary."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * itemsize + (64 if phase else 0))
+    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * itemsize + phase_headroom(phase))
     offset = phase_offset(storage.data_ptr(), phase, itemsize) // itemsize
     return torch.empty(0, dtype=dtype).set_(storage, offset, shape)
 
