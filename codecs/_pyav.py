@@ -96,6 +96,7 @@ class PyAVReader:
         self._reformatter = VideoReformatter()
         self._direct = DirectRGB() if frame_format == "rgb24" else None
         self._index_of = {int(p): i for i, p in enumerate(info.pts)}
+        self._gop_start = info.gop_start.tolist()  # each frame's keyframe, as Python ints (read once a frame)
         self._frames = None  # the live decode generator, or None when the next read must seek
         self._pos = -1  # presentation index of the last frame the decoder produced
         self.frames_decoded = 0  # running counters, for benchmarks and tests
@@ -132,17 +133,45 @@ class PyAVReader:
         layout."""
         # Local bound methods: one kept on the reader would make a reference cycle, and a reader freed by the
         # cyclic collector may be freed in a forked worker, whose copy of swscale's threads never answers.
+        import av
+
         rgb = self.frame_format == "rgb24"
         convert, direct = (self._rgb, self._direct) if rgb else (self._yuv, None)
-        for k, target in enumerate(indices.tolist()):
-            frame = self._decode_one(int(target))
-            out = into(k) if into is not None else None
-            if out is None:
-                sink(k, convert(frame))
-            elif not rgb:
-                self._yuv(frame, out)
-            elif not direct.convert_into(frame, out, convert):
-                sink(k, convert(frame))
+        gop_start, index_of, seek_cost, failed = self._gop_start, self._index_of, self._seek_cost, av.error.FFmpegError
+        decoded = 0
+        try:
+            for k, target in enumerate(indices.tolist()):
+                # The usual way, inline (this runs once a frame, and a frame's Python is a few percent of its
+                # decoding): on from the live decode, or from the target's keyframe, as in _decode_one.
+                key, frame, frames = gop_start[target], None, self._frames
+                if frames is None or target <= self._pos or key - self._pos - 1 > seek_cost:
+                    self._seek(key)
+                    frames = self._frames
+                try:
+                    for got in frames:
+                        decoded += 1
+                        pts = got.pts
+                        idx = index_of.get(pts, -1) if pts is not None else -1
+                        if idx >= 0:
+                            self._pos = idx
+                            if idx >= target:
+                                frame = got if idx == target else None
+                                break
+                except failed as exc:
+                    raise self._failed(target, exc) from exc
+                if frame is None:  # passed the target, or the stream ended
+                    self._stop_decoding()
+                    frame = self._retry(target)
+                out = into(k) if into is not None else None
+                if out is None:
+                    sink(k, convert(frame))
+                elif not rgb:
+                    self._yuv(frame, out)
+                elif not direct.convert_into(frame, out, convert):
+                    sink(k, convert(frame))
+        finally:  # counted once per call, not per frame
+            self.frames_decoded += decoded
+            _counts()["frames_decoded"] += decoded
 
     def _decode_on_device(self, indices: np.ndarray):
         """:meth:`decode` with NVDEC (:mod:`mmfeed.codecs._nvdec`): every frame's NV12 planes copied into one
@@ -196,21 +225,28 @@ class PyAVReader:
         info, pos = self.info, self._pos
         key = int(info.gop_start[target])
         # go on decoding where the target lies ahead and the frames decoded in vain on the way cost less than a
-        # seek to its own keyframe; seek otherwise (inline: this runs once a frame)
-        if self._frames is None or target <= pos or (key > pos + 1 and key - pos - 1 > self._seek_cost):
+        # seek to its own keyframe (seek_cost >= 0); seek otherwise
+        if self._frames is None or target <= pos or key - pos - 1 > self._seek_cost:
             self._seek(key)
-        for attempt in range(3):
+        try:
+            frame = self._advance_to(target)
+        except _Overshot:
+            frame = None
+        return frame if frame is not None else self._retry(target)
+
+    def _retry(self, target: int):
+        """``target`` when the decoder passed it or ended without producing it (an inexact seek, or frames that
+        need an earlier GOP): decoded again from the keyframe before its own, then from the first frame."""
+        info = self.info
+        for back in (int(info.gop_start[max(int(info.gop_start[target]) - 1, 0)]), 0):
+            log.debug("%s: frame %d not produced after seek; retrying from frame %d", info.path, target, back)
+            self._seek(back)
             try:
                 frame = self._advance_to(target)
             except _Overshot:
                 frame = None
             if frame is not None:
                 return frame
-            # The decoder passed the target or ended without producing it (an inexact seek, or frames that
-            # need an earlier GOP): start again from an earlier keyframe.
-            back = int(info.gop_start[max(int(info.gop_start[target]) - 1, 0)]) if attempt == 0 else 0
-            log.debug("%s: frame %d not produced after seek; retrying from frame %d", info.path, target, back)
-            self._seek(back)
         raise DecodeError(
             f"{info.path}: frame {target} could not be decoded (the decoder never produced pts "
             f"{int(info.pts[target])}); the video has {info.num_frames} frames ({info.duration:.3f} s)",
@@ -256,20 +292,24 @@ class PyAVReader:
                 if idx > target:
                     raise _Overshot
         except av.error.FFmpegError as exc:
-            self._stop_decoding()
-            raise DecodeError(
-                f"{self.info.path}: decoding failed on the way to frame {target}: {exc}; the video has "
-                f"{self.info.num_frames} frames ({self.info.duration:.3f} s)",
-                path=self.info.path,
-                index=target,
-                num_frames=self.info.num_frames,
-                duration=self.info.duration,
-            ) from exc
+            raise self._failed(target, exc) from exc
         finally:  # counted once per call, not per frame
             self.frames_decoded += decoded
             counts["frames_decoded"] += decoded
         self._stop_decoding()
         return None
+
+    def _failed(self, target: int, exc: Exception) -> DecodeError:
+        """The error for a decoder that failed on the way to frame ``target`` (the live decode ended)."""
+        self._stop_decoding()
+        return DecodeError(
+            f"{self.info.path}: decoding failed on the way to frame {target}: {exc}; the video has "
+            f"{self.info.num_frames} frames ({self.info.duration:.3f} s)",
+            path=self.info.path,
+            index=target,
+            num_frames=self.info.num_frames,
+            duration=self.info.duration,
+        )
 
     def _rgb(self, frame) -> np.ndarray:
         # One reformatter for the whole file: frame.to_ndarray(format=...) would build a new swscale context for

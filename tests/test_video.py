@@ -213,6 +213,29 @@ def test_threads_and_in_memory_bytes_give_the_same_frames(videos):
         read_frames(b"", indices=[0])
 
 
+@pytest.mark.parametrize("name", ["h264_gop30", "av1_gop2"])
+def test_pyav_reader_recovers_when_the_decoder_passed_or_ended_before_the_target(videos, name):
+    # A decoder that is not where the reader believes (an inexact seek, frames that need an earlier GOP) passes
+    # the target or ends without producing it; the reader seeks back and still returns the frame asked for.
+    from mmfeed.codecs._pyav import PyAVReader
+
+    path = videos[name]
+    info = probe(path)
+    reader = PyAVReader(path, info)
+    try:
+        got = []
+        for ahead, target in ((40, 35), (N - 1, N - 1)):
+            reader.decode(np.array([ahead]))  # the live decode stands at `ahead` (the last frame: at its end)
+            reader._pos = int(info.gop_start[target]) - 1  # but the reader believes it is just before the GOP
+            seeks = reader.seeks
+            got.append(reader.decode(np.array([target]))[0])
+            assert reader.seeks > seeks  # it had to seek back
+        assert read_index(np.stack(got)).tolist() == [35, N - 1]
+        assert np.array_equal(np.stack(got), read_frames(path, indices=[35, N - 1], backend="pyav"))
+    finally:
+        reader.close()
+
+
 def test_bad_arguments_raise_value_or_type_errors_naming_the_fix(videos):
     path = videos["h264_gop30"]
     with pytest.raises(TypeError, match="timestamps="):
