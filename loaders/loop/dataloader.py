@@ -80,7 +80,7 @@ from mmfeed.loaders.loop.epoch_iter import LoaderIter
 from mmfeed.loaders.loop.epochs import Epochs, Feed
 from mmfeed.loaders.loop.prefetch import _resolve_device
 from mmfeed.loaders.loop.resume import ChainedIndex, EpochCursor, ResumableIndex, ShuffleSampler
-from mmfeed.loaders.loop.workers import WorkerInit
+from mmfeed.loaders.loop.workers import WorkerInit, direct_queues
 from mmfeed.loaders.shm import ReleaseTracker
 from mmfeed.loaders.observe.timing import StepTimer
 from mmfeed.loaders.planned.dataset import PlannedDataset, PlanSampler
@@ -325,6 +325,7 @@ class DataLoader(TorchDataLoader[_T_co]):
                 and not threads:
             per_key = (self.prefetch_factor or 2) + 4  # in flight, held by the loop and its prefetcher, spare
             args["worker_init_fn"] = WorkerInit(per_key, self.worker_init_fn)
+            args["multiprocessing_context"] = direct_queues(args.get("multiprocessing_context"))  # small messages
             recycler = ReleaseTracker(stale_after=8 * workers * per_key)
         elif workers > 0 and not threads:
             args["worker_init_fn"] = WorkerInit(None, self.worker_init_fn)

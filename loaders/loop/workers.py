@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.queues
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from torch.utils.data import DataLoader as TorchDataLoader
@@ -21,7 +25,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from mmfeed.codecs.nt_copy import warm
 from mmfeed.loaders.shm import enable_pool
 
-__all__ = ["PARENT_POLL_S", "WorkerInit", "exit_with_parent", "start_torch_iterator"]
+__all__ = ["PARENT_POLL_S", "DirectQueue", "WorkerInit", "direct_queues", "exit_with_parent", "start_torch_iterator"]
 
 PARENT_POLL_S = 0.5
 
@@ -58,6 +62,52 @@ def exit_with_parent() -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="mmfeed-parent-watch", daemon=True).start()
+
+
+class DirectQueue(multiprocessing.queues.Queue):
+    """A multiprocessing queue whose ``put`` pickles and writes in the calling thread: no feeder thread, so
+    no thread woken per message on either side (the training process puts an index, a worker puts a batch).
+    ``put`` returns once the message is in the pipe, so it blocks while the pipe is full; that suits messages
+    that are small and few in flight, as a recycling loader's are (indices, and batches whose payload is in
+    shared memory: a batch of handles), and only those. A message that cannot be pickled raises in ``put``."""
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
+        if not self._sem.acquire(block, timeout):
+            raise queue.Full
+        try:
+            data = ForkingPickler.dumps(obj)
+        except BaseException:
+            self._sem.release()
+            raise
+        if self._wlock is None:  # one process end per pipe end (Windows): no lock to take
+            self._writer.send_bytes(data)
+        else:
+            with self._wlock:
+                self._writer.send_bytes(data)
+
+
+_DIRECT: dict[type, type] = {}
+
+
+def direct_queues(context: Any = None) -> multiprocessing.context.BaseContext:
+    """``context`` (a multiprocessing context, its start method's name, or None for the default) whose
+    ``Queue()`` is a :class:`DirectQueue`, for torch's loader (``multiprocessing_context=``): the index and
+    result queues of its workers."""
+    if context is None or isinstance(context, str):
+        context = multiprocessing.get_context(context)
+    context = context.get_context()  # the default context: the one it stands for
+    kind = _DIRECT.get(type(context))
+    if kind is None:
+        def direct_queue(self: Any, maxsize: int = 0) -> DirectQueue:
+            return DirectQueue(maxsize, ctx=self)
+
+        kind = _DIRECT[type(context)] = type(f"Direct{type(context).__name__}", (type(context),),
+                                             {"Queue": direct_queue, "__module__": __name__})
+    direct = kind.__new__(kind)
+    direct.__dict__.update(context.__dict__)
+    return direct
 
 
 class _ForkedWorkers:
