@@ -371,9 +371,11 @@ class ReleaseTracker:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def watch(self, batch: Any) -> None:
-        """Free what the earlier batches no longer use, then note the pooled buffers of ``batch``."""
-        self.sweep()
+    def watch(self, batch: Any, swept: bool = False) -> None:
+        """Free what the earlier batches no longer use (``swept``: the caller just did), then note the pooled
+        buffers of ``batch``."""
+        if not swept:
+            self.sweep()
         self._batches += 1
         for tensor in _tensors(batch):
             storage = tensor.untyped_storage()

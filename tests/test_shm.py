@@ -46,6 +46,28 @@ def test_a_buffer_is_taken_again_only_after_the_tracker_saw_it_unreferenced():
     assert _state(storage).value == IN_WORKER
 
 
+def test_what_the_loop_let_go_of_is_free_before_the_next_batch_is_asked_for():
+    # torch sends a worker its next index while it hands over a batch: the buffers the loop dropped must be free
+    # by then, or the worker takes a new one (memory that grows by a buffer now and then over the epochs)
+    from mmfeed.loaders.loop.epoch_iter import _recycle
+
+    pool, tracker = BufferPool(per_key=4), ReleaseTracker()
+    storages, asked = [], []
+
+    def batches():
+        for k in range(5):
+            if k >= 2:  # as batch k is asked for: (the batch before last, the batch the loop holds)
+                asked.append((_state(storages[k - 2]).value, _state(storages[k - 1]).value))
+            batch = {KEY: pool.take(KEY, (2, 4, 4, 3))}
+            storages.append(batch[KEY].untyped_storage())
+            yield batch
+
+    for batch in _recycle(batches(), tracker):  # the loop holds one batch at a time
+        assert _state(batch[KEY].untyped_storage()).value == IN_MAIN
+    assert asked == [(FREE, IN_MAIN)] * 3
+    assert pool.allocated == 2  # so two buffers serve the five batches
+
+
 def test_a_numpy_array_of_a_buffer_keeps_it_in_use():
     pool, tracker = BufferPool(per_key=2), ReleaseTracker()
     t = pool.take(KEY, (4, 4))

@@ -48,8 +48,17 @@ class EpochOwner(Protocol):
 
 
 def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
-    for item in source:
-        tracker.watch(item)
+    """``source``'s batches, each watched by ``tracker``; before each next batch is asked for, what the loop let go
+    of is marked free (torch sends a worker its next batch's index as it hands over one: the worker then finds
+    the buffers of the batch before last free, and needs no new one)."""
+    source = iter(source)
+    while True:
+        tracker.sweep()
+        try:
+            item = next(source)
+        except StopIteration:
+            return
+        tracker.watch(item, swept=True)
         yield item
 
 
