@@ -107,7 +107,7 @@ class BufferPool:
         self._buffers: dict[str, OrderedDict[int, _Buffer]] = {}
         self._by_ptr: dict[int, _Buffer] = {}
         self._dropped: list[int] = []  # serials of sent buffers dropped since the last batch was pickled
-        self._lock = threading.Lock()  # the worker's loop takes buffers; its queue's feeder thread pickles batches
+        self._lock = threading.Lock()  # the worker's loop takes buffers; a queue's feeder thread may pickle batches
         self.allocated = 0  # buffers created, and buffers taken again: for tests and benchmarks
         self.reused = 0
 
