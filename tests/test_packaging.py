@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package (the dev extra installs it there)
+    import tomli as tomllib
 import zipfile
 from pathlib import Path
 
