@@ -144,6 +144,22 @@ def _arrive(tracker: ReleaseTracker, data: bytes) -> PackedBatch:
     return got
 
 
+def test_small_arrays_of_every_layout_arrive_equal_in_the_buffer_of_small_arrays(pool_here):
+    frames = pool_here.take(KEY, (2, 4, 4, 3))
+    frames.fill_(5)
+    grid = torch.arange(24, dtype=torch.float64).view(4, 6)
+    metadata = {"sample": torch.arange(2), "transposed": grid.t(), "strided": grid[::2, 1::3],
+                "scalar": torch.tensor(7, dtype=torch.int16), "bools": torch.tensor([True, False, True])}
+    batch = PackedBatch.from_segments([[2]], 4, data={KEY: frames}, metadata=metadata)
+    _, got = _send(batch)
+    small = got.document_ids.untyped_storage()
+    for name, value in metadata.items():
+        arrived = got.metadata[name]
+        assert arrived.untyped_storage().data_ptr() == small.data_ptr(), name  # in the buffer of small arrays
+        assert arrived.dtype == value.dtype and torch.equal(arrived, value), name
+    assert torch.equal(got.data[KEY], frames)
+
+
 def test_a_buffers_descriptor_crosses_once_and_a_dropped_buffer_is_forgotten(pool_here):
     tracker = ReleaseTracker()
     a = pool_here.take(KEY, (2, 16, 16, 3))
