@@ -91,8 +91,10 @@ class PyAVReader:
         self._stream.thread_count = int(threads)
         self._stream.thread_type = "AUTO" if threads > 1 else "SLICE"
         self._seek_cost = seek_cost_frames(threads)
+        import av
         from av.video.reformatter import VideoReformatter
 
+        self._ffmpeg_error = av.error.FFmpegError  # what a failing decoder raises
         self._reformatter = VideoReformatter()
         self._direct = DirectRGB() if frame_format == "rgb24" else None
         self._index_of = {int(p): i for i, p in enumerate(info.pts)}
@@ -133,45 +135,17 @@ class PyAVReader:
         layout."""
         # Local bound methods: one kept on the reader would make a reference cycle, and a reader freed by the
         # cyclic collector may be freed in a forked worker, whose copy of swscale's threads never answers.
-        import av
-
         rgb = self.frame_format == "rgb24"
         convert, direct = (self._rgb, self._direct) if rgb else (self._yuv, None)
-        gop_start, index_of, seek_cost, failed = self._gop_start, self._index_of, self._seek_cost, av.error.FFmpegError
-        decoded = 0
-        try:
-            for k, target in enumerate(indices.tolist()):
-                # The usual way, inline (this runs once a frame, and a frame's Python is a few percent of its
-                # decoding): on from the live decode, or from the target's keyframe, as in _decode_one.
-                key, frame, frames = gop_start[target], None, self._frames
-                if frames is None or target <= self._pos or key - self._pos - 1 > seek_cost:
-                    self._seek(key)
-                    frames = self._frames
-                try:
-                    for got in frames:
-                        decoded += 1
-                        pts = got.pts
-                        idx = index_of.get(pts, -1) if pts is not None else -1
-                        if idx >= 0:
-                            self._pos = idx
-                            if idx >= target:
-                                frame = got if idx == target else None
-                                break
-                except failed as exc:
-                    raise self._failed(target, exc) from exc
-                if frame is None:  # passed the target, or the stream ended
-                    self._stop_decoding()
-                    frame = self._retry(target)
-                out = into(k) if into is not None else None
-                if out is None:
-                    sink(k, convert(frame))
-                elif not rgb:
-                    self._yuv(frame, out)
-                elif not direct.convert_into(frame, out, convert):
-                    sink(k, convert(frame))
-        finally:  # counted once per call, not per frame
-            self.frames_decoded += decoded
-            _counts()["frames_decoded"] += decoded
+        for k, target in enumerate(indices.tolist()):
+            frame = self._decode_one(target)
+            out = into(k) if into is not None else None
+            if out is None:
+                sink(k, convert(frame))
+            elif not rgb:
+                self._yuv(frame, out)
+            elif not direct.convert_into(frame, out, convert):
+                sink(k, convert(frame))
 
     def _decode_on_device(self, indices: np.ndarray):
         """:meth:`decode` with NVDEC (:mod:`mmfeed.codecs._nvdec`): every frame's NV12 planes copied into one
@@ -222,29 +196,23 @@ class PyAVReader:
             frames.close()
 
     def _decode_one(self, target: int):
-        info, pos = self.info, self._pos
-        key = int(info.gop_start[target])
         # go on decoding where the target lies ahead and the frames decoded in vain on the way cost less than a
-        # seek to its own keyframe (seek_cost >= 0); seek otherwise
-        if self._frames is None or target <= pos or key - pos - 1 > self._seek_cost:
+        # seek to its own keyframe (seek_cost >= 0); seek otherwise. This runs once a frame: keyframes are read
+        # from a list of ints, and nothing here imports or raises on the usual way.
+        key = self._gop_start[target]
+        if self._frames is None or target <= self._pos or key - self._pos - 1 > self._seek_cost:
             self._seek(key)
-        try:
-            frame = self._advance_to(target)
-        except _Overshot:
-            frame = None
+        frame = self._advance_to(target)
         return frame if frame is not None else self._retry(target)
 
     def _retry(self, target: int):
         """``target`` when the decoder passed it or ended without producing it (an inexact seek, or frames that
         need an earlier GOP): decoded again from the keyframe before its own, then from the first frame."""
         info = self.info
-        for back in (int(info.gop_start[max(int(info.gop_start[target]) - 1, 0)]), 0):
+        for back in (self._gop_start[max(self._gop_start[target] - 1, 0)], 0):
             log.debug("%s: frame %d not produced after seek; retrying from frame %d", info.path, target, back)
             self._seek(back)
-            try:
-                frame = self._advance_to(target)
-            except _Overshot:
-                frame = None
+            frame = self._advance_to(target)
             if frame is not None:
                 return frame
         raise DecodeError(
@@ -257,13 +225,11 @@ class PyAVReader:
         )
 
     def _seek(self, frame_index: int) -> None:
-        import av
-
         pts = int(self.info.pts[frame_index])
         self._stop_decoding()
         try:
             self._container.seek(pts, stream=self._stream, backward=True, any_frame=False)
-        except (av.error.FFmpegError, OSError) as exc:
+        except (self._ffmpeg_error, OSError) as exc:
             raise DecodeError(
                 f"{self.info.path}: seeking to frame {frame_index} (pts {pts}) failed: {exc}",
                 path=self.info.path,
@@ -277,27 +243,27 @@ class PyAVReader:
         self._pos = -1
 
     def _advance_to(self, target: int):
-        import av
-
-        counts, index_of, decoded = _counts(), self._index_of, 0
+        """Decode on to frame ``target``: the frame, or None where the decoder passed it or the stream ended (the
+        live decode is then ended)."""
+        index_of, decoded, frame = self._index_of, 0, None
         try:
-            for frame in self._frames:
+            for got in self._frames:
                 decoded += 1
-                idx = index_of.get(frame.pts, -1) if frame.pts is not None else -1
-                if idx < 0:
-                    continue
-                self._pos = idx
-                if idx == target:
-                    return frame
-                if idx > target:
-                    raise _Overshot
-        except av.error.FFmpegError as exc:
+                pts = got.pts
+                idx = index_of.get(pts, -1) if pts is not None else -1
+                if idx >= 0:
+                    self._pos = idx
+                    if idx >= target:
+                        frame = got if idx == target else None
+                        break
+        except self._ffmpeg_error as exc:
             raise self._failed(target, exc) from exc
         finally:  # counted once per call, not per frame
             self.frames_decoded += decoded
-            counts["frames_decoded"] += decoded
-        self._stop_decoding()
-        return None
+            _counts()["frames_decoded"] += decoded
+        if frame is None:
+            self._stop_decoding()
+        return frame
 
     def _failed(self, target: int, exc: Exception) -> DecodeError:
         """The error for a decoder that failed on the way to frame ``target`` (the live decode ended)."""
@@ -383,7 +349,3 @@ def _plane_views(frame: np.ndarray, h: int, w: int) -> tuple[np.ndarray, ...]:
 
 # AVColorSpace -> the matrix swscale converts with (anything else, unspecified included, is BT.601).
 _MATRICES = {1: "bt709", 4: "fcc", 7: "smpte240m", 9: "bt2020", 10: "bt2020"}
-
-
-class _Overshot(Exception):
-    """The decoder produced a frame after the target without producing the target."""
