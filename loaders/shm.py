@@ -371,11 +371,13 @@ class ReleaseTracker:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def watch(self, batch: Any, swept: bool = False) -> None:
-        """Free what the earlier batches no longer use (``swept``: the caller just did), then note the pooled
-        buffers of ``batch``."""
-        if not swept:
-            self.sweep()
+    def watch(self, batch: Any) -> None:
+        """Free what the earlier batches no longer use, then note the pooled buffers of ``batch``."""
+        self.sweep()
+        self.note(batch)
+
+    def note(self, batch: Any) -> None:
+        """Note the pooled buffers of ``batch``: in the training process, each marked in use there."""
         self._batches += 1
         for tensor in _tensors(batch):
             storage = tensor.untyped_storage()

@@ -58,7 +58,7 @@ def _recycle(source: Iterator[Any], tracker: ReleaseTracker) -> Iterator[Any]:
             item = next(source)
         except StopIteration:
             return
-        tracker.watch(item, swept=True)
+        tracker.note(item)
         yield item
 
 
