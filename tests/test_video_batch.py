@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from mmfeed.codecs import DecodeError, FrameRequest, VideoReaderCache, decode_batch, read_frames
 from mmfeed.codecs._decord import decord_available
+from mmfeed.codecs.demux import probe
+from mmfeed.codecs.video import DecodeOptions, decode_requests, open_reader
 from mmfeed.testing import frame_pattern, read_index, write_video
 
 H, W, N = 48, 64, 90
@@ -178,3 +180,32 @@ def _read_in_child(cache, path, queue):
     result = (indices_of(cache.read(path, [3, 1])), cache.opened)
     cache.close()  # closes only what the child opened
     queue.put(result)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 39), min_size=0, max_size=6), min_size=1, max_size=4),
+       st.sampled_from(["rgb24", "yuv420"]), st.booleans(), st.lists(st.booleans(), min_size=4, max_size=4))
+def test_requests_into_given_outputs_hold_every_place_of_every_frame(videos, wanted, frame_format, crop, strided):
+    """decode_requests writes each frame into every place that asks for it, repeats within and across requests
+    included: into given outputs, contiguous (written straight into the first place, copied to the others) or
+    strided (through the sink, every place), cropped or not, RGB or I420 planes; as read_frames returns them."""
+    path = videos["av1"]
+    options = DecodeOptions(backend="pyav", frame_format=frame_format, crop=(2, 4, 32, 48) if crop else None)
+    info = probe(path)
+    want = [read_frames(path, indices=w, backend="pyav", frame_format=frame_format, crop=options.crop)
+            if w else None for w in wanted]
+    step = next((x.shape[1:] for x in want if x is not None), None)
+    if step is None:
+        return
+    outs = []
+    for w, s in zip(wanted, strided):  # a strided output: every other frame of a larger array
+        outs.append(np.zeros((2 * len(w), *step), np.uint8)[::2] if s else np.zeros((len(w), *step), np.uint8))
+    reader = open_reader(path, options, info)
+    try:
+        got = decode_requests(reader, options, info, [np.asarray(w, np.int64) for w in wanted], outs)
+    finally:
+        reader.close()
+    for w, g, o, x in zip(wanted, got, outs, want):
+        assert g is o
+        if w:
+            assert np.array_equal(g, x)
