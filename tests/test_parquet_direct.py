@@ -193,3 +193,23 @@ def test_one_background_compile_a_machine_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setattr(parquet_direct, "_started", False)
     parquet_direct._warm_up()
     assert len(started) == 2
+
+
+def test_a_v2_page_whose_null_count_disagrees_with_its_levels_gives_none(tmp_path):
+    """A v2 data page says how many of its levels hold no value (num_nulls): a count the levels do not bear out
+    (here one more than pyarrow wrote) means the page is not what its header says, and is not read."""
+    rows = [None if k % 5 == 0 else ["x", "y"][: k % 3] for k in range(20)]
+    n = sum(max(len(r or []), 1) for r in rows)  # one level for each text, and for each empty or null list
+    nulls = n - sum(len(r or []) for r in rows)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"t": pa.array(rows, pa.list_(pa.string()))}), path, data_page_version="2.0",
+                   use_dictionary=False, compression="none")
+    assert_reads_as_pyarrow(path, [], ["t"])
+    # the page header's DataPageHeaderV2 (field 8, a struct: 0x5C), compact-encoded: num_values, num_nulls and
+    # num_rows, each field 0x15 (an i32) and its zigzag varint (one byte each below 64)
+    data = path.read_bytes()
+    header = bytes([0x5C, 0x15, 2 * n, 0x15, 2 * nulls, 0x15, 2 * len(rows)])
+    assert data.count(header) == 1
+    at = data.index(header) + 4
+    path.write_bytes(data[:at] + bytes([2 * (nulls + 1)]) + data[at + 1:])
+    assert read_direct(path, [], ["t"]) is None

@@ -15,8 +15,8 @@ same compiled loop: the parquet that pyarrow writes (what LeRobot and ``datasets
 Anything else (another codec, a null, an unsigned or timestamp column, encryption, a column chunk in another
 file, a footer or page that does not parse) makes :func:`read_direct` return None, and the caller reads the
 file with pyarrow, whose errors name what is wrong. Every read of the file's bytes is bounds-checked, a snappy
-page may not claim more than its bytes can expand to, and the rows a footer claims are bounded by the file's
-size, so a broken file costs at most one pass over its bytes.
+page may not claim more than its bytes can expand to, a v2 page's null count must be what its levels say, and
+the rows a footer claims are bounded by the file's size, so a broken file costs at most one pass over its bytes.
 
     >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq
     >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
@@ -589,6 +589,14 @@ def _data(b: np.ndarray, h: np.ndarray, codec: int, max_def: int, max_rep: int, 
 
 
 @njit(cache=True, nogil=True, boundscheck=True)
+def _check_nulls(h: np.ndarray, n: int, values: int) -> None:
+    """A v2 data page says how many of its ``n`` levels hold no value (``num_nulls``, a required field): it must be
+    what its levels say, ``n - values``."""
+    if h[_H_TYPE] == _DATA_PAGE_V2 and h[_H_NULLS] != n - values:
+        raise ValueError("parquet: a v2 page whose null count disagrees with its levels")
+
+
+@njit(cache=True, nogil=True, boundscheck=True)
 def _indices(d: np.ndarray, p: int, n: int, size: int, out: np.ndarray) -> None:
     """``n`` dictionary indices at ``d[p:]`` (a width byte, then the hybrid) into ``out``, each checked below
     ``size``."""
@@ -663,6 +671,7 @@ def _numbers(b: np.ndarray, chunks: np.ndarray, rows: np.ndarray, physical: int,
                 for j in range(n):
                     if levels[j] != max_def:
                         raise ValueError("parquet: a null")
+            _check_nulls(h, n, n)
             if _dictionary_indices(h, d, p, n, size, levels):
                 for j in range(n):
                     out[at + j] = dictionary[levels[j]]
@@ -745,6 +754,7 @@ def _text_lists(b: np.ndarray, chunks: np.ndarray, rows: np.ndarray, max_def: in
                     counts[row] += 1
                 elif defs[j] >= null_element:
                     raise ValueError("parquet: a null text")
+            _check_nulls(h, n, values)
             element = _grow(element, texts + values)
             defs = _grow(defs, values)
             if _dictionary_indices(h, d, p, values, size, defs):
