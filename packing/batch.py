@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from mmfeed.packing.metadata import Layout, block_tables, document_metadata, layout_from_rows, transpose_tables
+from mmfeed.packing.metadata import Layout, Metadata, block_tables, document_metadata, layout_from_rows, \
+    transpose_tables
 
 __all__ = ["PackedBatch"]
 
@@ -194,8 +195,16 @@ class PackedBatch:
         """Packed batch from a validated flat :class:`~mmfeed.packing.metadata.Layout` (the fast path for
         loaders that already hold lengths as arrays; see :func:`~mmfeed.packing.metadata.make_layout`); the
         modalities, data and metadata are checked as :meth:`from_segments` checks them."""
+        return cls.from_metadata(document_metadata(layout), modalities=modalities, data=data, metadata=metadata)
+
+    @classmethod
+    def from_metadata(cls, meta: Metadata, *, modalities: Sequence[str] | None = None,
+                      data: Mapping[str, torch.Tensor | np.ndarray] | None = None,
+                      metadata: Mapping[str, Any] | None = None) -> PackedBatch:
+        """Packed batch over the attention metadata ``document_metadata(layout)`` gave (its arrays become the
+        batch's tensors, not copied): :meth:`from_layout` for a caller that keeps the metadata of a layout it
+        meets again."""
         names = _checked_inputs(modalities, data, metadata)
-        meta = document_metadata(layout)
         payload = {str(k): _as_tensor(str(k), v) for k, v in (data or {}).items()}
         return cls(
             document_ids=torch.from_numpy(meta.document_ids),

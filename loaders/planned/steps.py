@@ -11,6 +11,9 @@ places, the transform's inputs); none calls back into the collation that runs it
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +24,7 @@ import torch
 from mmfeed.loaders.planned.errors import ErrorCounter
 from mmfeed.loaders.transport.errors import SampleError
 from mmfeed.packing import PackedBatch
-from mmfeed.packing.metadata import Layout, make_layout
+from mmfeed.packing.metadata import Layout, Metadata, document_metadata, make_layout
 
 __all__ = ["Places", "batch_layout", "fail_nonfinite", "find_nonfinite", "pad_static", "packed", "read_under_policy",
            "sample_generator", "samples_of", "transform_each", "without_failures"]
@@ -213,20 +216,80 @@ def batch_layout(rows: Sequence[np.ndarray], nrows: int, capacity: int, doc_toke
                  num_modalities: int = 1) -> Layout:
     """The batch's :class:`~mmfeed.packing.metadata.Layout` from the documents' arrays (segments ``[n, 2]`` and
     step sizes of each document, in row order; None: one token a step, all of modality 0), validated by
-    ``make_layout``; ``nrows - len(rows)`` empty rows pad the batch."""
+    ``make_layout``; ``nrows - len(rows)`` empty rows pad the batch. The same Layout object for the same arrays as
+    one of the last few batches of this process (see :class:`_Layouts`)."""
+    runs = None if segments is None else np.concatenate(segments) if segments else np.zeros((0, 2), np.int64)
+    step_sizes = None if steps is None else np.concatenate(steps) if steps else np.zeros(0, np.int64)
+    lengths = np.asarray(doc_tokens, dtype=np.int64)
+    key = (nrows, capacity, num_modalities, tuple(map(len, rows)), lengths.tobytes(),
+           None if runs is None else (runs.dtype.str, runs.tobytes(), tuple(map(len, segments))),
+           None if step_sizes is None else (step_sizes.dtype.str, step_sizes.tobytes(), tuple(map(len, steps))))
+    return _LAYOUTS.get(key, lambda: _new_layout(rows, nrows, capacity, lengths, segments, runs, steps, step_sizes,
+                                                 num_modalities))
+
+
+def _new_layout(rows: Sequence[np.ndarray], nrows: int, capacity: int, lengths: np.ndarray,
+                segments: list[np.ndarray] | None, runs: np.ndarray | None, steps: list[np.ndarray] | None,
+                step_sizes: np.ndarray | None, num_modalities: int) -> Layout:
     def offsets(sizes: list[int]) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
     row_offsets = offsets([len(row) for row in rows] + [0] * (nrows - len(rows)))
-    lengths = np.asarray(doc_tokens, dtype=np.int64)
-    if segments is None:
+    if runs is None:
         return make_layout(lengths, row_offsets, capacity, num_modalities=num_modalities)
-    runs = np.concatenate(segments) if segments else np.zeros((0, 2), np.int64)
-    return make_layout(lengths, row_offsets, capacity,
-                       step_sizes=np.concatenate(steps) if steps else np.zeros(0, np.int64),
+    return make_layout(lengths, row_offsets, capacity, step_sizes=step_sizes,
                        step_offsets=offsets([len(p) for p in steps]), segment_modalities=runs[:, 0],
                        segment_lengths=runs[:, 1], segment_offsets=offsets([len(p) for p in segments]),
                        num_modalities=num_modalities)
+
+
+class _Layouts:
+    """The layouts of the last few batch shapes this process built, each with its attention metadata, computed
+    once. A fixed-mode plan gives every batch the same documents' tokens, steps and modality runs, so its batches
+    share one layout; each batch gets its own copy of the metadata arrays (it may change them)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._by_key: OrderedDict[tuple, Layout] = OrderedDict()
+        self._kept: dict[int, tuple[Layout, Metadata | None]] = {}  # id(layout) -> (layout, its metadata once made)
+        self._lock = threading.Lock()  # a thread-mode loader's workers collate side by side
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it as this process was forked
+
+    def get(self, key: tuple, make: Callable[[], Layout]) -> Layout:
+        """The layout of ``key`` (the arrays it is made of), made by ``make()`` the first time."""
+        with self._lock:
+            layout = self._by_key.get(key)
+            if layout is not None:
+                self._by_key.move_to_end(key)
+                return layout
+        layout = make()
+        with self._lock:
+            self._by_key[key] = layout
+            self._kept[id(layout)] = (layout, None)
+            if len(self._by_key) > self.size:
+                _, old = self._by_key.popitem(last=False)
+                del self._kept[id(old)]
+        return layout
+
+    def metadata(self, layout: Layout) -> Metadata:
+        """``document_metadata(layout)``, its arrays the caller's own; made once for a layout this memo holds."""
+        with self._lock:
+            kept = self._kept.get(id(layout))
+        if kept is None or kept[0] is not layout:
+            return document_metadata(layout)
+        meta = kept[1]
+        if meta is None:
+            meta = document_metadata(layout)
+            with self._lock:
+                if id(layout) in self._kept:
+                    self._kept[id(layout)] = (layout, meta)
+        return Metadata(*(a.copy() if isinstance(a, np.ndarray) else a for a in meta))
+
+
+_LAYOUTS = _Layouts()
 
 
 def pad_static(payload: dict[str, Any], per_entry: dict[str, int], slots: int) -> None:
@@ -254,7 +317,8 @@ def packed(layout: Layout, modalities: list[str], payload: dict[str, Any], metad
     ``cu_seqlens`` padded to ``max_documents + 1`` entries."""
     if failures:
         metadata["errors"] = failures
-    batch = PackedBatch.from_layout(layout, modalities=modalities, data=payload, metadata=metadata)
+    batch = PackedBatch.from_metadata(_LAYOUTS.metadata(layout), modalities=modalities, data=payload,
+                                      metadata=metadata)
     if static_shapes and max_documents is not None:
         batch = batch.pad_documents(max_documents)
     return batch
