@@ -271,9 +271,10 @@ def test_normalize_leaves_video_frames_alone_in_either_frame_format():
 
 
 def test_batches_of_one_shape_share_its_layout_but_not_their_tensors():
-    """A fixed-mode plan gives every batch the same layout: it is made once per process, and each batch still holds
-    its own attention metadata (a batch changed in place changes no later batch); every batch equals the one a
-    fresh process (no layout kept) builds, and a batch of another shape gets a layout of its own."""
+    """A fixed-mode plan gives every batch the same layout: it is made once per process, its attention metadata
+    once it is met again, and each batch still holds its own metadata (a batch changed in place changes no later
+    batch); every batch equals the one a fresh process (no layout kept) builds. A batch of another shape gets a
+    layout of its own; the memo keeps a bounded number of layouts, and no metadata over its byte bound."""
     from mmfeed.loaders.planned import steps
 
     def one_task():  # every document the same tokens: the task's text is one length
@@ -281,21 +282,25 @@ def test_batches_of_one_shape_share_its_layout_but_not_their_tensors():
                             camera_fps={"cam_high": 15.0}, height=16, width=32)
         return ArraySource([{**e.features(), "task": "pick", "fps": e.fps, "rates": e.rates()} for e in eps])
 
+    names = ("document_ids", "position_ids", "step_ids", "modality_ids", "cu_seqlens")
     fixed = Packing(layout=LAYOUT, window=SPEC, plan=PlanConfig(mode="fixed", batch_size=4, shuffle=True))
     dataset = DataLoader(one_task(), packing=fixed).dataset
-    steps._LAYOUTS = steps._Layouts()
-    first = dataset[0, 0]
-    layouts = dict(steps._LAYOUTS._by_key)
-    for name in ("document_ids", "position_ids", "step_ids", "modality_ids", "cu_seqlens"):
-        getattr(first, name).fill_(7)  # a batch changed in place
-    later = [dataset[0, k] for k in range(1, min(5, len(dataset)))]
-    assert steps._LAYOUTS._by_key == layouts and len(layouts) == 1  # made once
-    for k, batch in enumerate(later, start=1):
-        steps._LAYOUTS = steps._Layouts()  # as a fresh process builds it
-        fresh = dataset[0, k]
-        for name in ("document_ids", "position_ids", "step_ids", "modality_ids", "cu_seqlens"):
-            assert torch.equal(getattr(batch, name), getattr(fresh, name)), name
-        assert batch.max_seqlen == fresh.max_seqlen
+    steps_ = range(min(5, len(dataset)))
+    for keep_bytes in (1 << 20, 0):
+        steps._LAYOUTS = steps._Layouts(keep_bytes=keep_bytes)
+        made = []
+        for k in steps_:
+            batch = dataset[0, k]
+            made.append({name: getattr(batch, name).clone() for name in names})
+            for name in names:
+                getattr(batch, name).fill_(7)  # each batch changed in place once it is made
+        (kept,) = steps._LAYOUTS._kept.values()  # one layout for them all
+        assert kept[1] == len(steps_) - 1 and (kept[2] is not None) == (keep_bytes > 0)
+        for k in steps_:
+            steps._LAYOUTS = steps._Layouts()  # as a fresh process builds it
+            fresh = dataset[0, k]
+            for name in names:
+                assert torch.equal(made[k][name], getattr(fresh, name)), (k, name)
     other = Packing(layout=LAYOUT, window=SPEC, plan=PlanConfig(mode="fixed", batch_size=3, shuffle=True))
     steps._LAYOUTS = steps._Layouts(size=1)
     DataLoader(one_task(), packing=fixed).dataset[0, 0]

@@ -244,14 +244,17 @@ def _new_layout(rows: Sequence[np.ndarray], nrows: int, capacity: int, lengths: 
 
 
 class _Layouts:
-    """The layouts of the last few batch shapes this process built, each with its attention metadata, computed
-    once. A fixed-mode plan gives every batch the same documents' tokens, steps and modality runs, so its batches
-    share one layout; each batch gets its own copy of the metadata arrays (it may change them)."""
+    """The layouts of the last few batch shapes this process built, and the attention metadata of those met again.
+    A fixed-mode plan gives every batch the same documents' tokens, steps and modality runs, so its batches share
+    one layout, whose metadata is then made once; each batch gets its own copy of it (it may change its arrays).
+    Metadata is kept only for a layout met at least twice and only up to ``keep_bytes`` (a pack-mode batch, whose
+    layout is new batch after batch, or a very large one, keeps nothing but its small layout)."""
 
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
+    def __init__(self, size: int = 8, keep_bytes: int = 1 << 20) -> None:
+        self.size, self.keep_bytes = size, keep_bytes
         self._by_key: OrderedDict[tuple, Layout] = OrderedDict()
-        self._kept: dict[int, tuple[Layout, Metadata | None]] = {}  # id(layout) -> (layout, its metadata once made)
+        # id(layout) -> [layout, times met again, its metadata once kept]
+        self._kept: dict[int, list] = {}
         self._lock = threading.Lock()  # a thread-mode loader's workers collate side by side
         os.register_at_fork(after_in_child=self._forked)
 
@@ -264,29 +267,31 @@ class _Layouts:
             layout = self._by_key.get(key)
             if layout is not None:
                 self._by_key.move_to_end(key)
+                self._kept[id(layout)][1] += 1
                 return layout
         layout = make()
         with self._lock:
             self._by_key[key] = layout
-            self._kept[id(layout)] = (layout, None)
+            self._kept[id(layout)] = [layout, 0, None]
             if len(self._by_key) > self.size:
                 _, old = self._by_key.popitem(last=False)
                 del self._kept[id(old)]
         return layout
 
     def metadata(self, layout: Layout) -> Metadata:
-        """``document_metadata(layout)``, its arrays the caller's own; made once for a layout this memo holds."""
+        """``document_metadata(layout)``, its arrays the caller's own; made once for a layout met again."""
         with self._lock:
             kept = self._kept.get(id(layout))
-        if kept is None or kept[0] is not layout:
-            return document_metadata(layout)
-        meta = kept[1]
-        if meta is None:
-            meta = document_metadata(layout)
+            met, meta = (kept[1], kept[2]) if kept is not None and kept[0] is layout else (0, None)
+        if meta is not None:
+            return Metadata(*(a.copy() if isinstance(a, np.ndarray) else a for a in meta))
+        meta = document_metadata(layout)
+        if met and sum(a.nbytes for a in meta if isinstance(a, np.ndarray)) <= self.keep_bytes:
             with self._lock:
-                if id(layout) in self._kept:
-                    self._kept[id(layout)] = (layout, meta)
-        return Metadata(*(a.copy() if isinstance(a, np.ndarray) else a for a in meta))
+                if self._kept.get(id(layout), [None])[0] is layout:
+                    self._kept[id(layout)][2] = Metadata(*(a.copy() if isinstance(a, np.ndarray) else a
+                                                         for a in meta))
+        return meta
 
 
 _LAYOUTS = _Layouts()
