@@ -129,8 +129,10 @@ def test_the_shuffle_keeps_the_keys_of_the_last_few_epochs_only():
 
 # ------------------------------------------------------------------------------------------------------ the soak
 
-IN_FLIGHT = {"torch.Tensor": 64, "mmfeed.packing.batch.PackedBatch": 2}
-"""Objects of a batch a worker may be building or handing over when it is asked (at most this many)."""
+IN_FLIGHT = {"torch.Tensor": 64, "mmfeed.packing.batch.PackedBatch": 2,
+             "mmfeed.packing.metadata.Layout": 8 + 1, "mmfeed.packing.metadata.Metadata": 8 + 1}
+"""Objects of a batch a worker may be building or handing over when it is asked (at most this many); the layouts
+and metadata of the last 8 batch shapes a process keeps (``mmfeed.loaders.planned.steps``), and a batch's own."""
 MAIN_BATCHES = 2 * 2 + 1
 """Batches the training process may hold when it is asked: the 2 workers' prefetch_factor (2) each, received and
 queued (the planned loader keeps the next epoch's first ones in flight across the boundary), and the loop's own."""
