@@ -295,7 +295,7 @@ def test_batches_of_one_shape_share_its_layout_but_not_their_tensors():
             for name in names:
                 getattr(batch, name).fill_(7)  # each batch changed in place once it is made
         (kept,) = steps._LAYOUTS._kept.values()  # one layout for them all
-        assert kept[1] == len(steps_) - 1 and (kept[2] is not None) == (keep_bytes > 0)
+        assert kept.met == len(steps_) - 1 and (kept.meta is not None) == (keep_bytes > 0)
         for k in steps_:
             steps._LAYOUTS = steps._Layouts()  # as a fresh process builds it
             fresh = dataset[0, k]

@@ -253,8 +253,7 @@ class _Layouts:
     def __init__(self, size: int = 8, keep_bytes: int = 1 << 20) -> None:
         self.size, self.keep_bytes = size, keep_bytes
         self._by_key: OrderedDict[tuple, Layout] = OrderedDict()
-        # id(layout) -> [layout, times met again, its metadata once kept]
-        self._kept: dict[int, list] = {}
+        self._kept: dict[int, _Kept] = {}  # id(layout) -> what is kept of it
         self._lock = threading.Lock()  # a thread-mode loader's workers collate side by side
         os.register_at_fork(after_in_child=self._forked)
 
@@ -267,12 +266,12 @@ class _Layouts:
             layout = self._by_key.get(key)
             if layout is not None:
                 self._by_key.move_to_end(key)
-                self._kept[id(layout)][1] += 1
+                self._kept[id(layout)].met += 1
                 return layout
         layout = make()
         with self._lock:
             self._by_key[key] = layout
-            self._kept[id(layout)] = [layout, 0, None]
+            self._kept[id(layout)] = _Kept(layout)
             if len(self._by_key) > self.size:
                 _, old = self._by_key.popitem(last=False)
                 del self._kept[id(old)]
@@ -282,16 +281,28 @@ class _Layouts:
         """``document_metadata(layout)``, its arrays the caller's own; made once for a layout met again."""
         with self._lock:
             kept = self._kept.get(id(layout))
-            met, meta = (kept[1], kept[2]) if kept is not None and kept[0] is layout else (0, None)
-        if meta is not None:
-            return Metadata(*(a.copy() if isinstance(a, np.ndarray) else a for a in meta))
+        if kept is None or kept.layout is not layout:  # not one of these layouts (its id taken again)
+            return document_metadata(layout)
+        if kept.meta is not None:
+            return _copied(kept.meta)
         meta = document_metadata(layout)
-        if met and sum(a.nbytes for a in meta if isinstance(a, np.ndarray)) <= self.keep_bytes:
-            with self._lock:
-                if self._kept.get(id(layout), [None])[0] is layout:
-                    self._kept[id(layout)][2] = Metadata(*(a.copy() if isinstance(a, np.ndarray) else a
-                                                         for a in meta))
+        if kept.met and sum(a.nbytes for a in meta if isinstance(a, np.ndarray)) <= self.keep_bytes:
+            kept.meta = _copied(meta)  # let go with its entry if the layout was let go meanwhile
         return meta
+
+
+@dataclass
+class _Kept:
+    """What :class:`_Layouts` keeps of a layout: the layout, the times it was met again, its metadata once kept."""
+
+    layout: Layout
+    met: int = 0
+    meta: Metadata | None = None
+
+
+def _copied(meta: Metadata) -> Metadata:
+    """``meta`` with arrays of its own."""
+    return Metadata(*(a.copy() if isinstance(a, np.ndarray) else a for a in meta))
 
 
 _LAYOUTS = _Layouts()
