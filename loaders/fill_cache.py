@@ -13,15 +13,14 @@ import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mmfeed._parsing import FRAME_SIZE, frame_size, positive
-from mmfeed._progress import progress_bar
-from mmfeed.loaders.open import open_dataset
-from mmfeed.loaders.sources.base import EpisodeSource
-from mmfeed.loaders.stores.frame_store import FrameStore
-from mmfeed.loaders.sources.requests import EpisodeRequest
+
+if TYPE_CHECKING:
+    from mmfeed.loaders.sources.base import EpisodeSource
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "fill", "run"]
 
@@ -83,6 +82,12 @@ def fill(source: EpisodeSource, processes: int = 2, progress: Callable[[int], ob
 
 def run(args: argparse.Namespace) -> int:
     """The command (see :data:`DESCRIPTION`)."""
+    # imported here, not above: the command line builds its parser from this module, and `mmfeed --help` should
+    # not import torch and the decoders
+    from mmfeed._progress import progress_bar
+    from mmfeed.loaders.open import open_dataset
+    from mmfeed.loaders.stores.frame_store import FrameStore
+
     store = FrameStore(args.dir, args.budget)
     if args.clear:
         before = store.info()
@@ -117,6 +122,8 @@ def _adopt(source: EpisodeSource) -> None:
 
 def _fill(source: EpisodeSource | None, episodes: Sequence[int]) -> int:
     """Decode the segments of ``episodes`` (``source`` None: the process's own); the segments decoded."""
+    from mmfeed.loaders.sources.requests import EpisodeRequest
+
     source = _SOURCE if source is None else source
     cameras = [f for f, feature in source.features.items() if feature.kind == "video"]
     store = getattr(source, "_store", None)

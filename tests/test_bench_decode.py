@@ -57,6 +57,7 @@ def test_quick_run_reports_every_figure(quick_report):
     assert report["target_checks"]["speedup_vs_lerobot_h264_gop30"] is None
 
 
+@pytest.mark.slow  # the decode benchmark's quick run (the module's fixture, shared with the test above)
 def test_torchcodec_rows_beside_pyav_when_it_loads(quick_report):
     """Each video and workload has a torchcodec row beside PyAV's, on the same request sets (same coverage and
     frames per batch), never the auto backend; when torchcodec does not load the report says why."""

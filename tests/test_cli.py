@@ -68,6 +68,14 @@ def test_help_lists_every_command_and_every_command_has_help(capsys):
         assert f"mmfeed {command}" in out and "exit status" in out
 
 
+def test_the_parser_imports_neither_torch_nor_a_decoder():
+    # `mmfeed --help`, `--version` and every argument error answer in a fraction of a second, not after torch loads
+    code = ("import sys; from mmfeed.cli import build_parser; build_parser(); "
+            "heavy = sorted(m for m in ('torch', 'av', 'numba', 'pyarrow', 'mmfeed.codecs') if m in sys.modules); "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_bench_packing_still_runs_the_packing_benchmark(capsys):
     out = help_of(capsys, "bench", "packing")
     assert "mmfeed bench packing" in out and "--quick" in out

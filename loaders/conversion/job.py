@@ -49,7 +49,6 @@ from typing import Any
 
 from mmfeed._parsing import FRAME_SIZE, frame_size
 from mmfeed.loaders.conversion.engines import ConvertError, Progress, encoder_versions, run_local, run_ray
-from mmfeed.loaders.sources.options import ReadOptions
 
 __all__ = ["MANIFEST", "ConvertError", "ConvertSummary", "add_arguments", "convert", "run"]
 
@@ -236,6 +235,8 @@ def _check(src, dst, codec, gop, crf, frame_size, episodes_per_shard, shard_size
         raise ValueError(f"{src}: {sorted(read)} are read options of HDF5 and Zarr demonstrations and RLDS "
                          f"datasets, and SRC is {what}; drop them")
     if read.get("fps") is not None:
+        from mmfeed.loaders.sources.options import ReadOptions
+
         ReadOptions(fps=read["fps"])  # a number > 0, checked now
     return Job(spec, kind, dst, codec, gop, crf, frame_size, errors, tuple(sorted(read.items()))), plan
 
