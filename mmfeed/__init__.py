@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from mmfeed._lazy import lazy_exports
 
-__version__ = "0.7.8"
+__version__ = "0.7.9"
 
 # public name -> module that defines it
 _EXPORTS = {
