@@ -664,15 +664,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{lim['raw_samples_per_s']:.1f} without conversion; {lim['decoded_per_delivered']:.2f} frames "
               f"decoded per frame delivered")
         c = results["limit_fraction_cpu_spread"]
-        print(f"mmfeed / limit: {results['limit_fraction']:.2f} (min {f['min']:.2f}, max {f['max']:.2f}); per "
-              f"CPU-second {results['limit_fraction_cpu']:.2f} (min {c['min']:.2f}, max {c['max']:.2f}); "
+        # three decimals: the goal is read at 0.9, which two would round 0.895 up to
+        print(f"mmfeed / limit: {results['limit_fraction']:.3f} (min {f['min']:.3f}, max {f['max']:.3f}); per "
+              f"CPU-second {results['limit_fraction_cpu']:.3f} (min {c['min']:.3f}, max {c['max']:.3f}); "
               f"limit / LeRobot: {results['limit_vs_lerobot']:.2f}")
         if "shared_limit_fraction" in results:
             f, c = results["shared_limit_fraction_spread"], results["shared_limit_fraction_cpu_spread"]
             print(f"limit into shared memory {lim['shared_samples_per_s']:.1f} samples/s (converting into a batch's "
-                  f"slots in shared memory, 4 KB pages); mmfeed / it: {results['shared_limit_fraction']:.2f} "
-                  f"(min {f['min']:.2f}, max {f['max']:.2f}); per CPU-second "
-                  f"{results['shared_limit_fraction_cpu']:.2f} (min {c['min']:.2f}, max {c['max']:.2f})")
+                  f"slots in shared memory, 4 KB pages); mmfeed / it: {results['shared_limit_fraction']:.3f} "
+                  f"(min {f['min']:.3f}, max {f['max']:.3f}); per CPU-second "
+                  f"{results['shared_limit_fraction_cpu']:.3f} (min {c['min']:.3f}, max {c['max']:.3f})")
     print(f"mmfeed / LeRobot (samples/s): {results['ratio_samples_per_s']:.2f}   ({time.perf_counter() - start:.0f} s)")
     if args.profile:
         prof = results["mmfeed_profile"]
