@@ -59,6 +59,7 @@ def record_stage(name: str, seconds: float, *, end: float | None = None) -> None
 def stage(name: str) -> Iterator[None]:
     """Time the body as stage ``name`` (read, decode, pack, ...); stages should not nest (both would count).
 
+    >>> _ = drain_stages()  # what this thread timed before
     >>> with stage("decode"):
     ...     pass
     >>> sorted(drain_stages())
