@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -244,8 +245,9 @@ def test_mmfeed_stretch_counts_samples_and_its_workers_cpu(two_cams):
 
 def test_the_limit_decodes_the_batches_mmfeed_delivered(two_cams):
     """A kept stretch's sample ids are the batches mmfeed delivered (32 distinct windows each); the limit decodes
-    every other one of them in 2 plain-PyAV processes: samples/s with and without RGB conversion (conversion
-    costs time), and no fewer frames decoded than delivered."""
+    every other one of them in 2 plain-PyAV processes: samples/s with and without RGB conversion and into shared
+    memory, each a rate (which is faster is the benchmark's to measure: on 3 batches of 48x64 frames, noise decides
+    it), and no fewer frames decoded than delivered."""
     _, root = two_cams
     delta = default_window(root)
     items = mmfeed_loader(root, delta, batch_size=32, num_workers=0).dataset.items
@@ -256,8 +258,9 @@ def test_the_limit_decodes_the_batches_mmfeed_delivered(two_cams):
         assert np.concatenate(batches).max() < len(items)
         limit = limit_samples(pool, batches)
     assert limit["batches"] == 3
-    assert limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
-    assert limit["raw_samples_per_s"] > limit["shared_samples_per_s"] > 0 and limit["shared_samples_per_cpu_s"] > 0
+    for rate in ("samples_per_s", "raw_samples_per_s", "shared_samples_per_s", "samples_per_cpu_s",
+                 "raw_samples_per_cpu_s", "shared_samples_per_cpu_s"):
+        assert math.isfinite(limit[rate]) and limit[rate] > 0, (rate, limit[rate])
     assert limit["decoded_per_delivered"] >= 1.0 and limit["seeks_per_batch"] > 0
 
 
@@ -350,7 +353,7 @@ def test_real_throughput_at_equal_sampling(lerobot_python, two_cams, tmp_path):
     assert got["mmfeed_profile"]["batches"] == 2 and "decode" in got["mmfeed_profile"]["stages"]
     limit = got["limit"]  # one of the stretch's two batches decoded by plain PyAV, right before and right after it
     before, after = limit["runs"][0]["bracket"]
-    assert before["batches"] == after["batches"] == 1 and limit["raw_samples_per_s"] > limit["samples_per_s"] > 0
+    assert before["batches"] == after["batches"] == 1 and limit["raw_samples_per_s"] > 0 and limit["samples_per_s"] > 0
     assert limit["samples_per_s"] == pytest.approx((before["samples_per_s"] + after["samples_per_s"]) / 2)
     assert got["limit_fraction"] == pytest.approx(got["mmfeed"]["samples_per_s"] / limit["samples_per_s"])
     (ours,), (lim,) = got["mmfeed"]["runs"], limit["runs"]  # per CPU-second: main process and workers counted
